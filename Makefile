@@ -1,0 +1,39 @@
+.DEFAULT_GOAL := help
+SHELL := /bin/bash
+
+DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
+export DATABASE_URL
+
+# sqlc and staticcheck are pinned in tools/go.mod (kept out of the library's go.mod).
+SQLC        := cd tools && go tool sqlc -f ../sqlc.yaml
+STATICCHECK := go tool -modfile=tools/go.mod staticcheck
+
+.PHONY: help generate verify test test-long bench demo db
+
+help: ## list the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-10s %s\n", $$1, $$2}'
+
+generate: ## regenerate db/ with sqlc and mocks/ with moq
+	$(SQLC) generate
+	go generate ./...
+
+verify: generate ## check generated code is current, go.mod tidy, go vet and staticcheck clean
+	git diff --exit-code -- db mocks
+	@untracked=$$(git ls-files --others --exclude-standard -- db mocks); \
+	  if [ -n "$$untracked" ]; then echo "untracked generated files: $$untracked"; exit 1; fi
+	go mod tidy -diff
+	cd tools && go mod tidy -diff
+	go vet ./...
+	$(STATICCHECK) ./...
+
+db: ## make sure PostgreSQL answers at DATABASE_URL (starts or installs the local cluster)
+	@./scripts/db.sh
+
+test: db ## run every test against PostgreSQL, with the race detector
+	go test -race -count=1 ./...
+
+bench: db ## run the benchmarks (see BENCHMARKS.md)
+	go test -run '^$$' -bench . -benchtime 2s -count 1 ./...
+
+demo: db ## run the demo: several workers, late events, a killed instance, a consistency check
+	go run ./cmd/perspectives demo

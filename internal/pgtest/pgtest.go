@@ -1,0 +1,161 @@
+// Package pgtest gives each test package its own freshly migrated PostgreSQL database.
+//
+// The server comes from DATABASE_URL (default postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable).
+// Main creates a database with a unique name, migrates it, runs the tests, closes the pool,
+// drops the database and checks for leaked goroutines.
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
+
+	"github.com/perspectives-go/perspectives/schema"
+)
+
+// DefaultURL is the database used when DATABASE_URL is not set.
+const DefaultURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+
+// ServerURL returns DATABASE_URL or DefaultURL.
+func ServerURL() string {
+	if u := os.Getenv("DATABASE_URL"); u != "" {
+		return u
+	}
+	return DefaultURL
+}
+
+// DB is a throw-away database.
+type DB struct {
+	Name string
+	URL  string
+	Pool *pgxpool.Pool
+}
+
+// Create makes a new database named after prefix, migrates it and opens a pool on it.
+func Create(ctx context.Context, prefix string) (*DB, error) {
+	d, err := CreateEmpty(ctx, prefix)
+	if err != nil {
+		return nil, err
+	}
+	if err := schema.Migrate(ctx, d.Pool); err != nil {
+		d.Close()
+		return nil, err
+	}
+	return d, nil
+}
+
+// CreateEmpty makes a new, unmigrated database named after prefix and opens a pool on it.
+func CreateEmpty(ctx context.Context, prefix string) (*DB, error) {
+	admin, err := pgx.Connect(ctx, ServerURL())
+	if err != nil {
+		return nil, fmt.Errorf("pgtest: connect to %s: %w (is PostgreSQL running? try: make db)", ServerURL(), err)
+	}
+	defer admin.Close(context.Background())
+
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	name := fmt.Sprintf("pt_%s_%s", sanitize(prefix), hex.EncodeToString(b))
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return nil, fmt.Errorf("pgtest: create database %s: %w", name, err)
+	}
+	u, err := url.Parse(ServerURL())
+	if err != nil {
+		return nil, fmt.Errorf("pgtest: parse DATABASE_URL: %w", err)
+	}
+	u.Path = "/" + name
+	d := &DB{Name: name, URL: u.String()}
+	cfg, err := pgxpool.ParseConfig(d.URL)
+	if err != nil {
+		_ = d.drop()
+		return nil, fmt.Errorf("pgtest: %w", err)
+	}
+	cfg.MaxConns = 24
+	d.Pool, err = pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		_ = d.drop()
+		return nil, fmt.Errorf("pgtest: open pool: %w", err)
+	}
+	return d, nil
+}
+
+// Close closes the pool and drops the database.
+func (d *DB) Close() {
+	if d.Pool != nil {
+		d.Pool.Close()
+	}
+	if err := d.drop(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+	}
+}
+
+func (d *DB) drop() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	admin, err := pgx.Connect(ctx, ServerURL())
+	if err != nil {
+		return fmt.Errorf("pgtest: drop %s: %w", d.Name, err)
+	}
+	defer admin.Close(context.Background())
+	if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{d.Name}.Sanitize()+" WITH (FORCE)"); err != nil {
+		return fmt.Errorf("pgtest: drop %s: %w", d.Name, err)
+	}
+	return nil
+}
+
+func sanitize(s string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(s) {
+		if (r >= 'a' && r <= 'z') || (r >= '0' && r <= '9') {
+			b.WriteRune(r)
+		} else {
+			b.WriteRune('_')
+		}
+	}
+	if b.Len() > 30 {
+		return b.String()[:30]
+	}
+	return b.String()
+}
+
+// Exit runs Main and exits with its code.
+func Exit(m *testing.M, prefix string, dst **DB) { os.Exit(Main(m, prefix, dst)) }
+
+// Main is a TestMain body: it creates and migrates the package's database, stores it in
+// *dst, runs the tests, tears the database down and fails the run on leaked goroutines.
+func Main(m *testing.M, prefix string, dst **DB) int {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	d, err := Create(ctx, prefix)
+	cancel()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	*dst = d
+	code := m.Run()
+	d.Close()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
+			return 1
+		}
+	}
+	return code
+}
+
+// Truncate empties every perspectives table (between tests that need a clean slate).
+func (d *DB) Truncate(ctx context.Context, t testing.TB) {
+	t.Helper()
+	if _, err := d.Pool.Exec(ctx, "TRUNCATE wh_event_store, wh_perspectives, wh_perspective_events, wh_perspective_cursors, wh_perspective_models, wh_perspective_snapshots"); err != nil {
+		t.Fatalf("truncate: %v", err)
+	}
+}

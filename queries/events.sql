@@ -1,0 +1,59 @@
+-- Appending events and registering perspectives. Append takes a shared transaction-level
+-- advisory lock and registration the exclusive one, so an event committed while a
+-- perspective registers is never missed by that perspective's backlog.
+
+-- name: AppendLock :exec
+SELECT pg_advisory_xact_lock_shared(7214082031553392641);
+
+-- name: RegisterLock :exec
+SELECT pg_advisory_xact_lock(7214082031553392641);
+
+-- name: EventsAppend :execrows
+-- Stores the events and enqueues one row per (event, registered perspective).
+-- Returns the number of queue rows written.
+WITH ev AS (
+    INSERT INTO wh_event_store (event_id, stream_id, event_type, data, created_at)
+    SELECT unnest(@event_ids::uuid[]),
+           unnest(@stream_ids::uuid[]),
+           unnest(@event_types::text[]),
+           unnest(@datas::text[])::jsonb,
+           COALESCE(NULLIF(unnest(@created_ats::timestamptz[]), '0001-01-01 00:00:00+00'::timestamptz), now())
+    RETURNING event_id, stream_id
+)
+INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)
+SELECT ev.stream_id, p.perspective_name, ev.event_id
+FROM ev CROSS JOIN wh_perspectives p;
+
+-- name: PerspectiveRegister :execrows
+INSERT INTO wh_perspectives (perspective_name) VALUES (@perspective_name)
+ON CONFLICT (perspective_name) DO NOTHING;
+
+-- name: PerspectiveEnqueueBacklog :execrows
+-- Enqueues every stored event for a newly registered perspective.
+INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)
+SELECT e.stream_id, @perspective_name::text, e.event_id
+FROM wh_event_store e
+ON CONFLICT DO NOTHING;
+
+-- name: PerspectiveList :many
+SELECT perspective_name, registered_at FROM wh_perspectives ORDER BY perspective_name;
+
+-- name: EventsReplayPage :many
+-- One page of a stream's events after a position, up to an inclusive bound, in ID order.
+SELECT event_id, stream_id, event_type, data, created_at
+FROM wh_event_store
+WHERE stream_id = @stream_id
+  AND event_id > @after_event_id
+  AND event_id <= @upto_event_id
+ORDER BY event_id
+LIMIT @page_size;
+
+-- name: EventsForStream :many
+-- Every event of a stream in ID order (tests, the demo's consistency check).
+SELECT event_id, stream_id, event_type, data, created_at
+FROM wh_event_store
+WHERE stream_id = @stream_id
+ORDER BY event_id;
+
+-- name: StreamIDs :many
+SELECT DISTINCT stream_id FROM wh_event_store ORDER BY stream_id;

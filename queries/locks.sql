@@ -1,0 +1,76 @@
+-- Stream locks live on the cursor row of a (stream, perspective) pair.
+-- Every expiry is set and compared with the database clock (now()); no client time is used.
+
+-- name: StreamLockAcquire :execrows
+-- Takes the lock when the pair is unlocked, its lock has expired, or the caller already
+-- holds it (reason and expiry are then overwritten). Creates the cursor row if it is missing.
+-- One row affected means the lock is held by the caller.
+INSERT INTO wh_perspective_cursors AS c (
+    stream_id, perspective_name, stream_lock_instance_id, stream_lock_expiry, stream_lock_reason
+) VALUES (
+    @stream_id, @perspective_name, @instance_id::uuid,
+    now() + make_interval(secs => @lock_timeout_seconds::float8), @reason::text
+)
+ON CONFLICT (stream_id, perspective_name) DO UPDATE
+SET stream_lock_instance_id = EXCLUDED.stream_lock_instance_id,
+    stream_lock_expiry      = EXCLUDED.stream_lock_expiry,
+    stream_lock_reason      = EXCLUDED.stream_lock_reason
+WHERE c.stream_lock_instance_id IS NULL
+   OR c.stream_lock_expiry <= now()
+   OR c.stream_lock_instance_id = EXCLUDED.stream_lock_instance_id;
+
+-- name: StreamLockRenew :execrows
+-- Extends the expiry only while the caller holds an unexpired lock; a lapsed lock is not revived.
+UPDATE wh_perspective_cursors
+SET stream_lock_expiry = now() + make_interval(secs => @lock_timeout_seconds::float8)
+WHERE stream_id = @stream_id
+  AND perspective_name = @perspective_name
+  AND stream_lock_instance_id = @instance_id::uuid
+  AND stream_lock_expiry > now();
+
+-- name: StreamLockRelease :execrows
+-- Clears the lock only if the caller holds it.
+UPDATE wh_perspective_cursors
+SET stream_lock_instance_id = NULL,
+    stream_lock_expiry      = NULL,
+    stream_lock_reason      = NULL
+WHERE stream_id = @stream_id
+  AND perspective_name = @perspective_name
+  AND stream_lock_instance_id = @instance_id::uuid;
+
+-- name: StreamLockForceRelease :execrows
+-- Clears the lock whoever holds it (operator action).
+UPDATE wh_perspective_cursors
+SET stream_lock_instance_id = NULL,
+    stream_lock_expiry      = NULL,
+    stream_lock_reason      = NULL
+WHERE stream_id = @stream_id
+  AND perspective_name = @perspective_name
+  AND stream_lock_instance_id IS NOT NULL;
+
+-- name: StreamLockGet :one
+-- The unexpired lock on one pair, with the time left on the database clock.
+SELECT stream_id,
+       perspective_name,
+       stream_lock_instance_id::uuid          AS instance_id,
+       stream_lock_reason::text               AS reason,
+       stream_lock_expiry::timestamptz        AS expiry,
+       (extract(epoch FROM stream_lock_expiry - now()) * 1000000)::bigint AS expires_in_micros
+FROM wh_perspective_cursors
+WHERE stream_id = @stream_id
+  AND perspective_name = @perspective_name
+  AND stream_lock_instance_id IS NOT NULL
+  AND stream_lock_expiry > now();
+
+-- name: StreamLockList :many
+-- Every unexpired lock, soonest expiry first, with the time left on the database clock.
+SELECT stream_id,
+       perspective_name,
+       stream_lock_instance_id::uuid          AS instance_id,
+       stream_lock_reason::text               AS reason,
+       stream_lock_expiry::timestamptz        AS expiry,
+       (extract(epoch FROM stream_lock_expiry - now()) * 1000000)::bigint AS expires_in_micros
+FROM wh_perspective_cursors
+WHERE stream_lock_instance_id IS NOT NULL
+  AND stream_lock_expiry > now()
+ORDER BY stream_lock_expiry, stream_id, perspective_name;

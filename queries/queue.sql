@@ -1,0 +1,60 @@
+-- name: QueueDuePairs :many
+-- The pairs owning the oldest due queue rows, skipping pairs that another instance has
+-- locked or that are backing off after a failure. At most @row_limit rows are considered.
+SELECT d.stream_id, d.perspective_name, count(*)::int AS queued
+FROM (
+    SELECT q.stream_id, q.perspective_name, q.next_attempt_at
+    FROM wh_perspective_events q
+    WHERE q.next_attempt_at <= now()
+      AND NOT EXISTS (
+          SELECT 1 FROM wh_perspective_cursors c
+          WHERE c.stream_id = q.stream_id
+            AND c.perspective_name = q.perspective_name
+            AND ((c.stream_lock_instance_id <> @instance_id::uuid AND c.stream_lock_expiry > now())
+                 OR c.next_attempt_at > now())
+      )
+    ORDER BY q.next_attempt_at
+    LIMIT @row_limit
+) d
+GROUP BY d.stream_id, d.perspective_name
+ORDER BY min(d.next_attempt_at);
+
+-- name: QueueEventsForPair :many
+-- The queued events of one pair with their data, in event-ID order.
+SELECT q.event_id, e.event_type, e.data, e.created_at
+FROM wh_perspective_events q
+JOIN wh_event_store e ON e.event_id = q.event_id
+WHERE q.stream_id = @stream_id
+  AND q.perspective_name = @perspective_name
+ORDER BY q.event_id
+LIMIT @row_limit;
+
+-- name: QueueIDsForPair :many
+SELECT event_id FROM wh_perspective_events
+WHERE stream_id = @stream_id AND perspective_name = @perspective_name
+ORDER BY event_id;
+
+-- name: QueueDelete :execrows
+DELETE FROM wh_perspective_events
+WHERE stream_id = @stream_id
+  AND perspective_name = @perspective_name
+  AND event_id = ANY(@event_ids::uuid[]);
+
+-- name: QueueMarkFailed :execrows
+-- Records a failure on every queued row of the pair and pushes them back.
+UPDATE wh_perspective_events
+SET attempts = attempts + 1,
+    last_error = @last_error,
+    next_attempt_at = @next_attempt_at
+WHERE stream_id = @stream_id
+  AND perspective_name = @perspective_name;
+
+-- name: QueueDepth :many
+-- Queue depth and the oldest queued row per perspective.
+SELECT perspective_name, count(*)::bigint AS depth, min(enqueued_at)::timestamptz AS oldest
+FROM wh_perspective_events
+GROUP BY perspective_name
+ORDER BY perspective_name;
+
+-- name: QueueCount :one
+SELECT count(*)::bigint FROM wh_perspective_events;

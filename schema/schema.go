@@ -1,0 +1,67 @@
+// Package schema holds the perspectives database schema as golang-migrate migrations
+// and applies them.
+package schema
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+
+	"github.com/golang-migrate/migrate/v4"
+	migratepgx "github.com/golang-migrate/migrate/v4/database/pgx/v5"
+	"github.com/golang-migrate/migrate/v4/source/iofs"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+)
+
+// FS holds the migrations: 000001_name.up.sql / 000001_name.down.sql.
+//
+//go:embed *.sql
+var FS embed.FS
+
+// MigrationsTable is the table in which golang-migrate records the applied version.
+// It is not the default schema_migrations so that it never collides with an
+// application's own golang-migrate history in the same database.
+const MigrationsTable = "wh_schema_migrations"
+
+// Migrate applies every up migration. It is a no-op when the schema is current and is
+// safe when several instances call it at once (golang-migrate serializes them with an
+// advisory lock). Every connection it takes is returned to the pool.
+func Migrate(ctx context.Context, pool *pgxpool.Pool) (err error) {
+	if pool == nil {
+		return errors.New("schema: migrate: nil pool")
+	}
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("schema: migrate: %w", err)
+	}
+	src, err := iofs.New(FS, ".")
+	if err != nil {
+		return fmt.Errorf("schema: migrate: open migrations: %w", err)
+	}
+	// The driver owns sqlDB from here: closing it (m.Close) closes sqlDB, which hands its
+	// connections back to the pool and leaves the pool itself open.
+	sqlDB := stdlib.OpenDBFromPool(pool)
+	driver, err := migratepgx.WithInstance(sqlDB, &migratepgx.Config{MigrationsTable: MigrationsTable})
+	if err != nil {
+		_ = sqlDB.Close()
+		_ = src.Close()
+		return fmt.Errorf("schema: migrate: connect: %w", err)
+	}
+	m, err := migrate.NewWithInstance("iofs", src, "pgx5", driver)
+	if err != nil {
+		_ = driver.Close()
+		_ = src.Close()
+		return fmt.Errorf("schema: migrate: %w", err)
+	}
+	defer func() {
+		srcErr, dbErr := m.Close()
+		if cerr := errors.Join(srcErr, dbErr); cerr != nil && err == nil {
+			err = fmt.Errorf("schema: migrate: close: %w", cerr)
+		}
+	}()
+	if err := m.Up(); err != nil && !errors.Is(err, migrate.ErrNoChange) {
+		return fmt.Errorf("schema: migrate: %w", err)
+	}
+	return nil
+}
