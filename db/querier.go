@@ -45,7 +45,7 @@ type Querier interface {
 	// Queue depth and the oldest queued row per perspective.
 	QueueDepth(ctx context.Context) ([]QueueDepthRow, error)
 	// The pairs owning the oldest due queue rows, skipping pairs that another instance has
-	// locked or that are backing off after a failure. At most @row_limit rows are considered.
+	// locked or that are backing off after a failure, for the perspectives this instance runs. At most @row_limit rows are considered.
 	QueueDuePairs(ctx context.Context, arg QueueDuePairsParams) ([]QueueDuePairsRow, error)
 	// The queued events of one pair with their data, in event-ID order.
 	QueueEventsForPair(ctx context.Context, arg QueueEventsForPairParams) ([]QueueEventsForPairRow, error)

@@ -84,23 +84,25 @@ FROM (
     SELECT q.stream_id, q.perspective_name, q.next_attempt_at
     FROM wh_perspective_events q
     WHERE q.next_attempt_at <= now()
+      AND q.perspective_name = ANY($1::text[])
       AND NOT EXISTS (
           SELECT 1 FROM wh_perspective_cursors c
           WHERE c.stream_id = q.stream_id
             AND c.perspective_name = q.perspective_name
-            AND ((c.stream_lock_instance_id <> $1::uuid AND c.stream_lock_expiry > now())
+            AND ((c.stream_lock_instance_id <> $2::uuid AND c.stream_lock_expiry > now())
                  OR c.next_attempt_at > now())
       )
     ORDER BY q.next_attempt_at
-    LIMIT $2
+    LIMIT $3
 ) d
 GROUP BY d.stream_id, d.perspective_name
 ORDER BY min(d.next_attempt_at)
 `
 
 type QueueDuePairsParams struct {
-	InstanceID uuid.UUID
-	RowLimit   int32
+	PerspectiveNames []string
+	InstanceID       uuid.UUID
+	RowLimit         int32
 }
 
 type QueueDuePairsRow struct {
@@ -110,9 +112,9 @@ type QueueDuePairsRow struct {
 }
 
 // The pairs owning the oldest due queue rows, skipping pairs that another instance has
-// locked or that are backing off after a failure. At most @row_limit rows are considered.
+// locked or that are backing off after a failure, for the perspectives this instance runs. At most @row_limit rows are considered.
 func (q *Queries) QueueDuePairs(ctx context.Context, arg QueueDuePairsParams) ([]QueueDuePairsRow, error) {
-	rows, err := q.db.Query(ctx, queueDuePairs, arg.InstanceID, arg.RowLimit)
+	rows, err := q.db.Query(ctx, queueDuePairs, arg.PerspectiveNames, arg.InstanceID, arg.RowLimit)
 	if err != nil {
 		return nil, err
 	}

@@ -1,11 +1,12 @@
 -- name: QueueDuePairs :many
 -- The pairs owning the oldest due queue rows, skipping pairs that another instance has
--- locked or that are backing off after a failure. At most @row_limit rows are considered.
+-- locked or that are backing off after a failure, for the perspectives this instance runs. At most @row_limit rows are considered.
 SELECT d.stream_id, d.perspective_name, count(*)::int AS queued
 FROM (
     SELECT q.stream_id, q.perspective_name, q.next_attempt_at
     FROM wh_perspective_events q
     WHERE q.next_attempt_at <= now()
+      AND q.perspective_name = ANY(@perspective_names::text[])
       AND NOT EXISTS (
           SELECT 1 FROM wh_perspective_cursors c
           WHERE c.stream_id = q.stream_id

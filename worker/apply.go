@@ -1,0 +1,185 @@
+package worker
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/perspectives-go/perspectives/db"
+)
+
+// normalResult says what the normal path did or found.
+type normalResult struct {
+	applied        int       // events applied and committed
+	rewindFrom     uuid.UUID // a queued event older than the cursor: rewind from it
+	needsBootstrap bool      // the pair has a model but no snapshot
+	busy           bool      // another transaction is applying the pair
+	lockedByOther  bool      // another instance holds the stream lock
+}
+
+// applyNormal applies the pair's queued events, in ID order, in one short transaction that
+// holds the cursor row. It writes nothing when the pair is busy, locked by another
+// instance, needs a rewind (a queued event is not newer than the cursor) or a bootstrap.
+// An event whose Apply fails ends the batch: the events before it are committed, it and
+// the ones after stay queued, and the failure is recorded for a retry with backoff.
+func (w *Worker) applyNormal(ctx context.Context, k pairKey, persp Perspective) (normalResult, error) {
+	var res normalResult
+	var applyErr error
+	err := w.store.InTx(ctx, func(q db.Querier) error {
+		res, applyErr = normalResult{}, nil
+		cur, err := w.lockCursorNoWait(ctx, q, k)
+		if errors.Is(err, errBusy) {
+			res.busy = true
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if cur.StreamLockInstanceID.Valid && cur.LockLive && cur.StreamLockInstanceID.UUID != w.cfg.InstanceID {
+			res.lockedByOther = true
+			return nil
+		}
+		queued, err := q.QueueEventsForPair(ctx, db.QueueEventsForPairParams{
+			StreamID: k.Stream, PerspectiveName: k.Perspective, RowLimit: int32(w.cfg.BatchSize),
+		})
+		if err != nil || len(queued) == 0 {
+			return err
+		}
+		if cur.LastEventID.Valid && bytes.Compare(queued[0].EventID[:], cur.LastEventID.UUID[:]) <= 0 {
+			res.rewindFrom = queued[0].EventID
+			return nil
+		}
+		var model json.RawMessage
+		if cur.LastEventID.Valid {
+			if !w.cfg.Snapshots.Disabled {
+				has, err := q.SnapshotExists(ctx, db.SnapshotExistsParams{StreamID: k.Stream, PerspectiveName: k.Perspective})
+				if err != nil {
+					return err
+				}
+				if !has {
+					res.needsBootstrap = true
+					return nil
+				}
+			}
+			m, err := q.ModelGet(ctx, db.ModelGetParams{StreamID: k.Stream, PerspectiveName: k.Perspective})
+			if err != nil {
+				return fmt.Errorf("load model: %w", err)
+			}
+			if m.LastEventID != cur.LastEventID.UUID {
+				return fmt.Errorf("model is at event %s but the cursor is at %s", m.LastEventID, cur.LastEventID.UUID)
+			}
+			model = json.RawMessage(m.Model)
+		}
+
+		counter := int(cur.EventsSinceSnapshot)
+		applied := make([]uuid.UUID, 0, len(queued))
+		var snaps []snapshot
+		for _, qe := range queued {
+			ev := Event{ID: qe.EventID, StreamID: k.Stream, Type: qe.EventType, Data: json.RawMessage(qe.Data), CreatedAt: qe.CreatedAt}
+			next, err := w.applyOne(ctx, persp, model, ev)
+			if err != nil {
+				applyErr = fmt.Errorf("apply event %s (%s): %w", ev.ID, ev.Type, err)
+				break
+			}
+			model = next
+			applied = append(applied, ev.ID)
+			counter++
+			if !w.cfg.Snapshots.Disabled && counter >= w.cfg.Snapshots.EveryNEvents {
+				snaps = append(snaps, snapshot{eventID: ev.ID, model: model})
+				counter = 0
+			}
+		}
+		if len(applied) > 0 {
+			last := applied[len(applied)-1]
+			if err := w.writeModel(ctx, q, k, model, last, counter); err != nil {
+				return err
+			}
+			n, err := q.QueueDelete(ctx, db.QueueDeleteParams{StreamID: k.Stream, PerspectiveName: k.Perspective, EventIds: applied})
+			if err != nil {
+				return err
+			}
+			if int(n) != len(applied) {
+				return fmt.Errorf("deleted %d queue rows for %d applied events", n, len(applied))
+			}
+			if err := w.writeSnapshots(ctx, q, k, snaps); err != nil {
+				return err
+			}
+			res.applied = len(applied)
+		}
+		if applyErr != nil {
+			return w.markFailed(ctx, q, k, applyErr)
+		}
+		return nil
+	})
+	if err != nil {
+		return normalResult{}, fmt.Errorf("apply: %w", err)
+	}
+	if applyErr != nil {
+		w.log.Error("event application failed; will retry with backoff",
+			slog.String("perspective", k.Perspective), slog.String("stream", k.Stream.String()),
+			slog.Int("applied_before_failure", res.applied), slog.Any("error", applyErr))
+	} else if res.applied > 0 {
+		w.log.Debug("events applied",
+			slog.String("perspective", k.Perspective), slog.String("stream", k.Stream.String()), slog.Int("events", res.applied))
+	}
+	return res, nil
+}
+
+var errBusy = errors.New("pair is being applied by another transaction")
+
+// lockCursorNoWait locks k's cursor row in the current transaction, creating it when
+// missing. errBusy means another transaction holds it.
+func (w *Worker) lockCursorNoWait(ctx context.Context, q db.Querier, k pairKey) (db.CursorLockNoWaitRow, error) {
+	params := db.CursorLockNoWaitParams{StreamID: k.Stream, PerspectiveName: k.Perspective}
+	cur, err := q.CursorLockNoWait(ctx, params)
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return cur, err
+	}
+	if err := q.CursorEnsure(ctx, db.CursorEnsureParams{StreamID: k.Stream, PerspectiveName: k.Perspective}); err != nil {
+		return cur, err
+	}
+	cur, err = q.CursorLockNoWait(ctx, params)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return cur, errBusy
+	}
+	return cur, err
+}
+
+// applyOne runs the perspective's Apply, turning a panic or an invalid model into an error.
+func (w *Worker) applyOne(ctx context.Context, persp Perspective, model json.RawMessage, ev Event) (next json.RawMessage, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("panic in Apply: %v", r)
+		}
+	}()
+	next, err = persp.Apply(ctx, model, ev)
+	if err != nil {
+		return nil, err
+	}
+	if len(next) == 0 || !json.Valid(next) {
+		return nil, fmt.Errorf("perspective %s returned a model that is not valid JSON", persp.Name())
+	}
+	return next, nil
+}
+
+// writeModel stores the model at last and advances the cursor (bumping its version).
+func (w *Worker) writeModel(ctx context.Context, q db.Querier, k pairKey, model json.RawMessage, last uuid.UUID, sinceSnapshot int) error {
+	if err := q.ModelUpsert(ctx, db.ModelUpsertParams{
+		StreamID: k.Stream, PerspectiveName: k.Perspective, Model: []byte(model), LastEventID: last,
+	}); err != nil {
+		return fmt.Errorf("write model: %w", err)
+	}
+	if err := q.CursorAdvance(ctx, db.CursorAdvanceParams{
+		StreamID: k.Stream, PerspectiveName: k.Perspective,
+		LastEventID: uuid.NullUUID{UUID: last, Valid: true}, EventsSinceSnapshot: int32(sinceSnapshot),
+	}); err != nil {
+		return fmt.Errorf("advance cursor: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,137 @@
+package worker
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/perspectives-go/perspectives/locker"
+)
+
+// ErrInvalidConfig is wrapped by every error of New that refuses a Config.
+var ErrInvalidConfig = errors.New("invalid worker config")
+
+// Defaults of Config and SnapshotOptions.
+const (
+	DefaultPollInterval         = time.Second
+	DefaultBatchSize            = 100
+	DefaultSnapshotEveryNEvents = 100
+	DefaultSnapshotMaxPerStream = 5
+	DefaultRetryBackoff         = time.Second
+	DefaultMaxRetryBackoff      = 5 * time.Minute
+	MaxBatchSize                = 10000
+)
+
+// SnapshotOptions control the restore points that make rewinds cheap.
+type SnapshotOptions struct {
+	// Disabled turns snapshots off: rewinds replay the whole stream. Default false.
+	Disabled bool
+	// EveryNEvents takes a snapshot each time this many events have been applied to a
+	// (stream, perspective) (counted persistently, across batches). Default 100; must not
+	// be negative.
+	EveryNEvents int
+	// MaxPerStream is how many snapshots are kept per (stream, perspective): the newest
+	// MaxPerStream-1 and the oldest, so a very late event still finds a restore point.
+	// Default 5; must not be negative; 1 keeps only the newest.
+	MaxPerStream int
+}
+
+// Config configures a Worker. Zero fields take their defaults.
+type Config struct {
+	InstanceID   uuid.UUID      // zero: a new UUIDv7
+	Perspectives []Perspective  // required, unique non-empty names
+	Locker       locker.Locker  // nil: no cross-instance stream locks (the in-process coordinator still serializes)
+	LockOptions  locker.Options // zero fields: defaults (30s, 10s); validated
+	Snapshots    SnapshotOptions
+	PollInterval time.Duration // default 1s; how often the queue is polled when idle
+	BatchSize    int           // default 100, at most 10000: queued rows considered per poll and applied per transaction
+	Logger       *slog.Logger  // nil: slog.Default()
+
+	// RetryBackoff is the first delay before a failed (stream, perspective) is retried;
+	// it doubles with each further failure up to MaxRetryBackoff. Default 1s.
+	RetryBackoff time.Duration
+	// MaxRetryBackoff caps the retry delay. Default 5m.
+	MaxRetryBackoff time.Duration
+}
+
+func invalid(format string, args ...any) error {
+	return fmt.Errorf("worker: %w: "+format, append([]any{ErrInvalidConfig}, args...)...)
+}
+
+// resolve validates cfg and returns it with defaults filled in.
+func (cfg Config) resolve() (Config, error) {
+	if len(cfg.Perspectives) == 0 {
+		return cfg, invalid("Perspectives is empty: at least one perspective is required")
+	}
+	names := make(map[string]bool, len(cfg.Perspectives))
+	for i, p := range cfg.Perspectives {
+		if p == nil {
+			return cfg, invalid("Perspectives[%d] is nil", i)
+		}
+		name := p.Name()
+		if err := locker.ValidatePerspectiveName(name); err != nil {
+			return cfg, invalid("Perspectives[%d]: %v", i, err)
+		}
+		if names[name] {
+			return cfg, invalid("Perspectives[%d]: name %q is used twice", i, name)
+		}
+		names[name] = true
+	}
+	if err := cfg.LockOptions.Validate(); err != nil {
+		return cfg, fmt.Errorf("worker: %w: LockOptions: %w", ErrInvalidConfig, err)
+	}
+	cfg.LockOptions = cfg.LockOptions.WithDefaults()
+	if cfg.Snapshots.EveryNEvents < 0 {
+		return cfg, invalid("Snapshots.EveryNEvents must not be negative, got %d", cfg.Snapshots.EveryNEvents)
+	}
+	if cfg.Snapshots.MaxPerStream < 0 {
+		return cfg, invalid("Snapshots.MaxPerStream must not be negative, got %d", cfg.Snapshots.MaxPerStream)
+	}
+	if cfg.Snapshots.EveryNEvents == 0 {
+		cfg.Snapshots.EveryNEvents = DefaultSnapshotEveryNEvents
+	}
+	if cfg.Snapshots.MaxPerStream == 0 {
+		cfg.Snapshots.MaxPerStream = DefaultSnapshotMaxPerStream
+	}
+	if cfg.PollInterval < 0 {
+		return cfg, invalid("PollInterval must not be negative, got %s", cfg.PollInterval)
+	}
+	if cfg.PollInterval == 0 {
+		cfg.PollInterval = DefaultPollInterval
+	}
+	if cfg.BatchSize < 0 || cfg.BatchSize > MaxBatchSize {
+		return cfg, invalid("BatchSize must be between 1 and %d, got %d", MaxBatchSize, cfg.BatchSize)
+	}
+	if cfg.BatchSize == 0 {
+		cfg.BatchSize = DefaultBatchSize
+	}
+	if cfg.RetryBackoff < 0 {
+		return cfg, invalid("RetryBackoff must not be negative, got %s", cfg.RetryBackoff)
+	}
+	if cfg.RetryBackoff == 0 {
+		cfg.RetryBackoff = DefaultRetryBackoff
+	}
+	if cfg.MaxRetryBackoff < 0 {
+		return cfg, invalid("MaxRetryBackoff must not be negative, got %s", cfg.MaxRetryBackoff)
+	}
+	if cfg.MaxRetryBackoff == 0 {
+		cfg.MaxRetryBackoff = DefaultMaxRetryBackoff
+	}
+	if cfg.MaxRetryBackoff < cfg.RetryBackoff {
+		return cfg, invalid("MaxRetryBackoff (%s) must not be less than RetryBackoff (%s)", cfg.MaxRetryBackoff, cfg.RetryBackoff)
+	}
+	if cfg.InstanceID == uuid.Nil {
+		id, err := uuid.NewV7()
+		if err != nil {
+			return cfg, fmt.Errorf("worker: new instance ID: %w", err)
+		}
+		cfg.InstanceID = id
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	return cfg, nil
+}

@@ -1,0 +1,74 @@
+package worker
+
+import (
+	"context"
+	"sync"
+
+	"github.com/google/uuid"
+)
+
+// pairKey names one (stream, perspective).
+type pairKey struct {
+	Stream      uuid.UUID
+	Perspective string
+}
+
+// coordinator is the in-process apply coordinator: a mutex per (stream, perspective) around
+// every apply, rewind, bootstrap and purge. Entries are reference-counted and removed when
+// no goroutine holds or waits for them.
+type coordinator struct {
+	mu      sync.Mutex
+	entries map[pairKey]*coordEntry
+}
+
+type coordEntry struct {
+	sem  chan struct{} // capacity 1: holding the slot is holding the pair
+	refs int           // holders plus waiters
+}
+
+func newCoordinator() *coordinator {
+	return &coordinator{entries: make(map[pairKey]*coordEntry)}
+}
+
+// lock waits for the pair and returns the function that releases it. It gives up with the
+// context's error when ctx ends first.
+func (c *coordinator) lock(ctx context.Context, k pairKey) (func(), error) {
+	c.mu.Lock()
+	e := c.entries[k]
+	if e == nil {
+		e = &coordEntry{sem: make(chan struct{}, 1)}
+		c.entries[k] = e
+	}
+	e.refs++
+	c.mu.Unlock()
+
+	select {
+	case e.sem <- struct{}{}:
+	case <-ctx.Done():
+		c.unref(k, e)
+		return nil, ctx.Err()
+	}
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			<-e.sem
+			c.unref(k, e)
+		})
+	}, nil
+}
+
+func (c *coordinator) unref(k pairKey, e *coordEntry) {
+	c.mu.Lock()
+	e.refs--
+	if e.refs == 0 {
+		delete(c.entries, k)
+	}
+	c.mu.Unlock()
+}
+
+// size is the number of live entries (held or awaited pairs).
+func (c *coordinator) size() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.entries)
+}

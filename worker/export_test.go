@@ -1,0 +1,58 @@
+package worker
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/perspectives-go/perspectives/locker"
+)
+
+// Test-only access to the worker's internals, for the worker_test package.
+
+// NewWithStore builds a worker on any Store (a mock in unit tests).
+func NewWithStore(s Store, cfg Config) (*Worker, error) { return newWorker(s, cfg) }
+
+// ProcessPair runs one pair's work exactly as one loop cycle would.
+func (w *Worker) ProcessPair(ctx context.Context, stream uuid.UUID, perspective string) {
+	w.process(ctx, pairKey{Stream: stream, Perspective: perspective})
+}
+
+// Cycle runs one poll-and-process cycle.
+func (w *Worker) Cycle(ctx context.Context) bool { return w.cycle(ctx) }
+
+// HeldLocks is the number of stream locks the worker records as held.
+func (w *Worker) HeldLocks() int {
+	w.heldMu.Lock()
+	defer w.heldMu.Unlock()
+	return len(w.held)
+}
+
+// Coordinator exposes the apply coordinator.
+type Coordinator struct{ c *coordinator }
+
+func NewCoordinator() *Coordinator { return &Coordinator{c: newCoordinator()} }
+
+func (c *Coordinator) Lock(ctx context.Context, stream uuid.UUID, perspective string) (func(), error) {
+	return c.c.lock(ctx, pairKey{Stream: stream, Perspective: perspective})
+}
+
+func (c *Coordinator) Size() int { return c.c.size() }
+
+// WorkerCoordinatorSize is the number of live coordinator entries of w.
+func (w *Worker) CoordinatorSize() int { return w.coord.size() }
+
+// KeepAlive exposes the keepalive.
+type KeepAlive struct{ ka *keepAlive }
+
+func StartKeepAlive(ctx context.Context, l locker.Locker, stream uuid.UUID, perspective string, instance uuid.UUID, interval time.Duration, log *slog.Logger) (context.Context, *KeepAlive) {
+	c, ka := startKeepAlive(ctx, l, pairKey{Stream: stream, Perspective: perspective}, instance, interval, log)
+	return c, &KeepAlive{ka: ka}
+}
+
+func (k *KeepAlive) Stop() { k.ka.stop() }
+
+// SnapshotsToDrop exposes the retention rule.
+var SnapshotsToDrop = snapshotsToDrop

@@ -1,0 +1,374 @@
+// Package worker applies stored events to perspectives (read models), in event-ID order,
+// on any number of instances sharing one PostgreSQL database.
+//
+// A late-arriving event (older than a pair's cursor) makes the worker rewind that
+// (stream, perspective): under a stream lock it restores the newest snapshot before the
+// event, replays the stream and commits under a fencing check. Normal application of a
+// locked pair pauses on every instance; its events keep queueing and are applied after.
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/perspectives-go/perspectives/db"
+	"github.com/perspectives-go/perspectives/locker"
+)
+
+// releaseTimeout bounds the fresh context used to release a stream lock.
+const releaseTimeout = 5 * time.Second
+
+// Worker applies queued events to its perspectives. Create it with New, run it with Start
+// and Stop.
+type Worker struct {
+	cfg    Config
+	store  Store
+	locker locker.Locker
+	persp  map[string]Perspective
+	names  []string
+	coord  *coordinator
+	log    *slog.Logger
+
+	mu      sync.Mutex
+	started bool
+	stopped bool
+	cancel  context.CancelFunc
+	done    chan struct{}
+	wake    chan struct{}
+
+	heldMu sync.Mutex
+	held   map[pairKey]struct{} // stream locks this instance holds now
+}
+
+// New validates cfg (including LockOptions) and returns a worker on pool. It does not
+// touch the database; Start does.
+func New(pool *pgxpool.Pool, cfg Config) (*Worker, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("worker: %w: pool is nil", ErrInvalidConfig)
+	}
+	return newWorker(newPGStore(pool), cfg)
+}
+
+func newWorker(store Store, cfg Config) (*Worker, error) {
+	cfg, err := cfg.resolve()
+	if err != nil {
+		return nil, err
+	}
+	w := &Worker{
+		cfg:    cfg,
+		store:  store,
+		locker: cfg.Locker,
+		persp:  make(map[string]Perspective, len(cfg.Perspectives)),
+		coord:  newCoordinator(),
+		log:    cfg.Logger.With(slog.String("instance", cfg.InstanceID.String())),
+		wake:   make(chan struct{}, 1),
+		held:   make(map[pairKey]struct{}),
+	}
+	for _, p := range cfg.Perspectives {
+		w.persp[p.Name()] = p
+		w.names = append(w.names, p.Name())
+	}
+	return w, nil
+}
+
+// InstanceID is this worker's identity as a stream-lock holder.
+func (w *Worker) InstanceID() uuid.UUID { return w.cfg.InstanceID }
+
+// Start registers the perspectives (a newly registered one gets every stored event queued,
+// so it catches up) and starts the loop in the background. It returns once registration is
+// done; the loop is not tied to ctx (Stop ends it).
+func (w *Worker) Start(ctx context.Context) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopped {
+		return errors.New("worker: start: worker was stopped")
+	}
+	if w.started {
+		return errors.New("worker: start: already started")
+	}
+	for _, name := range w.names {
+		if err := w.register(ctx, name); err != nil {
+			return err
+		}
+	}
+	loopCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	w.cancel = cancel
+	w.done = make(chan struct{})
+	w.started = true
+	go w.loop(loopCtx)
+	w.log.Info("perspective worker started", slog.Any("perspectives", w.names))
+	return nil
+}
+
+// register records a perspective and, the first time, enqueues every stored event for it.
+// It holds the exclusive side of the append lock so that no Append commits in between.
+func (w *Worker) register(ctx context.Context, name string) error {
+	err := w.store.InTx(ctx, func(q db.Querier) error {
+		if err := q.RegisterLock(ctx); err != nil {
+			return err
+		}
+		n, err := q.PerspectiveRegister(ctx, name)
+		if err != nil || n == 0 {
+			return err
+		}
+		queued, err := q.PerspectiveEnqueueBacklog(ctx, name)
+		if err != nil {
+			return err
+		}
+		w.log.Info("perspective registered", slog.String("perspective", name), slog.Int64("backlog", queued))
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("worker: register perspective %q: %w", name, err)
+	}
+	return nil
+}
+
+// Stop stops the loop, waits for the operation in progress to end (or ctx), and releases
+// every stream lock this instance still holds. It is idempotent.
+func (w *Worker) Stop(ctx context.Context) error {
+	w.mu.Lock()
+	if w.stopped || !w.started {
+		w.stopped = true
+		w.mu.Unlock()
+		return nil
+	}
+	w.stopped = true
+	w.cancel()
+	done := w.done
+	w.mu.Unlock()
+
+	var err error
+	select {
+	case <-done:
+	case <-ctx.Done():
+		err = fmt.Errorf("worker: stop: %w", ctx.Err())
+	}
+	w.releaseAll()
+	w.log.Info("perspective worker stopped")
+	return err
+}
+
+// Notify wakes the loop at once, as when new events are known to be queued.
+func (w *Worker) Notify() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+func (w *Worker) loop(ctx context.Context) {
+	defer close(w.done)
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		case <-w.wake:
+		}
+		busy := w.cycle(ctx)
+		if busy {
+			timer.Reset(0)
+		} else {
+			timer.Reset(w.cfg.PollInterval)
+		}
+	}
+}
+
+// cycle polls the queue once and processes every due pair. It reports whether the poll
+// was full (more work is likely waiting).
+func (w *Worker) cycle(ctx context.Context) bool {
+	pairs, err := w.store.QueueDuePairs(ctx, db.QueueDuePairsParams{
+		InstanceID:       w.cfg.InstanceID,
+		PerspectiveNames: w.names,
+		RowLimit:         int32(w.cfg.BatchSize),
+	})
+	if err != nil {
+		if ctx.Err() == nil {
+			w.log.Error("poll queue failed", slog.Any("error", err))
+		}
+		return false
+	}
+	rows := 0
+	for _, p := range pairs {
+		if ctx.Err() != nil {
+			return false
+		}
+		rows += int(p.Queued)
+		w.process(ctx, pairKey{Stream: p.StreamID, Perspective: p.PerspectiveName})
+	}
+	return rows >= w.cfg.BatchSize
+}
+
+// process runs one pair's work under the apply coordinator, isolating its failures.
+func (w *Worker) process(ctx context.Context, k pairKey) {
+	persp := w.persp[k.Perspective]
+	if persp == nil {
+		return
+	}
+	release, err := w.coord.lock(ctx, k)
+	if err != nil {
+		return
+	}
+	defer release()
+	err = w.guard(k, func() error { return w.processPair(ctx, k, persp) })
+	if err != nil {
+		w.fail(ctx, k, err)
+	}
+}
+
+// guard runs fn and turns a panic into an error.
+func (w *Worker) guard(k pairKey, fn func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			w.log.Error("panic while processing pair",
+				slog.String("perspective", k.Perspective), slog.String("stream", k.Stream.String()),
+				slog.Any("panic", r), slog.String("stack", string(debug.Stack())))
+			err = fmt.Errorf("panic: %v", r)
+		}
+	}()
+	return fn()
+}
+
+func (w *Worker) processPair(ctx context.Context, k pairKey, persp Perspective) error {
+	res, err := w.applyNormal(ctx, k, persp)
+	if err != nil {
+		return err
+	}
+	switch {
+	case res.rewindFrom != uuid.Nil:
+		return w.rewind(ctx, k, persp, res.rewindFrom)
+	case res.needsBootstrap:
+		if err := w.bootstrap(ctx, k); err != nil {
+			return err
+		}
+		_, err := w.applyNormal(ctx, k, persp)
+		return err
+	}
+	return nil
+}
+
+// fail records a failed operation on the pair's cursor and queue rows (retried with backoff),
+// unless it is a shutdown or a lost race that the next cycle retries anyway.
+func (w *Worker) fail(ctx context.Context, k pairKey, cause error) {
+	attrs := []any{slog.String("perspective", k.Perspective), slog.String("stream", k.Stream.String()), slog.Any("error", cause)}
+	if ctx.Err() != nil {
+		w.log.Info("operation interrupted by shutdown", attrs...)
+		return
+	}
+	if errors.Is(cause, ErrLockLost) || errors.Is(cause, errCursorMoved) {
+		w.log.Warn("operation refused at commit; will retry", attrs...)
+		return
+	}
+	w.log.Error("processing failed; will retry with backoff", attrs...)
+	err := w.store.InTx(ctx, func(q db.Querier) error {
+		return w.markFailed(ctx, q, k, cause)
+	})
+	if err != nil && ctx.Err() == nil {
+		w.log.Error("recording failure failed", append(attrs, slog.Any("record_error", err))...)
+	}
+}
+
+// markFailed records cause on the cursor and every queued row of k. It runs in a
+// transaction; it ensures the cursor row exists.
+func (w *Worker) markFailed(ctx context.Context, q db.Querier, k pairKey, cause error) error {
+	if err := q.CursorEnsure(ctx, db.CursorEnsureParams{StreamID: k.Stream, PerspectiveName: k.Perspective}); err != nil {
+		return err
+	}
+	cur, err := q.CursorLock(ctx, db.CursorLockParams{StreamID: k.Stream, PerspectiveName: k.Perspective})
+	if err != nil {
+		return err
+	}
+	msg := truncate(cause.Error(), 2000)
+	backoff := w.backoff(int(cur.Attempts))
+	row, err := q.CursorMarkFailed(ctx, db.CursorMarkFailedParams{
+		StreamID:        k.Stream,
+		PerspectiveName: k.Perspective,
+		LastError:       &msg,
+		BackoffSeconds:  backoff.Seconds(),
+	})
+	if err != nil {
+		return err
+	}
+	_, err = q.QueueMarkFailed(ctx, db.QueueMarkFailedParams{
+		StreamID:        k.Stream,
+		PerspectiveName: k.Perspective,
+		LastError:       &msg,
+		NextAttemptAt:   row.NextAttemptAt,
+	})
+	return err
+}
+
+// backoff is RetryBackoff doubled per earlier attempt, capped at MaxRetryBackoff.
+func (w *Worker) backoff(previousAttempts int) time.Duration {
+	d := w.cfg.RetryBackoff
+	for i := 0; i < previousAttempts && d < w.cfg.MaxRetryBackoff; i++ {
+		d *= 2
+	}
+	return min(d, w.cfg.MaxRetryBackoff)
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n]
+}
+
+// acquire takes the stream lock for reason when a locker is configured. It returns whether
+// the lock is held, and the function that releases it (always safe to call).
+func (w *Worker) acquire(ctx context.Context, k pairKey, reason locker.Reason) (bool, func(), error) {
+	if w.locker == nil {
+		return false, func() {}, nil
+	}
+	ok, err := w.locker.TryAcquire(ctx, k.Stream, k.Perspective, w.cfg.InstanceID, reason)
+	if err != nil || !ok {
+		return false, func() {}, err
+	}
+	w.heldMu.Lock()
+	w.held[k] = struct{}{}
+	w.heldMu.Unlock()
+	var once sync.Once
+	return true, func() { once.Do(func() { w.releaseLock(ctx, k) }) }, nil
+}
+
+// releaseLock releases k with a fresh short context, so that it happens even when the
+// operation's context is cancelled (shutdown, lost lock).
+func (w *Worker) releaseLock(ctx context.Context, k pairKey) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	if err := w.locker.Release(rctx, k.Stream, k.Perspective, w.cfg.InstanceID); err != nil {
+		w.log.Warn("stream lock release failed; it will expire",
+			slog.String("perspective", k.Perspective), slog.String("stream", k.Stream.String()), slog.Any("error", err))
+		return
+	}
+	w.heldMu.Lock()
+	delete(w.held, k)
+	w.heldMu.Unlock()
+}
+
+// releaseAll releases every lock still recorded as held.
+func (w *Worker) releaseAll() {
+	if w.locker == nil {
+		return
+	}
+	w.heldMu.Lock()
+	keys := make([]pairKey, 0, len(w.held))
+	for k := range w.held {
+		keys = append(keys, k)
+	}
+	w.heldMu.Unlock()
+	for _, k := range keys {
+		w.releaseLock(context.Background(), k)
+	}
+}
