@@ -28,11 +28,15 @@ func (q *Queries) AppendLock(ctx context.Context) error {
 const eventsAppend = `-- name: EventsAppend :execrows
 WITH ev AS (
     INSERT INTO wh_event_store (event_id, stream_id, event_type, data, created_at)
-    SELECT unnest($1::uuid[]),
-           unnest($2::uuid[]),
-           unnest($3::text[]),
-           unnest($4::text[])::jsonb,
-           COALESCE(NULLIF(unnest($5::timestamptz[]), '0001-01-01 00:00:00+00'::timestamptz), now())
+    SELECT i.event_id, i.stream_id, i.event_type, i.data::jsonb,
+           COALESCE(NULLIF(i.created_at, '0001-01-01 00:00:00+00'::timestamptz), now())
+    FROM (
+        SELECT unnest($1::uuid[])          AS event_id,
+               unnest($2::uuid[])         AS stream_id,
+               unnest($3::text[])        AS event_type,
+               unnest($4::text[])              AS data,
+               unnest($5::timestamptz[]) AS created_at
+    ) AS i
     RETURNING event_id, stream_id
 )
 INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)

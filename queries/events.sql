@@ -13,11 +13,15 @@ SELECT pg_advisory_xact_lock(7214082031553392641);
 -- Returns the number of queue rows written.
 WITH ev AS (
     INSERT INTO wh_event_store (event_id, stream_id, event_type, data, created_at)
-    SELECT unnest(@event_ids::uuid[]),
-           unnest(@stream_ids::uuid[]),
-           unnest(@event_types::text[]),
-           unnest(@datas::text[])::jsonb,
-           COALESCE(NULLIF(unnest(@created_ats::timestamptz[]), '0001-01-01 00:00:00+00'::timestamptz), now())
+    SELECT i.event_id, i.stream_id, i.event_type, i.data::jsonb,
+           COALESCE(NULLIF(i.created_at, '0001-01-01 00:00:00+00'::timestamptz), now())
+    FROM (
+        SELECT unnest(@event_ids::uuid[])          AS event_id,
+               unnest(@stream_ids::uuid[])         AS stream_id,
+               unnest(@event_types::text[])        AS event_type,
+               unnest(@datas::text[])              AS data,
+               unnest(@created_ats::timestamptz[]) AS created_at
+    ) AS i
     RETURNING event_id, stream_id
 )
 INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)

@@ -1,0 +1,385 @@
+package worker_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/perspectives-go/perspectives/db"
+	"github.com/perspectives-go/perspectives/locker"
+	"github.com/perspectives-go/perspectives/worker"
+)
+
+func newLocker(t testing.TB, opts locker.Options) *locker.Postgres {
+	t.Helper()
+	lk, err := locker.NewPostgres(testDB.Pool, opts)
+	require.NoError(t, err)
+	return lk
+}
+
+func uniqueName(prefix string) string { return prefix + "_" + uuid.NewString()[:8] }
+
+func waitModel(t testing.TB, ctx context.Context, name string, stream uuid.UUID, n int) ledger {
+	t.Helper()
+	var m ledger
+	eventually(t, 20*time.Second, "model with all events", func() bool {
+		m, _ = loadLedger(t, ctx, name, stream)
+		return len(m.IDs) == n && len(queued(t, ctx, name, stream)) == 0
+	})
+	return m
+}
+
+func TestLockedPairReceivesNoLiveEventsUntilReleased(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := uniqueName("locked")
+	lk := newLocker(t, locker.Options{})
+	startWorker(t, worker.Config{Perspectives: []worker.Perspective{ledgerPerspective(name)}, Locker: lk})
+
+	stream, control := uuid.New(), uuid.New()
+	foreign := uuid.New()
+	ok, err := lk.TryAcquire(ctx, stream, name, foreign, locker.ReasonRewind)
+	require.NoError(t, err)
+	require.True(t, ok)
+
+	evs := events(stream, newIDs(t, 5))
+	require.NoError(t, worker.Append(ctx, testDB.Pool, evs...))
+	// The control stream is appended after, so once it is applied the worker has polled
+	// past the locked pair's rows at least once.
+	for round := range 3 {
+		c := events(control, newIDs(t, 2))
+		require.NoError(t, worker.Append(ctx, testDB.Pool, c...))
+		waitModel(t, ctx, name, control, 2*(round+1))
+	}
+	_, has := loadLedger(t, ctx, name, stream)
+	require.False(t, has, "a pair locked by another instance must not receive live events")
+	require.Len(t, queued(t, ctx, name, stream), 5, "its events stay queued")
+
+	require.NoError(t, lk.Release(ctx, stream, name, foreign))
+	require.Equal(t, expectedLedger(t, evs), waitModel(t, ctx, name, stream, 5))
+}
+
+func TestLapsedLockMidRewindRefusesStaleCommit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := uniqueName("lapsed")
+	lk := newLocker(t, locker.Options{})
+	logs := &logCapture{}
+	gated := newGated(name)
+	startWorker(t, worker.Config{Perspectives: []worker.Perspective{gated}, Locker: lk, Logger: slog.New(logs)})
+
+	stream := uuid.New()
+	ids := newIDs(t, 6)
+	all := events(stream, ids)
+	require.NoError(t, worker.Append(ctx, testDB.Pool, all[1:]...))
+	before := waitModel(t, ctx, name, stream, 5)
+
+	entered, release := gated.arm(ids[2])
+	defer release()
+	require.NoError(t, worker.Append(ctx, testDB.Pool, all[0])) // late: older than the cursor
+	select {
+	case <-entered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("rewind did not start")
+	}
+	// The rewind is mid-replay holding the lock. Let its lease lapse and another instance take over.
+	_, err := testDB.Pool.Exec(ctx, `UPDATE wh_perspective_cursors SET stream_lock_expiry = now() - interval '1 second'
+		WHERE stream_id = $1 AND perspective_name = $2`, stream, name)
+	require.NoError(t, err)
+	foreign := uuid.New()
+	ok, err := lk.TryAcquire(ctx, stream, name, foreign, locker.ReasonRewind)
+	require.NoError(t, err)
+	require.True(t, ok, "an expired lock is taken over")
+	release()
+
+	eventually(t, 20*time.Second, "stale commit refused", func() bool {
+		return logs.count("operation refused at commit; will retry") > 0
+	})
+	m, _ := loadLedger(t, ctx, name, stream)
+	require.Equal(t, before, m, "the stale holder wrote nothing")
+	require.Equal(t, []uuid.UUID{ids[0]}, queued(t, ctx, name, stream), "the late event is still queued")
+
+	require.NoError(t, lk.Release(ctx, stream, name, foreign))
+	require.Equal(t, expectedLedger(t, all), waitModel(t, ctx, name, stream, 6))
+}
+
+func TestEventsArrivingDuringRewindAreAppliedAfter(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := uniqueName("during")
+	logs := &logCapture{}
+	gated := newGated(name)
+	startWorker(t, worker.Config{
+		Perspectives: []worker.Perspective{gated},
+		Locker:       newLocker(t, locker.Options{}),
+		Logger:       slog.New(logs),
+		Snapshots:    worker.SnapshotOptions{EveryNEvents: 2},
+	})
+
+	stream := uuid.New()
+	ids := newIDs(t, 10)
+	all := events(stream, ids)
+	// Apply everything but ids[0] (late), ids[4] (late, arrives during the rewind) and ids[9] (new).
+	var first []worker.Event
+	for i, ev := range all {
+		if i != 0 && i != 4 && i != 9 {
+			first = append(first, ev)
+		}
+	}
+	require.NoError(t, worker.Append(ctx, testDB.Pool, first...))
+	waitModel(t, ctx, name, stream, len(first))
+
+	entered, release := gated.arm(ids[2])
+	defer release()
+	require.NoError(t, worker.Append(ctx, testDB.Pool, all[0]))
+	select {
+	case <-entered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("rewind did not start")
+	}
+	require.NoError(t, worker.Append(ctx, testDB.Pool, all[4], all[9]))
+	release()
+
+	require.Equal(t, expectedLedger(t, all), waitModel(t, ctx, name, stream, len(all)))
+	require.GreaterOrEqual(t, logs.count("rewind completed"), 2, "the event that arrived during the rewind needs its own pass")
+}
+
+// poisonPerspective fails on events of type "poison".
+func poisonPerspective(name string) worker.Perspective {
+	return worker.JSONPerspective(name, func(m ledger, ev worker.Event) (ledger, error) {
+		if ev.Type == "poison" {
+			return m, errors.New("poison event refused")
+		}
+		return foldLedger(m, ev)
+	})
+}
+
+func TestPoisonEventIsIsolated(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := uniqueName("poison")
+	startWorker(t, worker.Config{
+		Perspectives: []worker.Perspective{poisonPerspective(name)},
+		RetryBackoff: 20 * time.Millisecond, MaxRetryBackoff: 40 * time.Millisecond,
+	})
+	bad, good := uuid.New(), uuid.New()
+	badEvs := events(bad, newIDs(t, 4))
+	badEvs[2].Type = "poison"
+	goodEvs := events(good, newIDs(t, 3))
+	require.NoError(t, worker.Append(ctx, testDB.Pool, badEvs...))
+	require.NoError(t, worker.Append(ctx, testDB.Pool, goodEvs...))
+
+	require.Equal(t, expectedLedger(t, goodEvs), waitModel(t, ctx, name, good, 3), "other pairs continue")
+	q := db.New(testDB.Pool)
+	eventually(t, 20*time.Second, "failure retried", func() bool {
+		cur, err := q.CursorGet(ctx, db.CursorGetParams{StreamID: bad, PerspectiveName: name})
+		return err == nil && cur.Attempts >= 2
+	})
+	cur, err := q.CursorGet(ctx, db.CursorGetParams{StreamID: bad, PerspectiveName: name})
+	require.NoError(t, err)
+	require.Equal(t, "failed", cur.Status)
+	require.NotNil(t, cur.LastError)
+	require.Contains(t, *cur.LastError, "poison event refused")
+	m, _ := loadLedger(t, ctx, name, bad)
+	require.Equal(t, expectedLedger(t, badEvs[:2]), m, "events before the poison one are applied")
+	require.Equal(t, []uuid.UUID{badEvs[2].ID, badEvs[3].ID}, queued(t, ctx, name, bad), "the poison event and those after it stay queued")
+}
+
+func TestPurge(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := uniqueName("purge")
+	lk := newLocker(t, locker.Options{})
+	w := startWorker(t, worker.Config{
+		Perspectives: []worker.Perspective{ledgerPerspective(name)}, Locker: lk,
+		Snapshots: worker.SnapshotOptions{EveryNEvents: 2},
+	})
+	stream := uuid.New()
+	require.NoError(t, worker.Append(ctx, testDB.Pool, events(stream, newIDs(t, 5))...))
+	waitModel(t, ctx, name, stream, 5)
+	q := db.New(testDB.Pool)
+	snaps, err := q.SnapshotIDs(ctx, db.SnapshotIDsParams{StreamID: stream, PerspectiveName: name})
+	require.NoError(t, err)
+	require.NotEmpty(t, snaps)
+
+	// Refused while another instance holds the lock: nothing deleted.
+	foreign := uuid.New()
+	ok, err := lk.TryAcquire(ctx, stream, name, foreign, locker.ReasonRewind)
+	require.NoError(t, err)
+	require.True(t, ok)
+	err = w.Purge(ctx, stream, name)
+	require.ErrorIs(t, err, worker.ErrLocked)
+	_, has := loadLedger(t, ctx, name, stream)
+	require.True(t, has, "a refused purge deletes nothing")
+	require.NoError(t, lk.Release(ctx, stream, name, foreign))
+
+	require.NoError(t, w.Purge(ctx, stream, name))
+	_, has = loadLedger(t, ctx, name, stream)
+	require.False(t, has)
+	snaps, err = q.SnapshotIDs(ctx, db.SnapshotIDsParams{StreamID: stream, PerspectiveName: name})
+	require.NoError(t, err)
+	require.Empty(t, snaps)
+	cur, err := q.CursorGet(ctx, db.CursorGetParams{StreamID: stream, PerspectiveName: name})
+	require.NoError(t, err)
+	require.False(t, cur.LastEventID.Valid)
+	require.False(t, cur.StreamLockInstanceID.Valid, "the purge lock is released")
+
+	require.ErrorIs(t, w.Purge(ctx, stream, "no_such_perspective"), locker.ErrInvalidArgument)
+	require.ErrorIs(t, w.Purge(ctx, uuid.Nil, name), locker.ErrInvalidArgument)
+}
+
+func TestNewPerspectiveCatchesUp(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := uniqueName("catchup")
+	stream := uuid.New()
+	evs := events(stream, newIDs(t, 7))
+	require.NoError(t, worker.Append(ctx, testDB.Pool, evs...))
+	startWorker(t, worker.Config{Perspectives: []worker.Perspective{ledgerPerspective(name)}})
+	require.Equal(t, expectedLedger(t, evs), waitModel(t, ctx, name, stream, 7))
+}
+
+func TestRolledBackAppendLeavesNothing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	stream := uuid.New()
+	tx, err := testDB.Pool.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, worker.Append(ctx, tx, events(stream, newIDs(t, 3))...))
+	require.NoError(t, tx.Rollback(ctx))
+
+	q := db.New(testDB.Pool)
+	stored, err := q.EventsForStream(ctx, stream)
+	require.NoError(t, err)
+	require.Empty(t, stored)
+	var rows int
+	require.NoError(t, testDB.Pool.QueryRow(ctx, `SELECT count(*) FROM wh_perspective_events WHERE stream_id = $1`, stream).Scan(&rows))
+	require.Zero(t, rows)
+
+	// The same inside a committed transaction is stored, IDs written back.
+	evs := []worker.Event{{StreamID: stream, Type: "amount", Data: json.RawMessage(`{"n":1}`)}}
+	tx, err = testDB.Pool.Begin(ctx)
+	require.NoError(t, err)
+	require.NoError(t, worker.Append(ctx, tx, evs...))
+	require.NoError(t, tx.Commit(ctx))
+	require.NotEqual(t, uuid.Nil, evs[0].ID)
+	require.Equal(t, uuid.Version(7), evs[0].ID.Version())
+	stored, err = q.EventsForStream(ctx, stream)
+	require.NoError(t, err)
+	require.Len(t, stored, 1)
+	require.Equal(t, evs[0].ID, stored[0].EventID)
+}
+
+func TestAppendRefusesBadInput(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	stream := uuid.New()
+	dup := uuid.Must(uuid.NewV7())
+	cases := []struct {
+		name   string
+		events []worker.Event
+		want   string
+	}{
+		{"nil stream", []worker.Event{{Type: "t"}}, "stream ID is the nil UUID"},
+		{"empty type", []worker.Event{{StreamID: stream}}, "type is empty"},
+		{"not JSON", []worker.Event{{StreamID: stream, Type: "t", Data: json.RawMessage(`{nope`)}}, "not valid JSON"},
+		{"ID twice", []worker.Event{{ID: dup, StreamID: stream, Type: "t"}, {ID: dup, StreamID: stream, Type: "t"}}, "appears twice"},
+		{"bad after good", []worker.Event{{StreamID: stream, Type: "t"}, {StreamID: stream, Type: ""}}, "event 1: type is empty"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := worker.Append(ctx, testDB.Pool, tc.events...)
+			require.ErrorIs(t, err, locker.ErrInvalidArgument)
+			require.ErrorContains(t, err, tc.want)
+		})
+	}
+	stored, err := db.New(testDB.Pool).EventsForStream(ctx, stream)
+	require.NoError(t, err)
+	require.Empty(t, stored, "nothing written")
+
+	ev := worker.Event{ID: uuid.Must(uuid.NewV7()), StreamID: stream, Type: "t"}
+	require.NoError(t, worker.Append(ctx, testDB.Pool, ev))
+	other := worker.Event{StreamID: stream, Type: "t"}
+	err = worker.Append(ctx, testDB.Pool, other, ev)
+	require.ErrorIs(t, err, worker.ErrDuplicateEvent)
+	stored, err = db.New(testDB.Pool).EventsForStream(ctx, stream)
+	require.NoError(t, err)
+	require.Len(t, stored, 1, "a batch with a stored ID writes nothing")
+	require.ErrorIs(t, worker.Append(ctx, nil, ev), locker.ErrInvalidArgument)
+}
+
+func TestNewValidatesConfig(t *testing.T) {
+	t.Parallel()
+	p := ledgerPerspective("cfg")
+	cases := []struct {
+		name string
+		cfg  worker.Config
+		want string
+		is   error
+	}{
+		{"no perspectives", worker.Config{}, "Perspectives is empty", worker.ErrInvalidConfig},
+		{"nil perspective", worker.Config{Perspectives: []worker.Perspective{nil}}, "Perspectives[0] is nil", worker.ErrInvalidConfig},
+		{"empty name", worker.Config{Perspectives: []worker.Perspective{ledgerPerspective("")}}, "perspective name is empty", worker.ErrInvalidConfig},
+		{"duplicate name", worker.Config{Perspectives: []worker.Perspective{p, ledgerPerspective("cfg")}}, `name "cfg" is used twice`, worker.ErrInvalidConfig},
+		{"lock options", worker.Config{Perspectives: []worker.Perspective{p}, LockOptions: locker.Options{LockTimeout: 10 * time.Second, KeepAliveInterval: 5 * time.Second}}, "KeepAliveInterval (5s)", locker.ErrInvalidOptions},
+		{"negative batch", worker.Config{Perspectives: []worker.Perspective{p}, BatchSize: -1}, "BatchSize must be between 1 and 10000, got -1", worker.ErrInvalidConfig},
+		{"huge batch", worker.Config{Perspectives: []worker.Perspective{p}, BatchSize: 10001}, "BatchSize", worker.ErrInvalidConfig},
+		{"negative poll", worker.Config{Perspectives: []worker.Perspective{p}, PollInterval: -time.Second}, "PollInterval must not be negative, got -1s", worker.ErrInvalidConfig},
+		{"negative snapshots", worker.Config{Perspectives: []worker.Perspective{p}, Snapshots: worker.SnapshotOptions{EveryNEvents: -1}}, "Snapshots.EveryNEvents", worker.ErrInvalidConfig},
+		{"negative retention", worker.Config{Perspectives: []worker.Perspective{p}, Snapshots: worker.SnapshotOptions{MaxPerStream: -2}}, "Snapshots.MaxPerStream", worker.ErrInvalidConfig},
+		{"backoff order", worker.Config{Perspectives: []worker.Perspective{p}, RetryBackoff: time.Minute, MaxRetryBackoff: time.Second}, "MaxRetryBackoff (1s) must not be less than RetryBackoff (1m0s)", worker.ErrInvalidConfig},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			w, err := worker.New(testDB.Pool, tc.cfg)
+			require.Nil(t, w)
+			require.ErrorIs(t, err, tc.is)
+			require.ErrorContains(t, err, tc.want)
+		})
+	}
+	_, err := worker.New(nil, worker.Config{Perspectives: []worker.Perspective{p}})
+	require.ErrorIs(t, err, worker.ErrInvalidConfig)
+	require.ErrorContains(t, err, "pool is nil")
+	w, err := worker.New(testDB.Pool, worker.Config{Perspectives: []worker.Perspective{p}})
+	require.NoError(t, err)
+	require.Equal(t, uuid.Version(7), w.InstanceID().Version(), "a zero InstanceID becomes a UUIDv7")
+}
+
+func TestStopIsIdempotentAndReleasesLocks(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := uniqueName("stop")
+	lk := newLocker(t, locker.Options{})
+	gated := newGated(name)
+	w, err := worker.New(testDB.Pool, worker.Config{Perspectives: []worker.Perspective{gated}, Locker: lk, Logger: quietLogger(), PollInterval: 20 * time.Millisecond})
+	require.NoError(t, err)
+	require.NoError(t, w.Start(ctx))
+
+	stream := uuid.New()
+	ids := newIDs(t, 4)
+	all := events(stream, ids)
+	require.NoError(t, worker.Append(ctx, testDB.Pool, all[1:]...))
+	waitModel(t, ctx, name, stream, 3)
+	entered, release := gated.arm(ids[1])
+	require.NoError(t, worker.Append(ctx, testDB.Pool, all[0]))
+	<-entered
+	_, held, err := lk.Get(ctx, stream, name)
+	require.NoError(t, err)
+	require.True(t, held, "the rewind holds the lock")
+
+	stopped := make(chan error, 1)
+	go func() { stopped <- w.Stop(ctx) }()
+	release()
+	require.NoError(t, <-stopped)
+	require.NoError(t, w.Stop(ctx), "Stop is idempotent")
+	_, held, err = lk.Get(ctx, stream, name)
+	require.NoError(t, err)
+	require.False(t, held, "Stop leaves no lock held")
+	require.Error(t, w.Start(ctx), "a stopped worker does not restart")
+}
