@@ -62,7 +62,7 @@ const cursorGet = `-- name: CursorGet :one
 SELECT stream_id, perspective_name, last_event_id, version, status, last_error, attempts,
        events_since_snapshot,
        stream_lock_instance_id,
-       COALESCE(stream_lock_expiry > now(), false)::bool AS lock_live
+       COALESCE(stream_lock_expiry > clock_timestamp(), false)::bool AS lock_live
 FROM wh_perspective_cursors
 WHERE stream_id = $1 AND perspective_name = $2
 `
@@ -105,7 +105,7 @@ func (q *Queries) CursorGet(ctx context.Context, arg CursorGetParams) (CursorGet
 
 const cursorLock = `-- name: CursorLock :one
 SELECT last_event_id, version, events_since_snapshot, attempts, stream_lock_instance_id,
-       COALESCE(stream_lock_expiry > now(), false)::bool AS lock_live
+       COALESCE(stream_lock_expiry > clock_timestamp(), false)::bool AS lock_live
 FROM wh_perspective_cursors
 WHERE stream_id = $1 AND perspective_name = $2
 FOR UPDATE
@@ -126,6 +126,7 @@ type CursorLockRow struct {
 }
 
 // Locks the cursor row, waiting for other writers (final writes of long operations).
+// lock_live uses clock_timestamp(): the fencing check must see the time after the wait.
 func (q *Queries) CursorLock(ctx context.Context, arg CursorLockParams) (CursorLockRow, error) {
 	row := q.db.QueryRow(ctx, cursorLock, arg.StreamID, arg.PerspectiveName)
 	var i CursorLockRow
@@ -142,7 +143,7 @@ func (q *Queries) CursorLock(ctx context.Context, arg CursorLockParams) (CursorL
 
 const cursorLockNoWait = `-- name: CursorLockNoWait :one
 SELECT last_event_id, version, events_since_snapshot, attempts, stream_lock_instance_id,
-       COALESCE(stream_lock_expiry > now(), false)::bool AS lock_live
+       COALESCE(stream_lock_expiry > clock_timestamp(), false)::bool AS lock_live
 FROM wh_perspective_cursors
 WHERE stream_id = $1 AND perspective_name = $2
 FOR UPDATE SKIP LOCKED

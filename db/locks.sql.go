@@ -18,14 +18,15 @@ INSERT INTO wh_perspective_cursors AS c (
     stream_id, perspective_name, stream_lock_instance_id, stream_lock_expiry, stream_lock_reason
 ) VALUES (
     $1, $2, $3::uuid,
-    now() + make_interval(secs => $4::float8), $5::text
+    clock_timestamp() + make_interval(secs => $4::float8), $5::text
 )
 ON CONFLICT (stream_id, perspective_name) DO UPDATE
 SET stream_lock_instance_id = EXCLUDED.stream_lock_instance_id,
-    stream_lock_expiry      = EXCLUDED.stream_lock_expiry,
+    -- Computed here, not taken from EXCLUDED: VALUES is evaluated before any wait for the row.
+    stream_lock_expiry      = clock_timestamp() + make_interval(secs => $4::float8),
     stream_lock_reason      = EXCLUDED.stream_lock_reason
 WHERE c.stream_lock_instance_id IS NULL
-   OR c.stream_lock_expiry <= now()
+   OR c.stream_lock_expiry <= clock_timestamp()
    OR c.stream_lock_instance_id = EXCLUDED.stream_lock_instance_id
 `
 
@@ -38,7 +39,10 @@ type StreamLockAcquireParams struct {
 }
 
 // Stream locks live on the cursor row of a (stream, perspective) pair.
-// Every expiry is set and compared with the database clock (now()); no client time is used.
+// Every expiry is set and compared with the database clock; no client time is used.
+// clock_timestamp(), not now(): now() is fixed when the transaction starts, so a statement
+// that waited for the row lock would otherwise compare with a stale time (reviving a lock
+// that lapsed during the wait, or granting a lease that already ran out).
 // Takes the lock when the pair is unlocked, its lock has expired, or the caller already
 // holds it (reason and expiry are then overwritten). Creates the cursor row if it is missing.
 // One row affected means the lock is held by the caller.
@@ -86,12 +90,12 @@ SELECT stream_id,
        stream_lock_instance_id::uuid          AS instance_id,
        stream_lock_reason::text               AS reason,
        stream_lock_expiry::timestamptz        AS expiry,
-       (extract(epoch FROM stream_lock_expiry - now()) * 1000000)::bigint AS expires_in_micros
+       (extract(epoch FROM stream_lock_expiry - clock_timestamp()) * 1000000)::bigint AS expires_in_micros
 FROM wh_perspective_cursors
 WHERE stream_id = $1
   AND perspective_name = $2
   AND stream_lock_instance_id IS NOT NULL
-  AND stream_lock_expiry > now()
+  AND stream_lock_expiry > clock_timestamp()
 `
 
 type StreamLockGetParams struct {
@@ -129,10 +133,10 @@ SELECT stream_id,
        stream_lock_instance_id::uuid          AS instance_id,
        stream_lock_reason::text               AS reason,
        stream_lock_expiry::timestamptz        AS expiry,
-       (extract(epoch FROM stream_lock_expiry - now()) * 1000000)::bigint AS expires_in_micros
+       (extract(epoch FROM stream_lock_expiry - clock_timestamp()) * 1000000)::bigint AS expires_in_micros
 FROM wh_perspective_cursors
 WHERE stream_lock_instance_id IS NOT NULL
-  AND stream_lock_expiry > now()
+  AND stream_lock_expiry > clock_timestamp()
 ORDER BY stream_lock_expiry, stream_id, perspective_name
 `
 
@@ -200,11 +204,11 @@ func (q *Queries) StreamLockRelease(ctx context.Context, arg StreamLockReleasePa
 
 const streamLockRenew = `-- name: StreamLockRenew :execrows
 UPDATE wh_perspective_cursors
-SET stream_lock_expiry = now() + make_interval(secs => $1::float8)
+SET stream_lock_expiry = clock_timestamp() + make_interval(secs => $1::float8)
 WHERE stream_id = $2
   AND perspective_name = $3
   AND stream_lock_instance_id = $4::uuid
-  AND stream_lock_expiry > now()
+  AND stream_lock_expiry > clock_timestamp()
 `
 
 type StreamLockRenewParams struct {

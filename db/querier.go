@@ -19,6 +19,7 @@ type Querier interface {
 	CursorEnsure(ctx context.Context, arg CursorEnsureParams) error
 	CursorGet(ctx context.Context, arg CursorGetParams) (CursorGetRow, error)
 	// Locks the cursor row, waiting for other writers (final writes of long operations).
+	// lock_live uses clock_timestamp(): the fencing check must see the time after the wait.
 	CursorLock(ctx context.Context, arg CursorLockParams) (CursorLockRow, error)
 	// Locks the cursor row for a short write; no row when another transaction holds it.
 	CursorLockNoWait(ctx context.Context, arg CursorLockNoWaitParams) (CursorLockNoWaitRow, error)
@@ -65,7 +66,10 @@ type Querier interface {
 	SnapshotsDeleteFrom(ctx context.Context, arg SnapshotsDeleteFromParams) (int64, error)
 	StreamIDs(ctx context.Context) ([]uuid.UUID, error)
 	// Stream locks live on the cursor row of a (stream, perspective) pair.
-	// Every expiry is set and compared with the database clock (now()); no client time is used.
+	// Every expiry is set and compared with the database clock; no client time is used.
+	// clock_timestamp(), not now(): now() is fixed when the transaction starts, so a statement
+	// that waited for the row lock would otherwise compare with a stale time (reviving a lock
+	// that lapsed during the wait, or granting a lease that already ran out).
 	// Takes the lock when the pair is unlocked, its lock has expired, or the caller already
 	// holds it (reason and expiry are then overwritten). Creates the cursor row if it is missing.
 	// One row affected means the lock is held by the caller.

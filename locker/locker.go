@@ -13,7 +13,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 )
@@ -76,6 +78,9 @@ func ValidatePerspectiveName(name string) error {
 	if name == "" {
 		return fmt.Errorf("%w: perspective name is empty", ErrInvalidArgument)
 	}
+	if err := validText("perspective name", name); err != nil {
+		return err
+	}
 	if n := len([]rune(name)); n > MaxPerspectiveNameLength {
 		return fmt.Errorf("%w: perspective name is %d characters, more than %d", ErrInvalidArgument, n, MaxPerspectiveNameLength)
 	}
@@ -96,8 +101,22 @@ func validateReason(reason Reason) error {
 	if reason == "" {
 		return fmt.Errorf("%w: reason is empty", ErrInvalidArgument)
 	}
+	if err := validText("reason", string(reason)); err != nil {
+		return err
+	}
 	if n := len([]rune(string(reason))); n > MaxReasonLength {
 		return fmt.Errorf("%w: reason is %d characters, more than %d", ErrInvalidArgument, n, MaxReasonLength)
+	}
+	return nil
+}
+
+// validText refuses what PostgreSQL text cannot store: invalid UTF-8 and NUL bytes.
+func validText(what, s string) error {
+	if !utf8.ValidString(s) {
+		return fmt.Errorf("%w: %s is not valid UTF-8", ErrInvalidArgument, what)
+	}
+	if strings.ContainsRune(s, 0) {
+		return fmt.Errorf("%w: %s contains a NUL byte", ErrInvalidArgument, what)
 	}
 	return nil
 }

@@ -42,8 +42,6 @@ type cursorLock struct {
 	Reason   *string
 }
 
-func (c cursorLock) unlocked() bool { return c.Instance == nil && c.Expiry == nil && c.Reason == nil }
-
 // readLock reads the lock columns of the (stream, perspective) cursor row.
 func readLock(t testing.TB, streamID uuid.UUID, perspective string) cursorLock {
 	t.Helper()

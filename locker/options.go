@@ -48,7 +48,7 @@ func (o Options) Validate() error {
 	if o.KeepAliveInterval < 0 {
 		return fmt.Errorf("%w: KeepAliveInterval must be positive, got %s", ErrInvalidOptions, o.KeepAliveInterval)
 	}
-	if o.KeepAliveInterval >= o.LockTimeout/2 {
+	if o.KeepAliveInterval >= o.LockTimeout-o.KeepAliveInterval { // 2*KeepAliveInterval >= LockTimeout, without overflow
 		return fmt.Errorf("%w: KeepAliveInterval (%s) must be less than LockTimeout/2 (LockTimeout is %s)",
 			ErrInvalidOptions, o.KeepAliveInterval, o.LockTimeout)
 	}

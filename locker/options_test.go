@@ -29,6 +29,8 @@ func TestOptionsValidate(t *testing.T) {
 		opts locker.Options
 		// wantErr lists substrings the error must contain; nil means the options are valid.
 		wantErr []string
+		// wantNot lists substrings the error must not contain.
+		wantNot []string
 	}{
 		{name: "defaults", opts: locker.DefaultOptions()},
 		{name: "zero value means defaults", opts: locker.Options{}},
@@ -60,11 +62,14 @@ func TestOptionsValidate(t *testing.T) {
 			name:    "negative timeout",
 			opts:    locker.Options{LockTimeout: -time.Second},
 			wantErr: []string{"LockTimeout", "-1s"},
+			// The fault is the timeout's sign, not the keepalive ratio.
+			wantNot: []string{"KeepAliveInterval"},
 		},
 		{
 			name:    "negative timeout with valid keepalive",
 			opts:    locker.Options{LockTimeout: -5 * time.Second, KeepAliveInterval: time.Second},
 			wantErr: []string{"LockTimeout", "-5s"},
+			wantNot: []string{"KeepAliveInterval"},
 		},
 		{
 			name:    "negative keepalive",
@@ -90,6 +95,9 @@ func TestOptionsValidate(t *testing.T) {
 			require.NotErrorIs(t, err, locker.ErrInvalidArgument)
 			for _, s := range tc.wantErr {
 				require.ErrorContains(t, err, s)
+			}
+			for _, s := range tc.wantNot {
+				require.NotContains(t, err.Error(), s)
 			}
 		})
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -440,6 +441,14 @@ func TestSustainedContention(t *testing.T) {
 				}
 				acquisitions[p].Add(1)
 				if n := holders[p].Add(1); n != 1 {
+					violations.Add(1)
+					t.Errorf("pair %d: %d holders at once", p, n)
+				}
+				// Hold across a database round trip, so that a second holder would show.
+				held, err := l.Renew(ctx, streams[p], perspective, inst)
+				assert.NoError(t, err)
+				assert.True(t, held, "pair %d: the holder's renewal must succeed", p)
+				if n := holders[p].Load(); n != 1 {
 					violations.Add(1)
 					t.Errorf("pair %d: %d holders at once", p, n)
 				}
@@ -959,4 +968,111 @@ func TestLockHistoryHasNoOverlap(t *testing.T) {
 		t.Logf("pair %d: %d non-overlapping holds", p, len(hs))
 		requireUnlocked(t, streams[p], perspective)
 	}
+}
+
+// ---------------------------------------------------------------------------------------
+// Row-lock waits: a lock statement that waits behind another writer of the cursor row (a
+// worker's apply transaction holds it FOR UPDATE) must judge and set expiry by the time it
+// takes effect, not by the time it started.
+// ---------------------------------------------------------------------------------------
+
+// blockRow begins a transaction that holds the cursor row FOR UPDATE, as another writer
+// would, and returns it with its backend pid. The transaction is rolled back at cleanup.
+func blockRow(t *testing.T, ctx context.Context, stream uuid.UUID, persp string) (pgx.Tx, int32) {
+	t.Helper()
+	tx, err := testDB.Pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	var pid int32
+	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
+	tag, err := tx.Exec(ctx,
+		`SELECT 1 FROM wh_perspective_cursors WHERE stream_id = $1 AND perspective_name = $2 FOR UPDATE`,
+		stream, persp)
+	require.NoError(t, err)
+	require.Equal(t, int64(1), tag.RowsAffected())
+	return tx, pid
+}
+
+// waitBlockedBy polls pg_stat_activity until some backend waits on blocker's locks.
+func waitBlockedBy(t *testing.T, ctx context.Context, blocker int32) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		var n int
+		err := testDB.Pool.QueryRow(ctx,
+			`SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, blocker).Scan(&n)
+		return err == nil && n > 0
+	}, 10*time.Second, 2*time.Millisecond)
+}
+
+type opResult struct {
+	ok  bool
+	err error
+}
+
+// TestRenewDoesNotReviveLockThatLapsedDuringRowLockWait: Renew starts while the lock is
+// live, waits behind another writer of the row, and the lock lapses before Renew can take
+// effect. Renew must report false and leave the lock lapsed.
+func TestRenewDoesNotReviveLockThatLapsedDuringRowLockWait(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	l := newLocker(t, locker.Options{})
+	stream, inst := uuid.New(), uuid.New()
+	ok, err := l.TryAcquire(ctx, stream, perspective, inst, locker.ReasonRewind)
+	require.NoError(t, err)
+	require.True(t, ok)
+
+	tx, pid := blockRow(t, ctx, stream, perspective)
+	done := make(chan opResult, 1)
+	go func() {
+		held, err := l.Renew(ctx, stream, perspective, inst)
+		done <- opResult{held, err}
+	}()
+	waitBlockedBy(t, ctx, pid)
+	// While Renew waits, the lock lapses: the other writer sets its expiry to the current
+	// instant (what the passing of LockTimeout would do), then commits.
+	_, err = tx.Exec(ctx,
+		`UPDATE wh_perspective_cursors SET stream_lock_expiry = clock_timestamp() WHERE stream_id = $1 AND perspective_name = $2`,
+		stream, perspective)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+
+	r := <-done
+	require.NoError(t, r.err)
+	require.False(t, r.ok, "a lock that lapsed before Renew took effect must not be revived")
+	require.Less(t, secondsLeft(t, stream, perspective), 0.0)
+}
+
+// TestTryAcquireLeaseRunsFromAcquisitionAfterRowLockWait: TryAcquire waits behind another
+// writer of the row; the lease it gets must be LockTimeout from when it took the lock, not
+// from when the statement started (else a wait longer than LockTimeout hands out a lock
+// that has already lapsed, which another instance can take at once).
+func TestTryAcquireLeaseRunsFromAcquisitionAfterRowLockWait(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	l := newLocker(t, locker.Options{})
+	stream, inst := uuid.New(), uuid.New()
+	insertCursor(t, stream, perspective)
+
+	tx, pid := blockRow(t, ctx, stream, perspective)
+	done := make(chan opResult, 1)
+	go func() {
+		ok, err := l.TryAcquire(ctx, stream, perspective, inst, locker.ReasonRewind)
+		done <- opResult{ok, err}
+	}()
+	waitBlockedBy(t, ctx, pid)
+	// The other writer keeps the row a while (this waits for no expiry: the lock is 30s).
+	time.Sleep(500 * time.Millisecond)
+	var released time.Time
+	require.NoError(t, tx.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&released))
+	require.NoError(t, tx.Commit(ctx))
+
+	r := <-done
+	require.NoError(t, r.err)
+	require.True(t, r.ok)
+	c := requireHeldBy(t, stream, perspective, inst, locker.ReasonRewind)
+	// TryAcquire took effect after the writer's commit, so its lease ends no earlier than
+	// released + LockTimeout.
+	lease := c.Expiry.Sub(released)
+	require.GreaterOrEqual(t, lease, locker.DefaultLockTimeout-100*time.Millisecond,
+		"lease measured from the end of the row-lock wait")
 }

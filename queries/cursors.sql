@@ -7,22 +7,23 @@ ON CONFLICT (stream_id, perspective_name) DO NOTHING;
 SELECT stream_id, perspective_name, last_event_id, version, status, last_error, attempts,
        events_since_snapshot,
        stream_lock_instance_id,
-       COALESCE(stream_lock_expiry > now(), false)::bool AS lock_live
+       COALESCE(stream_lock_expiry > clock_timestamp(), false)::bool AS lock_live
 FROM wh_perspective_cursors
 WHERE stream_id = @stream_id AND perspective_name = @perspective_name;
 
 -- name: CursorLockNoWait :one
 -- Locks the cursor row for a short write; no row when another transaction holds it.
 SELECT last_event_id, version, events_since_snapshot, attempts, stream_lock_instance_id,
-       COALESCE(stream_lock_expiry > now(), false)::bool AS lock_live
+       COALESCE(stream_lock_expiry > clock_timestamp(), false)::bool AS lock_live
 FROM wh_perspective_cursors
 WHERE stream_id = @stream_id AND perspective_name = @perspective_name
 FOR UPDATE SKIP LOCKED;
 
 -- name: CursorLock :one
 -- Locks the cursor row, waiting for other writers (final writes of long operations).
+-- lock_live uses clock_timestamp(): the fencing check must see the time after the wait.
 SELECT last_event_id, version, events_since_snapshot, attempts, stream_lock_instance_id,
-       COALESCE(stream_lock_expiry > now(), false)::bool AS lock_live
+       COALESCE(stream_lock_expiry > clock_timestamp(), false)::bool AS lock_live
 FROM wh_perspective_cursors
 WHERE stream_id = @stream_id AND perspective_name = @perspective_name
 FOR UPDATE;

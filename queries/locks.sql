@@ -1,5 +1,8 @@
 -- Stream locks live on the cursor row of a (stream, perspective) pair.
--- Every expiry is set and compared with the database clock (now()); no client time is used.
+-- Every expiry is set and compared with the database clock; no client time is used.
+-- clock_timestamp(), not now(): now() is fixed when the transaction starts, so a statement
+-- that waited for the row lock would otherwise compare with a stale time (reviving a lock
+-- that lapsed during the wait, or granting a lease that already ran out).
 
 -- name: StreamLockAcquire :execrows
 -- Takes the lock when the pair is unlocked, its lock has expired, or the caller already
@@ -9,24 +12,25 @@ INSERT INTO wh_perspective_cursors AS c (
     stream_id, perspective_name, stream_lock_instance_id, stream_lock_expiry, stream_lock_reason
 ) VALUES (
     @stream_id, @perspective_name, @instance_id::uuid,
-    now() + make_interval(secs => @lock_timeout_seconds::float8), @reason::text
+    clock_timestamp() + make_interval(secs => @lock_timeout_seconds::float8), @reason::text
 )
 ON CONFLICT (stream_id, perspective_name) DO UPDATE
 SET stream_lock_instance_id = EXCLUDED.stream_lock_instance_id,
-    stream_lock_expiry      = EXCLUDED.stream_lock_expiry,
+    -- Computed here, not taken from EXCLUDED: VALUES is evaluated before any wait for the row.
+    stream_lock_expiry      = clock_timestamp() + make_interval(secs => @lock_timeout_seconds::float8),
     stream_lock_reason      = EXCLUDED.stream_lock_reason
 WHERE c.stream_lock_instance_id IS NULL
-   OR c.stream_lock_expiry <= now()
+   OR c.stream_lock_expiry <= clock_timestamp()
    OR c.stream_lock_instance_id = EXCLUDED.stream_lock_instance_id;
 
 -- name: StreamLockRenew :execrows
 -- Extends the expiry only while the caller holds an unexpired lock; a lapsed lock is not revived.
 UPDATE wh_perspective_cursors
-SET stream_lock_expiry = now() + make_interval(secs => @lock_timeout_seconds::float8)
+SET stream_lock_expiry = clock_timestamp() + make_interval(secs => @lock_timeout_seconds::float8)
 WHERE stream_id = @stream_id
   AND perspective_name = @perspective_name
   AND stream_lock_instance_id = @instance_id::uuid
-  AND stream_lock_expiry > now();
+  AND stream_lock_expiry > clock_timestamp();
 
 -- name: StreamLockRelease :execrows
 -- Clears the lock only if the caller holds it.
@@ -55,12 +59,12 @@ SELECT stream_id,
        stream_lock_instance_id::uuid          AS instance_id,
        stream_lock_reason::text               AS reason,
        stream_lock_expiry::timestamptz        AS expiry,
-       (extract(epoch FROM stream_lock_expiry - now()) * 1000000)::bigint AS expires_in_micros
+       (extract(epoch FROM stream_lock_expiry - clock_timestamp()) * 1000000)::bigint AS expires_in_micros
 FROM wh_perspective_cursors
 WHERE stream_id = @stream_id
   AND perspective_name = @perspective_name
   AND stream_lock_instance_id IS NOT NULL
-  AND stream_lock_expiry > now();
+  AND stream_lock_expiry > clock_timestamp();
 
 -- name: StreamLockList :many
 -- Every unexpired lock, soonest expiry first, with the time left on the database clock.
@@ -69,8 +73,8 @@ SELECT stream_id,
        stream_lock_instance_id::uuid          AS instance_id,
        stream_lock_reason::text               AS reason,
        stream_lock_expiry::timestamptz        AS expiry,
-       (extract(epoch FROM stream_lock_expiry - now()) * 1000000)::bigint AS expires_in_micros
+       (extract(epoch FROM stream_lock_expiry - clock_timestamp()) * 1000000)::bigint AS expires_in_micros
 FROM wh_perspective_cursors
 WHERE stream_lock_instance_id IS NOT NULL
-  AND stream_lock_expiry > now()
+  AND stream_lock_expiry > clock_timestamp()
 ORDER BY stream_lock_expiry, stream_id, perspective_name;

@@ -11,7 +11,7 @@ FROM (
           SELECT 1 FROM wh_perspective_cursors c
           WHERE c.stream_id = q.stream_id
             AND c.perspective_name = q.perspective_name
-            AND ((c.stream_lock_instance_id <> @instance_id::uuid AND c.stream_lock_expiry > now())
+            AND ((c.stream_lock_instance_id <> @instance_id::uuid AND c.stream_lock_expiry > clock_timestamp())
                  OR c.next_attempt_at > now())
       )
     ORDER BY q.next_attempt_at

@@ -1,5 +1,7 @@
 package worker
 
+//go:generate go tool moq -rm -out ../mocks/perspective.go -pkg mocks . Perspective
+
 import (
 	"context"
 	"encoding/json"

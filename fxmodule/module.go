@@ -1,0 +1,106 @@
+// Package fxmodule wires the perspectives worker into a go.uber.org/fx application.
+//
+//	fx.New(
+//		fx.Provide(newPool),                       // *pgxpool.Pool
+//		fxmodule.Module,
+//		fxmodule.WithPostgresLocker(),             // optional: cross-instance stream locks
+//		fxmodule.Perspective(NewOrderPerspective), // one per perspective
+//	)
+//
+// The application may also provide a worker.Config (defaults otherwise) and locker.Options
+// (which override Config.LockOptions). Options are validated when the graph is built, so an
+// invalid value fails the application before anything starts. The worker starts and stops
+// with the application's lifecycle.
+package fxmodule
+
+import (
+	"fmt"
+	"log/slog"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/fx"
+
+	"github.com/perspectives-go/perspectives/locker"
+	"github.com/perspectives-go/perspectives/worker"
+)
+
+// perspectivesGroup is the value group Perspective feeds and the worker reads.
+const perspectivesGroup = `group:"perspectives"`
+
+// Module provides *worker.Worker from the application's *pgxpool.Pool and the perspectives
+// added with Perspective, and runs it with the application's lifecycle. It uses a
+// locker.Locker only if the application provides one (for example with WithPostgresLocker);
+// without one, the worker relies on the in-process apply coordinator alone.
+var Module = fx.Module("perspectives",
+	fx.Provide(newWorker),
+	fx.Invoke(func(*worker.Worker) {}), // build (and so validate) the worker with the graph
+)
+
+// WorkerParams are the worker's dependencies.
+type WorkerParams struct {
+	fx.In
+
+	Pool         *pgxpool.Pool
+	Perspectives []worker.Perspective `group:"perspectives"`
+	Config       worker.Config        `optional:"true"`
+	LockOptions  locker.Options       `optional:"true"`
+	Locker       locker.Locker        `optional:"true"`
+	Logger       *slog.Logger         `optional:"true"`
+	Lifecycle    fx.Lifecycle
+}
+
+func newWorker(p WorkerParams) (*worker.Worker, error) {
+	cfg := p.Config
+	cfg.Perspectives = append(append([]worker.Perspective(nil), cfg.Perspectives...), p.Perspectives...)
+	if p.LockOptions != (locker.Options{}) {
+		cfg.LockOptions = p.LockOptions
+	}
+	if p.Locker != nil {
+		cfg.Locker = p.Locker
+	}
+	if cfg.Logger == nil && p.Logger != nil {
+		cfg.Logger = p.Logger
+	}
+	w, err := worker.New(p.Pool, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("fxmodule: %w", err)
+	}
+	// Start returns at once; the loop is detached from the start context. Stop waits for it.
+	p.Lifecycle.Append(fx.StartStopHook(w.Start, w.Stop))
+	return w, nil
+}
+
+// LockerParams are the Postgres locker's dependencies.
+type LockerParams struct {
+	fx.In
+
+	Pool        *pgxpool.Pool
+	LockOptions locker.Options `optional:"true"`
+	Config      worker.Config  `optional:"true"`
+}
+
+// WithPostgresLocker provides a locker.Locker backed by locker.Postgres, built from the
+// pool and the lock options (locker.Options if provided, else Config.LockOptions, else the
+// defaults).
+func WithPostgresLocker() fx.Option {
+	return fx.Provide(fx.Annotate(newPostgresLocker, fx.As(new(locker.Locker))))
+}
+
+func newPostgresLocker(p LockerParams) (*locker.Postgres, error) {
+	opts := p.Config.LockOptions
+	if p.LockOptions != (locker.Options{}) {
+		opts = p.LockOptions
+	}
+	l, err := locker.NewPostgres(p.Pool, opts)
+	if err != nil {
+		return nil, fmt.Errorf("fxmodule: %w", err)
+	}
+	return l, nil
+}
+
+// Perspective adds the perspective built by constructor to the worker. constructor is an
+// fx constructor returning a type that implements worker.Perspective, and optionally an
+// error; its parameters are resolved from the graph.
+func Perspective(constructor any) fx.Option {
+	return fx.Provide(fx.Annotate(constructor, fx.As(new(worker.Perspective)), fx.ResultTags(perspectivesGroup)))
+}
