@@ -25,6 +25,17 @@ func (q *Queries) AppendLock(ctx context.Context) error {
 	return err
 }
 
+const eventCount = `-- name: EventCount :one
+SELECT count(*)::bigint FROM wh_event_store
+`
+
+func (q *Queries) EventCount(ctx context.Context) (int64, error) {
+	row := q.db.QueryRow(ctx, eventCount)
+	var column_1 int64
+	err := row.Scan(&column_1)
+	return column_1, err
+}
+
 const eventsAppend = `-- name: EventsAppend :execrows
 WITH ev AS (
     INSERT INTO wh_event_store (event_id, stream_id, event_type, data, created_at)
@@ -165,6 +176,17 @@ func (q *Queries) PerspectiveEnqueueBacklog(ctx context.Context, perspectiveName
 		return 0, err
 	}
 	return result.RowsAffected(), nil
+}
+
+const perspectiveExists = `-- name: PerspectiveExists :one
+SELECT EXISTS (SELECT 1 FROM wh_perspectives WHERE perspective_name = $1)::bool
+`
+
+func (q *Queries) PerspectiveExists(ctx context.Context, perspectiveName string) (bool, error) {
+	row := q.db.QueryRow(ctx, perspectiveExists, perspectiveName)
+	var column_1 bool
+	err := row.Scan(&column_1)
+	return column_1, err
 }
 
 const perspectiveList = `-- name: PerspectiveList :many

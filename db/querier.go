@@ -27,6 +27,7 @@ type Querier interface {
 	CursorMarkFailed(ctx context.Context, arg CursorMarkFailedParams) (CursorMarkFailedRow, error)
 	CursorReset(ctx context.Context, arg CursorResetParams) error
 	CursorsFailed(ctx context.Context) ([]CursorsFailedRow, error)
+	EventCount(ctx context.Context) (int64, error)
 	// Stores the events and enqueues one row per (event, registered perspective).
 	// Returns the number of queue rows written.
 	EventsAppend(ctx context.Context, arg EventsAppendParams) (int64, error)
@@ -39,15 +40,20 @@ type Querier interface {
 	ModelUpsert(ctx context.Context, arg ModelUpsertParams) error
 	// Enqueues every stored event for a newly registered perspective.
 	PerspectiveEnqueueBacklog(ctx context.Context, perspectiveName string) (int64, error)
+	PerspectiveExists(ctx context.Context, perspectiveName string) (bool, error)
 	PerspectiveList(ctx context.Context) ([]WhPerspective, error)
 	PerspectiveRegister(ctx context.Context, perspectiveName string) (int64, error)
 	QueueCount(ctx context.Context) (int64, error)
+	// Queued rows of one perspective, optionally of one stream.
+	QueueCountFor(ctx context.Context, arg QueueCountForParams) (int64, error)
 	QueueDelete(ctx context.Context, arg QueueDeleteParams) (int64, error)
-	// Queue depth and the oldest queued row per perspective.
+	// Queue depth per perspective, and the age of its oldest row on the database clock.
 	QueueDepth(ctx context.Context) ([]QueueDepthRow, error)
 	// The pairs owning the oldest due queue rows, skipping pairs that another instance has
 	// locked or that are backing off after a failure, for the perspectives this instance runs. At most @row_limit rows are considered.
 	QueueDuePairs(ctx context.Context, arg QueueDuePairsParams) ([]QueueDuePairsRow, error)
+	// Enqueues every stored event of one stream for one perspective (rebuild).
+	QueueEnqueueStream(ctx context.Context, arg QueueEnqueueStreamParams) (int64, error)
 	// The queued events of one pair with their data, in event-ID order.
 	QueueEventsForPair(ctx context.Context, arg QueueEventsForPairParams) ([]QueueEventsForPairRow, error)
 	QueueIDsForPair(ctx context.Context, arg QueueIDsForPairParams) ([]uuid.UUID, error)

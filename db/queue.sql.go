@@ -23,6 +23,25 @@ func (q *Queries) QueueCount(ctx context.Context) (int64, error) {
 	return column_1, err
 }
 
+const queueCountFor = `-- name: QueueCountFor :one
+SELECT count(*)::bigint FROM wh_perspective_events
+WHERE perspective_name = $1
+  AND ($2::uuid IS NULL OR stream_id = $2::uuid)
+`
+
+type QueueCountForParams struct {
+	PerspectiveName string
+	StreamID        uuid.NullUUID
+}
+
+// Queued rows of one perspective, optionally of one stream.
+func (q *Queries) QueueCountFor(ctx context.Context, arg QueueCountForParams) (int64, error) {
+	row := q.db.QueryRow(ctx, queueCountFor, arg.PerspectiveName, arg.StreamID)
+	var column_1 int64
+	err := row.Scan(&column_1)
+	return column_1, err
+}
+
 const queueDelete = `-- name: QueueDelete :execrows
 DELETE FROM wh_perspective_events
 WHERE stream_id = $1
@@ -45,7 +64,9 @@ func (q *Queries) QueueDelete(ctx context.Context, arg QueueDeleteParams) (int64
 }
 
 const queueDepth = `-- name: QueueDepth :many
-SELECT perspective_name, count(*)::bigint AS depth, min(enqueued_at)::timestamptz AS oldest
+SELECT perspective_name,
+       count(*)::bigint AS depth,
+       (extract(epoch FROM clock_timestamp() - min(enqueued_at)) * 1000000)::bigint AS oldest_age_micros
 FROM wh_perspective_events
 GROUP BY perspective_name
 ORDER BY perspective_name
@@ -54,10 +75,10 @@ ORDER BY perspective_name
 type QueueDepthRow struct {
 	PerspectiveName string
 	Depth           int64
-	Oldest          time.Time
+	OldestAgeMicros int64
 }
 
-// Queue depth and the oldest queued row per perspective.
+// Queue depth per perspective, and the age of its oldest row on the database clock.
 func (q *Queries) QueueDepth(ctx context.Context) ([]QueueDepthRow, error) {
 	rows, err := q.db.Query(ctx, queueDepth)
 	if err != nil {
@@ -67,7 +88,7 @@ func (q *Queries) QueueDepth(ctx context.Context) ([]QueueDepthRow, error) {
 	items := []QueueDepthRow{}
 	for rows.Next() {
 		var i QueueDepthRow
-		if err := rows.Scan(&i.PerspectiveName, &i.Depth, &i.Oldest); err != nil {
+		if err := rows.Scan(&i.PerspectiveName, &i.Depth, &i.OldestAgeMicros); err != nil {
 			return nil, err
 		}
 		items = append(items, i)
@@ -131,6 +152,28 @@ func (q *Queries) QueueDuePairs(ctx context.Context, arg QueueDuePairsParams) ([
 		return nil, err
 	}
 	return items, nil
+}
+
+const queueEnqueueStream = `-- name: QueueEnqueueStream :execrows
+INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)
+SELECT e.stream_id, $1::text, e.event_id
+FROM wh_event_store e
+WHERE e.stream_id = $2
+ON CONFLICT DO NOTHING
+`
+
+type QueueEnqueueStreamParams struct {
+	PerspectiveName string
+	StreamID        uuid.UUID
+}
+
+// Enqueues every stored event of one stream for one perspective (rebuild).
+func (q *Queries) QueueEnqueueStream(ctx context.Context, arg QueueEnqueueStreamParams) (int64, error) {
+	result, err := q.db.Exec(ctx, queueEnqueueStream, arg.PerspectiveName, arg.StreamID)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
 
 const queueEventsForPair = `-- name: QueueEventsForPair :many

@@ -48,6 +48,9 @@ var _ worker.Store = &StoreMock{}
 //			CursorsFailedFunc: func(ctx context.Context) ([]db.CursorsFailedRow, error) {
 //				panic("mock out the CursorsFailed method")
 //			},
+//			EventCountFunc: func(ctx context.Context) (int64, error) {
+//				panic("mock out the EventCount method")
+//			},
 //			EventsAppendFunc: func(ctx context.Context, arg db.EventsAppendParams) (int64, error) {
 //				panic("mock out the EventsAppend method")
 //			},
@@ -72,6 +75,9 @@ var _ worker.Store = &StoreMock{}
 //			PerspectiveEnqueueBacklogFunc: func(ctx context.Context, perspectiveName string) (int64, error) {
 //				panic("mock out the PerspectiveEnqueueBacklog method")
 //			},
+//			PerspectiveExistsFunc: func(ctx context.Context, perspectiveName string) (bool, error) {
+//				panic("mock out the PerspectiveExists method")
+//			},
 //			PerspectiveListFunc: func(ctx context.Context) ([]db.WhPerspective, error) {
 //				panic("mock out the PerspectiveList method")
 //			},
@@ -81,6 +87,9 @@ var _ worker.Store = &StoreMock{}
 //			QueueCountFunc: func(ctx context.Context) (int64, error) {
 //				panic("mock out the QueueCount method")
 //			},
+//			QueueCountForFunc: func(ctx context.Context, arg db.QueueCountForParams) (int64, error) {
+//				panic("mock out the QueueCountFor method")
+//			},
 //			QueueDeleteFunc: func(ctx context.Context, arg db.QueueDeleteParams) (int64, error) {
 //				panic("mock out the QueueDelete method")
 //			},
@@ -89,6 +98,9 @@ var _ worker.Store = &StoreMock{}
 //			},
 //			QueueDuePairsFunc: func(ctx context.Context, arg db.QueueDuePairsParams) ([]db.QueueDuePairsRow, error) {
 //				panic("mock out the QueueDuePairs method")
+//			},
+//			QueueEnqueueStreamFunc: func(ctx context.Context, arg db.QueueEnqueueStreamParams) (int64, error) {
+//				panic("mock out the QueueEnqueueStream method")
 //			},
 //			QueueEventsForPairFunc: func(ctx context.Context, arg db.QueueEventsForPairParams) ([]db.QueueEventsForPairRow, error) {
 //				panic("mock out the QueueEventsForPair method")
@@ -178,6 +190,9 @@ type StoreMock struct {
 	// CursorsFailedFunc mocks the CursorsFailed method.
 	CursorsFailedFunc func(ctx context.Context) ([]db.CursorsFailedRow, error)
 
+	// EventCountFunc mocks the EventCount method.
+	EventCountFunc func(ctx context.Context) (int64, error)
+
 	// EventsAppendFunc mocks the EventsAppend method.
 	EventsAppendFunc func(ctx context.Context, arg db.EventsAppendParams) (int64, error)
 
@@ -202,6 +217,9 @@ type StoreMock struct {
 	// PerspectiveEnqueueBacklogFunc mocks the PerspectiveEnqueueBacklog method.
 	PerspectiveEnqueueBacklogFunc func(ctx context.Context, perspectiveName string) (int64, error)
 
+	// PerspectiveExistsFunc mocks the PerspectiveExists method.
+	PerspectiveExistsFunc func(ctx context.Context, perspectiveName string) (bool, error)
+
 	// PerspectiveListFunc mocks the PerspectiveList method.
 	PerspectiveListFunc func(ctx context.Context) ([]db.WhPerspective, error)
 
@@ -211,6 +229,9 @@ type StoreMock struct {
 	// QueueCountFunc mocks the QueueCount method.
 	QueueCountFunc func(ctx context.Context) (int64, error)
 
+	// QueueCountForFunc mocks the QueueCountFor method.
+	QueueCountForFunc func(ctx context.Context, arg db.QueueCountForParams) (int64, error)
+
 	// QueueDeleteFunc mocks the QueueDelete method.
 	QueueDeleteFunc func(ctx context.Context, arg db.QueueDeleteParams) (int64, error)
 
@@ -219,6 +240,9 @@ type StoreMock struct {
 
 	// QueueDuePairsFunc mocks the QueueDuePairs method.
 	QueueDuePairsFunc func(ctx context.Context, arg db.QueueDuePairsParams) ([]db.QueueDuePairsRow, error)
+
+	// QueueEnqueueStreamFunc mocks the QueueEnqueueStream method.
+	QueueEnqueueStreamFunc func(ctx context.Context, arg db.QueueEnqueueStreamParams) (int64, error)
 
 	// QueueEventsForPairFunc mocks the QueueEventsForPair method.
 	QueueEventsForPairFunc func(ctx context.Context, arg db.QueueEventsForPairParams) ([]db.QueueEventsForPairRow, error)
@@ -335,6 +359,11 @@ type StoreMock struct {
 			// Ctx is the ctx argument value.
 			Ctx context.Context
 		}
+		// EventCount holds details about calls to the EventCount method.
+		EventCount []struct {
+			// Ctx is the ctx argument value.
+			Ctx context.Context
+		}
 		// EventsAppend holds details about calls to the EventsAppend method.
 		EventsAppend []struct {
 			// Ctx is the ctx argument value.
@@ -391,6 +420,13 @@ type StoreMock struct {
 			// PerspectiveName is the perspectiveName argument value.
 			PerspectiveName string
 		}
+		// PerspectiveExists holds details about calls to the PerspectiveExists method.
+		PerspectiveExists []struct {
+			// Ctx is the ctx argument value.
+			Ctx context.Context
+			// PerspectiveName is the perspectiveName argument value.
+			PerspectiveName string
+		}
 		// PerspectiveList holds details about calls to the PerspectiveList method.
 		PerspectiveList []struct {
 			// Ctx is the ctx argument value.
@@ -407,6 +443,13 @@ type StoreMock struct {
 		QueueCount []struct {
 			// Ctx is the ctx argument value.
 			Ctx context.Context
+		}
+		// QueueCountFor holds details about calls to the QueueCountFor method.
+		QueueCountFor []struct {
+			// Ctx is the ctx argument value.
+			Ctx context.Context
+			// Arg is the arg argument value.
+			Arg db.QueueCountForParams
 		}
 		// QueueDelete holds details about calls to the QueueDelete method.
 		QueueDelete []struct {
@@ -426,6 +469,13 @@ type StoreMock struct {
 			Ctx context.Context
 			// Arg is the arg argument value.
 			Arg db.QueueDuePairsParams
+		}
+		// QueueEnqueueStream holds details about calls to the QueueEnqueueStream method.
+		QueueEnqueueStream []struct {
+			// Ctx is the ctx argument value.
+			Ctx context.Context
+			// Arg is the arg argument value.
+			Arg db.QueueEnqueueStreamParams
 		}
 		// QueueEventsForPair holds details about calls to the QueueEventsForPair method.
 		QueueEventsForPair []struct {
@@ -557,6 +607,7 @@ type StoreMock struct {
 	lockCursorMarkFailed          sync.RWMutex
 	lockCursorReset               sync.RWMutex
 	lockCursorsFailed             sync.RWMutex
+	lockEventCount                sync.RWMutex
 	lockEventsAppend              sync.RWMutex
 	lockEventsForStream           sync.RWMutex
 	lockEventsReplayPage          sync.RWMutex
@@ -565,12 +616,15 @@ type StoreMock struct {
 	lockModelGet                  sync.RWMutex
 	lockModelUpsert               sync.RWMutex
 	lockPerspectiveEnqueueBacklog sync.RWMutex
+	lockPerspectiveExists         sync.RWMutex
 	lockPerspectiveList           sync.RWMutex
 	lockPerspectiveRegister       sync.RWMutex
 	lockQueueCount                sync.RWMutex
+	lockQueueCountFor             sync.RWMutex
 	lockQueueDelete               sync.RWMutex
 	lockQueueDepth                sync.RWMutex
 	lockQueueDuePairs             sync.RWMutex
+	lockQueueEnqueueStream        sync.RWMutex
 	lockQueueEventsForPair        sync.RWMutex
 	lockQueueIDsForPair           sync.RWMutex
 	lockQueueMarkFailed           sync.RWMutex
@@ -907,6 +961,38 @@ func (mock *StoreMock) CursorsFailedCalls() []struct {
 	return calls
 }
 
+// EventCount calls EventCountFunc.
+func (mock *StoreMock) EventCount(ctx context.Context) (int64, error) {
+	if mock.EventCountFunc == nil {
+		panic("StoreMock.EventCountFunc: method is nil but Store.EventCount was just called")
+	}
+	callInfo := struct {
+		Ctx context.Context
+	}{
+		Ctx: ctx,
+	}
+	mock.lockEventCount.Lock()
+	mock.calls.EventCount = append(mock.calls.EventCount, callInfo)
+	mock.lockEventCount.Unlock()
+	return mock.EventCountFunc(ctx)
+}
+
+// EventCountCalls gets all the calls that were made to EventCount.
+// Check the length with:
+//
+//	len(mockedStore.EventCountCalls())
+func (mock *StoreMock) EventCountCalls() []struct {
+	Ctx context.Context
+} {
+	var calls []struct {
+		Ctx context.Context
+	}
+	mock.lockEventCount.RLock()
+	calls = mock.calls.EventCount
+	mock.lockEventCount.RUnlock()
+	return calls
+}
+
 // EventsAppend calls EventsAppendFunc.
 func (mock *StoreMock) EventsAppend(ctx context.Context, arg db.EventsAppendParams) (int64, error) {
 	if mock.EventsAppendFunc == nil {
@@ -1195,6 +1281,42 @@ func (mock *StoreMock) PerspectiveEnqueueBacklogCalls() []struct {
 	return calls
 }
 
+// PerspectiveExists calls PerspectiveExistsFunc.
+func (mock *StoreMock) PerspectiveExists(ctx context.Context, perspectiveName string) (bool, error) {
+	if mock.PerspectiveExistsFunc == nil {
+		panic("StoreMock.PerspectiveExistsFunc: method is nil but Store.PerspectiveExists was just called")
+	}
+	callInfo := struct {
+		Ctx             context.Context
+		PerspectiveName string
+	}{
+		Ctx:             ctx,
+		PerspectiveName: perspectiveName,
+	}
+	mock.lockPerspectiveExists.Lock()
+	mock.calls.PerspectiveExists = append(mock.calls.PerspectiveExists, callInfo)
+	mock.lockPerspectiveExists.Unlock()
+	return mock.PerspectiveExistsFunc(ctx, perspectiveName)
+}
+
+// PerspectiveExistsCalls gets all the calls that were made to PerspectiveExists.
+// Check the length with:
+//
+//	len(mockedStore.PerspectiveExistsCalls())
+func (mock *StoreMock) PerspectiveExistsCalls() []struct {
+	Ctx             context.Context
+	PerspectiveName string
+} {
+	var calls []struct {
+		Ctx             context.Context
+		PerspectiveName string
+	}
+	mock.lockPerspectiveExists.RLock()
+	calls = mock.calls.PerspectiveExists
+	mock.lockPerspectiveExists.RUnlock()
+	return calls
+}
+
 // PerspectiveList calls PerspectiveListFunc.
 func (mock *StoreMock) PerspectiveList(ctx context.Context) ([]db.WhPerspective, error) {
 	if mock.PerspectiveListFunc == nil {
@@ -1292,6 +1414,42 @@ func (mock *StoreMock) QueueCountCalls() []struct {
 	mock.lockQueueCount.RLock()
 	calls = mock.calls.QueueCount
 	mock.lockQueueCount.RUnlock()
+	return calls
+}
+
+// QueueCountFor calls QueueCountForFunc.
+func (mock *StoreMock) QueueCountFor(ctx context.Context, arg db.QueueCountForParams) (int64, error) {
+	if mock.QueueCountForFunc == nil {
+		panic("StoreMock.QueueCountForFunc: method is nil but Store.QueueCountFor was just called")
+	}
+	callInfo := struct {
+		Ctx context.Context
+		Arg db.QueueCountForParams
+	}{
+		Ctx: ctx,
+		Arg: arg,
+	}
+	mock.lockQueueCountFor.Lock()
+	mock.calls.QueueCountFor = append(mock.calls.QueueCountFor, callInfo)
+	mock.lockQueueCountFor.Unlock()
+	return mock.QueueCountForFunc(ctx, arg)
+}
+
+// QueueCountForCalls gets all the calls that were made to QueueCountFor.
+// Check the length with:
+//
+//	len(mockedStore.QueueCountForCalls())
+func (mock *StoreMock) QueueCountForCalls() []struct {
+	Ctx context.Context
+	Arg db.QueueCountForParams
+} {
+	var calls []struct {
+		Ctx context.Context
+		Arg db.QueueCountForParams
+	}
+	mock.lockQueueCountFor.RLock()
+	calls = mock.calls.QueueCountFor
+	mock.lockQueueCountFor.RUnlock()
 	return calls
 }
 
@@ -1396,6 +1554,42 @@ func (mock *StoreMock) QueueDuePairsCalls() []struct {
 	mock.lockQueueDuePairs.RLock()
 	calls = mock.calls.QueueDuePairs
 	mock.lockQueueDuePairs.RUnlock()
+	return calls
+}
+
+// QueueEnqueueStream calls QueueEnqueueStreamFunc.
+func (mock *StoreMock) QueueEnqueueStream(ctx context.Context, arg db.QueueEnqueueStreamParams) (int64, error) {
+	if mock.QueueEnqueueStreamFunc == nil {
+		panic("StoreMock.QueueEnqueueStreamFunc: method is nil but Store.QueueEnqueueStream was just called")
+	}
+	callInfo := struct {
+		Ctx context.Context
+		Arg db.QueueEnqueueStreamParams
+	}{
+		Ctx: ctx,
+		Arg: arg,
+	}
+	mock.lockQueueEnqueueStream.Lock()
+	mock.calls.QueueEnqueueStream = append(mock.calls.QueueEnqueueStream, callInfo)
+	mock.lockQueueEnqueueStream.Unlock()
+	return mock.QueueEnqueueStreamFunc(ctx, arg)
+}
+
+// QueueEnqueueStreamCalls gets all the calls that were made to QueueEnqueueStream.
+// Check the length with:
+//
+//	len(mockedStore.QueueEnqueueStreamCalls())
+func (mock *StoreMock) QueueEnqueueStreamCalls() []struct {
+	Ctx context.Context
+	Arg db.QueueEnqueueStreamParams
+} {
+	var calls []struct {
+		Ctx context.Context
+		Arg db.QueueEnqueueStreamParams
+	}
+	mock.lockQueueEnqueueStream.RLock()
+	calls = mock.calls.QueueEnqueueStream
+	mock.lockQueueEnqueueStream.RUnlock()
 	return calls
 }
 

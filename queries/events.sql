@@ -42,6 +42,9 @@ ON CONFLICT DO NOTHING;
 -- name: PerspectiveList :many
 SELECT perspective_name, registered_at FROM wh_perspectives ORDER BY perspective_name;
 
+-- name: PerspectiveExists :one
+SELECT EXISTS (SELECT 1 FROM wh_perspectives WHERE perspective_name = @perspective_name)::bool;
+
 -- name: EventsReplayPage :many
 -- One page of a stream's events after a position, up to an inclusive bound, in ID order.
 SELECT event_id, stream_id, event_type, data, created_at
@@ -61,3 +64,6 @@ ORDER BY event_id;
 
 -- name: StreamIDs :many
 SELECT DISTINCT stream_id FROM wh_event_store ORDER BY stream_id;
+
+-- name: EventCount :one
+SELECT count(*)::bigint FROM wh_event_store;

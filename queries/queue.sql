@@ -51,11 +51,27 @@ WHERE stream_id = @stream_id
   AND perspective_name = @perspective_name;
 
 -- name: QueueDepth :many
--- Queue depth and the oldest queued row per perspective.
-SELECT perspective_name, count(*)::bigint AS depth, min(enqueued_at)::timestamptz AS oldest
+-- Queue depth per perspective, and the age of its oldest row on the database clock.
+SELECT perspective_name,
+       count(*)::bigint AS depth,
+       (extract(epoch FROM clock_timestamp() - min(enqueued_at)) * 1000000)::bigint AS oldest_age_micros
 FROM wh_perspective_events
 GROUP BY perspective_name
 ORDER BY perspective_name;
 
 -- name: QueueCount :one
 SELECT count(*)::bigint FROM wh_perspective_events;
+
+-- name: QueueCountFor :one
+-- Queued rows of one perspective, optionally of one stream.
+SELECT count(*)::bigint FROM wh_perspective_events
+WHERE perspective_name = @perspective_name
+  AND (sqlc.narg(stream_id)::uuid IS NULL OR stream_id = sqlc.narg(stream_id)::uuid);
+
+-- name: QueueEnqueueStream :execrows
+-- Enqueues every stored event of one stream for one perspective (rebuild).
+INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)
+SELECT e.stream_id, @perspective_name::text, e.event_id
+FROM wh_event_store e
+WHERE e.stream_id = @stream_id
+ON CONFLICT DO NOTHING;

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/perspectives-go/perspectives/db"
 	"github.com/perspectives-go/perspectives/locker"
@@ -43,7 +44,18 @@ func (w *Worker) Purge(ctx context.Context, streamID uuid.UUID, perspectiveName 
 			return fmt.Errorf("worker: purge %s/%s: %w", perspectiveName, streamID, ErrLocked)
 		}
 	}
-	err = w.store.InTx(ctx, func(q db.Querier) error {
+	if err := purgePair(ctx, w.store, k, w.cfg.InstanceID, w.locker != nil); err != nil {
+		return fmt.Errorf("worker: purge: %w", err)
+	}
+	w.log.Info("pair purged", slog.String("perspective", perspectiveName), slog.String("stream", streamID.String()))
+	return nil
+}
+
+// purgePair deletes the pair's model and snapshots and resets its cursor in one transaction
+// holding the cursor row. When fenced, it first checks that instance holds an unexpired
+// stream lock on the pair, and writes nothing otherwise.
+func purgePair(ctx context.Context, store Store, k pairKey, instance uuid.UUID, fenced bool) error {
+	return store.InTx(ctx, func(q db.Querier) error {
 		if err := q.CursorEnsure(ctx, db.CursorEnsureParams{StreamID: k.Stream, PerspectiveName: k.Perspective}); err != nil {
 			return err
 		}
@@ -51,7 +63,7 @@ func (w *Worker) Purge(ctx context.Context, streamID uuid.UUID, perspectiveName 
 		if err != nil {
 			return fmt.Errorf("lock cursor: %w", err)
 		}
-		if w.locker != nil && !(cur.StreamLockInstanceID.Valid && cur.StreamLockInstanceID.UUID == w.cfg.InstanceID && cur.LockLive) {
+		if fenced && !(cur.StreamLockInstanceID.Valid && cur.StreamLockInstanceID.UUID == instance && cur.LockLive) {
 			return ErrLockLost
 		}
 		if _, err := q.ModelDelete(ctx, db.ModelDeleteParams{StreamID: k.Stream, PerspectiveName: k.Perspective}); err != nil {
@@ -62,9 +74,80 @@ func (w *Worker) Purge(ctx context.Context, streamID uuid.UUID, perspectiveName 
 		}
 		return q.CursorReset(ctx, db.CursorResetParams{StreamID: k.Stream, PerspectiveName: k.Perspective})
 	})
-	if err != nil {
-		return fmt.Errorf("worker: purge: %w", err)
+}
+
+// Admin runs operators' actions on a database without running any perspective: purging a
+// pair and queueing a rebuild, under the stream lock. Running workers apply the results.
+type Admin struct {
+	store    Store
+	locker   locker.Locker
+	instance uuid.UUID
+}
+
+// NewAdmin returns an Admin on pool. l is the locker the workers use (nil: none); the
+// Admin takes stream locks under its own new instance ID.
+func NewAdmin(pool *pgxpool.Pool, l locker.Locker) (*Admin, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("worker: admin: %w: pool is nil", locker.ErrInvalidArgument)
 	}
-	w.log.Info("pair purged", slog.String("perspective", perspectiveName), slog.String("stream", streamID.String()))
+	id, err := uuid.NewV7()
+	if err != nil {
+		return nil, fmt.Errorf("worker: admin: %w", err)
+	}
+	return &Admin{store: newPGStore(pool), locker: l, instance: id}, nil
+}
+
+// Purge is Worker.Purge for a registered perspective, from outside any worker.
+func (a *Admin) Purge(ctx context.Context, streamID uuid.UUID, perspectiveName string) error {
+	return a.withLock(ctx, streamID, perspectiveName, "purge", func(k pairKey) error {
+		return purgePair(ctx, a.store, k, a.instance, a.locker != nil)
+	})
+}
+
+// Rebuild purges (streamID, perspectiveName) and queues every stored event of the stream
+// for it again, so that running workers rebuild the model from the start. It returns the
+// number of events queued.
+func (a *Admin) Rebuild(ctx context.Context, streamID uuid.UUID, perspectiveName string) (int64, error) {
+	var queued int64
+	err := a.withLock(ctx, streamID, perspectiveName, "rebuild", func(k pairKey) error {
+		if err := purgePair(ctx, a.store, k, a.instance, a.locker != nil); err != nil {
+			return err
+		}
+		n, err := a.store.QueueEnqueueStream(ctx, db.QueueEnqueueStreamParams{StreamID: streamID, PerspectiveName: perspectiveName})
+		queued = n
+		return err
+	})
+	return queued, err
+}
+
+func (a *Admin) withLock(ctx context.Context, streamID uuid.UUID, perspectiveName, op string, fn func(pairKey) error) error {
+	if err := locker.ValidatePair(streamID, perspectiveName); err != nil {
+		return fmt.Errorf("worker: %s: %w", op, err)
+	}
+	known, err := a.store.PerspectiveExists(ctx, perspectiveName)
+	if err != nil {
+		return fmt.Errorf("worker: %s: %w", op, err)
+	}
+	if !known {
+		return fmt.Errorf("worker: %s: %w: perspective %q is not registered", op, locker.ErrInvalidArgument, perspectiveName)
+	}
+	k := pairKey{Stream: streamID, Perspective: perspectiveName}
+	if a.locker != nil {
+		ok, err := a.locker.TryAcquire(ctx, streamID, perspectiveName, a.instance, locker.ReasonPurge)
+		if err != nil {
+			return fmt.Errorf("worker: %s: acquire stream lock: %w", op, err)
+		}
+		if !ok {
+			return fmt.Errorf("worker: %s %s/%s: %w", op, perspectiveName, streamID, ErrLocked)
+		}
+		defer func() {
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+			defer cancel()
+			_ = a.locker.Release(rctx, streamID, perspectiveName, a.instance)
+		}()
+	}
+	if err := fn(k); err != nil {
+		return fmt.Errorf("worker: %s: %w", op, err)
+	}
 	return nil
 }

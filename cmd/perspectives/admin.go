@@ -1,0 +1,164 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/perspectives-go/perspectives/db"
+	"github.com/perspectives-go/perspectives/locker"
+	"github.com/perspectives-go/perspectives/schema"
+)
+
+func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs, dbURL := flags("migrate", "migrate [--database-url URL]", stderr)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	pool, err := connect(ctx, *dbURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := schema.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, "schema is current")
+	return nil
+}
+
+func runLocks(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs, dbURL := flags("locks", "locks [--database-url URL]", stderr)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	pool, err := connect(ctx, *dbURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	lk, err := locker.NewPostgres(pool, locker.Options{})
+	if err != nil {
+		return err
+	}
+	locks, err := lk.ListStatus(ctx)
+	if err != nil {
+		return err
+	}
+	if len(locks) == 0 {
+		fmt.Fprintln(stdout, "no stream locks held")
+		return nil
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "STREAM\tPERSPECTIVE\tHOLDER\tREASON\tEXPIRES IN")
+	for _, l := range locks {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", l.StreamID, l.PerspectiveName, l.InstanceID, l.Reason, l.ExpiresIn.Round(100*time.Millisecond))
+	}
+	return tw.Flush()
+}
+
+func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs, dbURL := flags("status", "status [--database-url URL]", stderr)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	pool, err := connect(ctx, *dbURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	q := db.New(pool)
+	persp, err := q.PerspectiveList(ctx)
+	if err != nil {
+		return err
+	}
+	depth, err := q.QueueDepth(ctx)
+	if err != nil {
+		return err
+	}
+	byName := map[string]db.QueueDepthRow{}
+	for _, d := range depth {
+		byName[d.PerspectiveName] = d
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "PERSPECTIVE\tQUEUED\tOLDEST QUEUED")
+	for _, p := range persp {
+		d := byName[p.PerspectiveName]
+		oldest := "-"
+		if d.Depth > 0 {
+			oldest = (time.Duration(d.OldestAgeMicros) * time.Microsecond).Round(time.Millisecond).String() + " ago"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\n", p.PerspectiveName, d.Depth, oldest)
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	failed, err := q.CursorsFailed(ctx)
+	if err != nil {
+		return err
+	}
+	if len(failed) == 0 {
+		fmt.Fprintln(stdout, "\nno failed pairs")
+		return nil
+	}
+	fmt.Fprintf(stdout, "\n%d failed pairs:\n", len(failed))
+	tw = tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "STREAM\tPERSPECTIVE\tATTEMPTS\tLAST ERROR")
+	for _, f := range failed {
+		msg := ""
+		if f.LastError != nil {
+			msg = strings.Join(strings.Fields(*f.LastError), " ")
+			if len(msg) > 120 {
+				msg = msg[:117] + "..."
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", f.StreamID, f.PerspectiveName, f.Attempts, msg)
+	}
+	return tw.Flush()
+}
+
+func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs, dbURL := flags("purge", "purge --stream UUID --perspective NAME [--database-url URL]", stderr)
+	stream := fs.String("stream", "", "stream ID (required)")
+	name := fs.String("perspective", "", "perspective name (required)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	sid, err := requiredStream(*stream)
+	if err != nil {
+		return err
+	}
+	if *name == "" {
+		return fmt.Errorf("--perspective is required")
+	}
+	pool, err := connect(ctx, *dbURL)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	admin, err := newAdmin(pool)
+	if err != nil {
+		return err
+	}
+	if err := admin.Purge(ctx, sid, *name); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "purged %s of stream %s\n", *name, sid)
+	return nil
+}
+
+func requiredStream(s string) (uuid.UUID, error) {
+	if s == "" {
+		return uuid.Nil, fmt.Errorf("--stream is required")
+	}
+	id, err := uuid.Parse(s)
+	if err != nil {
+		return uuid.Nil, fmt.Errorf("--stream %q is not a UUID", s)
+	}
+	return id, nil
+}

@@ -1,0 +1,481 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/url"
+	"os"
+	"os/exec"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/perspectives-go/perspectives/db"
+	"github.com/perspectives-go/perspectives/locker"
+	"github.com/perspectives-go/perspectives/schema"
+	"github.com/perspectives-go/perspectives/worker"
+)
+
+// demoDatabase is the database the demo creates (and drops) next to the one it is given.
+const demoDatabase = "perspectives_demo"
+
+type demoConfig struct {
+	instances   int
+	streams     int
+	events      int
+	late        float64
+	lockTimeout time.Duration
+	applyDelay  time.Duration
+	roundGap    time.Duration
+	keep        bool
+	seed        uint64
+}
+
+func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs, dbURL := flags("demo", "demo [flags]", stderr)
+	var c demoConfig
+	fs.IntVar(&c.instances, "instances", 3, "worker instances (separate processes)")
+	fs.IntVar(&c.streams, "streams", 120, "streams")
+	fs.IntVar(&c.events, "events", 40, "events per stream")
+	fs.Float64Var(&c.late, "late", 0.1, "share of events that arrive late (after newer events of their stream)")
+	fs.DurationVar(&c.lockTimeout, "lock-timeout", 4*time.Second, "stream lock timeout (a killed holder's locks lapse after it)")
+	fs.DurationVar(&c.applyDelay, "apply-delay", time.Millisecond, "time each instance spends per applied event")
+	fs.DurationVar(&c.roundGap, "round-gap", 300*time.Millisecond, "pause between the 40 rounds of appends")
+	fs.BoolVar(&c.keep, "keep", false, "keep the "+demoDatabase+" database afterwards")
+	fs.Uint64Var(&c.seed, "seed", uint64(time.Now().UnixNano()), "random seed")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	switch {
+	case c.instances < 2:
+		return errors.New("--instances must be at least 2 (one is killed)")
+	case c.streams < 1 || c.events < 2:
+		return errors.New("--streams must be at least 1 and --events at least 2")
+	case c.late < 0 || c.late >= 1:
+		return errors.New("--late must be in [0, 1)")
+	}
+	d := &demo{cfg: c, out: stdout, errw: stderr, rng: rand.New(rand.NewPCG(c.seed, 1))}
+	return d.run(ctx, *dbURL)
+}
+
+type demo struct {
+	cfg  demoConfig
+	out  io.Writer
+	errw io.Writer
+	rng  *rand.Rand
+	pool *pgxpool.Pool
+
+	procs []*demoProc
+	lateN int // events appended in a later round than their successors
+}
+
+type demoProc struct {
+	id     uuid.UUID
+	cmd    *exec.Cmd
+	stdout *bytes.Buffer
+	ready  chan struct{}
+	exited chan error
+	killed bool
+}
+
+func (d *demo) logf(format string, args ...any) {
+	fmt.Fprintf(d.out, "demo: "+format+"\n", args...)
+}
+
+func (d *demo) run(ctx context.Context, dbURL string) (err error) {
+	start := time.Now()
+	demoURL, cleanup, err := createDemoDatabase(ctx, dbURL, d.cfg.keep)
+	if err != nil {
+		return err
+	}
+	defer cleanup()
+	if d.pool, err = connect(ctx, demoURL); err != nil {
+		return err
+	}
+	defer d.pool.Close()
+	if err := schema.Migrate(ctx, d.pool); err != nil {
+		return err
+	}
+	d.logf("database %s migrated; seed %d", demoDatabase, d.cfg.seed)
+
+	if err := d.startInstances(ctx, demoURL); err != nil {
+		d.stopAll()
+		return err
+	}
+	defer d.stopAll()
+	d.logf("%d worker instances running (lock timeout %s)", len(d.procs), d.cfg.lockTimeout)
+
+	all, rounds := d.plan()
+	victim := d.procs[0]
+	killCtx, stopKill := context.WithCancel(ctx)
+	killDone := make(chan killReport, 1)
+	var appended int
+	for r, batch := range rounds {
+		if r == len(rounds)/3 {
+			go func() { killDone <- d.killMidRewind(killCtx, victim) }()
+		}
+		for i := 0; i < len(batch); i += 50 {
+			if err := worker.Append(ctx, d.pool, batch[i:min(i+50, len(batch))]...); err != nil {
+				stopKill()
+				return err
+			}
+		}
+		appended += len(batch)
+		select {
+		case <-ctx.Done():
+			stopKill()
+			return ctx.Err()
+		case <-time.After(d.cfg.roundGap):
+		}
+	}
+	d.logf("appended %d events to %d streams (%d arrived late)", appended, d.cfg.streams, d.lateN)
+	kill := <-killDone
+	stopKill()
+	if kill.midRewind {
+		d.logf("killed instance %s with SIGKILL while it held %d stream lock(s) mid-rewind", short(victim.id), len(kill.held))
+	} else {
+		d.logf("killed instance %s with SIGKILL (no rewind caught in progress)", short(victim.id))
+	}
+
+	if err := d.waitDrained(ctx, 3*time.Minute); err != nil {
+		return err
+	}
+	takeovers, err := d.takeovers(ctx, kill.held)
+	if err != nil {
+		return err
+	}
+	stats := d.stopSurvivors()
+	matched, total, mismatches, err := d.check(ctx, all)
+	if err != nil {
+		return err
+	}
+
+	var sum demoStats
+	for _, s := range stats {
+		sum.EventsApplied += s.EventsApplied
+		sum.Rewinds += s.Rewinds
+		sum.Contended += s.Contended
+		sum.Refused += s.Refused
+		sum.Bootstraps += s.Bootstraps
+		sum.Failures += s.Failures
+	}
+	fmt.Fprintln(d.out)
+	fmt.Fprintln(d.out, "report")
+	fmt.Fprintf(d.out, "  events appended           %d (%d late)\n", appended, d.lateN)
+	fmt.Fprintf(d.out, "  events applied (live)     %d by the %d surviving instances\n", sum.EventsApplied, len(stats))
+	fmt.Fprintf(d.out, "  rewinds                   %d completed, %d refused at commit\n", sum.Rewinds, sum.Refused)
+	fmt.Fprintf(d.out, "  lock contention           %d rewinds skipped (lock held elsewhere), retried later\n", sum.Contended)
+	fmt.Fprintf(d.out, "  takeovers                 %d of %d locks left by the killed instance\n", takeovers, len(kill.held))
+	fmt.Fprintf(d.out, "  snapshot bootstraps       %d\n", sum.Bootstraps)
+	fmt.Fprintf(d.out, "  elapsed                   %s\n", time.Since(start).Round(100*time.Millisecond))
+	fmt.Fprintf(d.out, "consistent: %d of %d models match\n", matched, total)
+	if matched != total {
+		for _, m := range mismatches {
+			fmt.Fprintln(d.errw, "  mismatch:", m)
+		}
+		return fmt.Errorf("%d of %d models differ from the fold of their sorted events", total-matched, total)
+	}
+	return nil
+}
+
+// createDemoDatabase (re)creates the demo database on the server of dbURL and returns its
+// URL and the function that drops it (unless keep).
+func createDemoDatabase(ctx context.Context, dbURL string, keep bool) (string, func(), error) {
+	admin, err := connectOne(ctx, dbURL)
+	if err != nil {
+		return "", nil, err
+	}
+	defer admin.Close(context.Background())
+	ident := pgx.Identifier{demoDatabase}.Sanitize()
+	if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+ident+" WITH (FORCE)"); err != nil {
+		return "", nil, fmt.Errorf("drop old demo database: %w", err)
+	}
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+ident); err != nil {
+		return "", nil, fmt.Errorf("create demo database (the demo needs CREATE DATABASE rights): %w", err)
+	}
+	u, err := url.Parse(dbURL)
+	if err != nil {
+		return "", nil, fmt.Errorf("invalid database URL: %w", err)
+	}
+	u.Path = "/" + demoDatabase
+	drop := func() {
+		if keep {
+			return
+		}
+		dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if a, err := connectOne(dctx, dbURL); err == nil {
+			_, _ = a.Exec(dctx, "DROP DATABASE IF EXISTS "+ident+" WITH (FORCE)")
+			_ = a.Close(dctx)
+		}
+	}
+	return u.String(), drop, nil
+}
+
+func connectOne(ctx context.Context, dbURL string) (*pgx.Conn, error) {
+	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	c, err := pgx.Connect(cctx, dbURL)
+	if err != nil {
+		return nil, fmt.Errorf("cannot reach database %s: %v (is PostgreSQL running? try: make db)", redact(dbURL), oneLine(err))
+	}
+	return c, nil
+}
+
+// startInstances starts the worker processes and waits until each is ready.
+func (d *demo) startInstances(ctx context.Context, demoURL string) error {
+	exe, err := os.Executable()
+	if err != nil {
+		return fmt.Errorf("find own executable: %w", err)
+	}
+	for range d.cfg.instances {
+		p := &demoProc{id: uuid.Must(uuid.NewV7()), stdout: &bytes.Buffer{}, ready: make(chan struct{}), exited: make(chan error, 1)}
+		p.cmd = exec.Command(exe, demoWorkerCommand, "--database-url", demoURL, "--instance", p.id.String(),
+			"--lock-timeout", d.cfg.lockTimeout.String(), "--apply-delay", d.cfg.applyDelay.String())
+		p.cmd.Stderr = d.errw
+		out, err := p.cmd.StdoutPipe()
+		if err != nil {
+			return err
+		}
+		if err := p.cmd.Start(); err != nil {
+			return fmt.Errorf("start worker instance: %w", err)
+		}
+		go func() {
+			sc := bufio.NewScanner(out)
+			for sc.Scan() {
+				if sc.Text() == "ready" {
+					close(p.ready)
+					continue
+				}
+				p.stdout.Write(append(sc.Bytes(), '\n'))
+			}
+			p.exited <- p.cmd.Wait()
+		}()
+		d.procs = append(d.procs, p)
+	}
+	for _, p := range d.procs {
+		select {
+		case <-p.ready:
+		case err := <-p.exited:
+			return fmt.Errorf("worker instance %s exited at start: %v", short(p.id), err)
+		case <-time.After(60 * time.Second):
+			return fmt.Errorf("worker instance %s did not start within 60s", short(p.id))
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	return nil
+}
+
+// plan makes the events of every stream (IDs ascending, so ID order is the true order)
+// and the rounds in which they are appended: each on time, or a few rounds late.
+func (d *demo) plan() (map[uuid.UUID][]worker.Event, [][]worker.Event) {
+	const nRounds = 40
+	all := make(map[uuid.UUID][]worker.Event, d.cfg.streams)
+	rounds := make([][]worker.Event, nRounds)
+	for range d.cfg.streams {
+		s := uuid.Must(uuid.NewV7())
+		evs := make([]worker.Event, d.cfg.events)
+		for i := range evs {
+			evs[i] = worker.Event{ID: uuid.Must(uuid.NewV7()), StreamID: s, Type: "amount",
+				Data: json.RawMessage(fmt.Sprintf(`{"n":%d}`, d.rng.IntN(1000)))}
+		}
+		sort.Slice(evs, func(i, j int) bool { return bytes.Compare(evs[i].ID[:], evs[j].ID[:]) < 0 })
+		all[s] = evs
+		for i, ev := range evs {
+			r := i * nRounds / len(evs)
+			if i > 0 && d.rng.Float64() < d.cfg.late {
+				r = min(nRounds-1, r+2+d.rng.IntN(4))
+				d.lateN++
+			}
+			rounds[r] = append(rounds[r], ev)
+		}
+	}
+	return all, rounds
+}
+
+type killReport struct {
+	midRewind bool
+	held      []locker.Lock
+}
+
+// killMidRewind waits until the victim holds a rewind lock, then SIGKILLs it (no release,
+// no cleanup). It kills it anyway when ctx ends first.
+func (d *demo) killMidRewind(ctx context.Context, victim *demoProc) killReport {
+	lk, _ := locker.NewPostgres(d.pool, locker.Options{})
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	deadline := time.After(20 * time.Second)
+	var rep killReport
+	for {
+		locks, err := lk.List(context.WithoutCancel(ctx))
+		if err == nil {
+			var mine []locker.Lock
+			rewinding := false
+			for _, l := range locks {
+				if l.InstanceID == victim.id {
+					mine = append(mine, l)
+					rewinding = rewinding || l.Reason == locker.ReasonRewind
+				}
+			}
+			if rewinding {
+				rep = killReport{midRewind: true, held: mine}
+				break
+			}
+		}
+		select {
+		case <-tick.C:
+			continue
+		case <-deadline:
+		case <-ctx.Done():
+		}
+		break
+	}
+	_ = victim.cmd.Process.Signal(syscall.SIGKILL)
+	victim.killed = true
+	<-victim.exited
+	return rep
+}
+
+// waitDrained waits until no event is queued and no lock is held.
+func (d *demo) waitDrained(ctx context.Context, timeout time.Duration) error {
+	q := db.New(d.pool)
+	lk, _ := locker.NewPostgres(d.pool, locker.Options{})
+	deadline := time.Now().Add(timeout)
+	last := time.Time{}
+	for {
+		n, err := q.QueueCount(ctx)
+		if err != nil {
+			return err
+		}
+		locks, err := lk.List(ctx)
+		if err != nil {
+			return err
+		}
+		if n == 0 && len(locks) == 0 {
+			d.logf("queue drained")
+			return nil
+		}
+		if time.Since(last) > 2*time.Second {
+			d.logf("waiting: %d events queued, %d locks held", n, len(locks))
+			last = time.Now()
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("queue not drained after %s: %d events queued, %d locks held", timeout, n, len(locks))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// takeovers counts the pairs the killed instance held that other instances finished.
+func (d *demo) takeovers(ctx context.Context, held []locker.Lock) (int, error) {
+	q := db.New(d.pool)
+	n := 0
+	for _, l := range held {
+		c, err := q.CursorGet(ctx, db.CursorGetParams{StreamID: l.StreamID, PerspectiveName: l.PerspectiveName})
+		if err != nil {
+			return 0, err
+		}
+		left, err := q.QueueCountFor(ctx, db.QueueCountForParams{PerspectiveName: l.PerspectiveName, StreamID: uuid.NullUUID{UUID: l.StreamID, Valid: true}})
+		if err != nil {
+			return 0, err
+		}
+		if left == 0 && c.LastEventID.Valid && (!c.StreamLockInstanceID.Valid || c.StreamLockInstanceID.UUID != l.InstanceID) {
+			n++
+		}
+	}
+	return n, nil
+}
+
+// stopSurvivors SIGTERMs the live instances and collects their stats.
+func (d *demo) stopSurvivors() []demoStats {
+	var out []demoStats
+	for _, p := range d.procs {
+		if p.killed {
+			continue
+		}
+		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-p.exited:
+		case <-time.After(30 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-p.exited
+		}
+		p.killed = true
+		var s demoStats
+		if err := json.Unmarshal(bytes.TrimSpace(p.stdout.Bytes()), &s); err == nil {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// stopAll kills whatever instance is still running (error paths).
+func (d *demo) stopAll() {
+	var wg sync.WaitGroup
+	for _, p := range d.procs {
+		if p.killed {
+			continue
+		}
+		p.killed = true
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_ = p.cmd.Process.Kill()
+			<-p.exited
+		}()
+	}
+	wg.Wait()
+}
+
+// check compares every stream's model with the fold of its stored events sorted by ID.
+func (d *demo) check(ctx context.Context, all map[uuid.UUID][]worker.Event) (matched, total int, mismatches []string, err error) {
+	q := db.New(d.pool)
+	for s := range all {
+		total++
+		stored, err := q.EventsForStream(ctx, s) // ORDER BY event_id
+		if err != nil {
+			return 0, 0, nil, err
+		}
+		var want demoModel
+		for _, e := range stored {
+			if want, err = foldDemo(want, worker.Event{ID: e.EventID, StreamID: e.StreamID, Type: e.EventType, Data: e.Data}); err != nil {
+				return 0, 0, nil, err
+			}
+		}
+		raw, ok, err := worker.LoadModel(ctx, d.pool, demoPerspectiveName, s)
+		if err != nil {
+			return 0, 0, nil, err
+		}
+		var got demoModel
+		if ok {
+			if err := json.Unmarshal(raw, &got); err != nil {
+				return 0, 0, nil, err
+			}
+		}
+		if ok && got == want && want.Count == len(all[s]) {
+			matched++
+		} else {
+			mismatches = append(mismatches, fmt.Sprintf("stream %s: model %+v, expected %+v", s, got, want))
+		}
+	}
+	return matched, total, mismatches, nil
+}
+
+func short(id uuid.UUID) string { return strings.SplitN(id.String(), "-", 2)[0] }

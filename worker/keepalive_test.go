@@ -1,0 +1,139 @@
+package worker_test
+
+// Keepalive timing, on the fake clock of testing/synctest: no real sleeps.
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/perspectives-go/perspectives/mocks"
+	"github.com/perspectives-go/perspectives/worker"
+)
+
+const kaInterval = 10 * time.Second
+
+type kaFixture struct {
+	stream, instance uuid.UUID
+	locker           *mocks.LockerMock
+	logs             *utLogBuf
+}
+
+// newKAFixture builds a LockerMock whose Renew answers with renew(call number, from 1).
+func newKAFixture(t *testing.T, renew func(call int) (bool, error)) *kaFixture {
+	f := &kaFixture{stream: utNewID(t), instance: utNewID(t), logs: &utLogBuf{}}
+	var mu sync.Mutex
+	calls := 0
+	f.locker = &mocks.LockerMock{
+		RenewFunc: func(ctx context.Context, stream uuid.UUID, name string, inst uuid.UUID) (bool, error) {
+			mu.Lock()
+			calls++
+			n := calls
+			mu.Unlock()
+			return renew(n)
+		},
+	}
+	return f
+}
+
+func (f *kaFixture) start(ctx context.Context) (context.Context, *worker.KeepAlive) {
+	return worker.StartKeepAlive(ctx, f.locker, f.stream, utName, f.instance, kaInterval, utLogger(f.logs))
+}
+
+func TestKeepAliveRenewsEveryIntervalUntilStopped(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newKAFixture(t, func(int) (bool, error) { return true, nil })
+		ctx, ka := f.start(context.Background())
+
+		time.Sleep(9 * time.Second)
+		synctest.Wait()
+		assert.Empty(t, f.locker.RenewCalls(), "the first renewal is one interval after the start")
+
+		time.Sleep(26 * time.Second) // t = 35s
+		synctest.Wait()
+		calls := f.locker.RenewCalls()
+		require.Len(t, calls, 3, "renewals at 10s, 20s and 30s")
+		for _, c := range calls {
+			assert.Equal(t, f.stream, c.StreamID)
+			assert.Equal(t, utName, c.PerspectiveName)
+			assert.Equal(t, f.instance, c.InstanceID)
+		}
+		assert.NoError(t, ctx.Err(), "a held lock does not cancel the operation")
+
+		ka.Stop()
+		time.Sleep(30 * time.Second)
+		synctest.Wait()
+		assert.Len(t, f.locker.RenewCalls(), 3, "no renewal after Stop")
+		ka.Stop() // idempotent
+	})
+}
+
+func TestKeepAliveRetriesRenewErrorAtNextTick(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newKAFixture(t, func(n int) (bool, error) {
+			if n <= 2 {
+				return false, errors.New("database unreachable") // held is meaningless with an error
+			}
+			return true, nil
+		})
+		ctx, ka := f.start(context.Background())
+		defer ka.Stop()
+
+		time.Sleep(25 * time.Second)
+		synctest.Wait()
+		assert.Len(t, f.locker.RenewCalls(), 2)
+		assert.NoError(t, ctx.Err(), "a renew error does not cancel the operation")
+		assert.Contains(t, f.logs.String(), "database unreachable", "the renew error is logged")
+
+		time.Sleep(20 * time.Second) // t = 45s
+		synctest.Wait()
+		assert.Len(t, f.locker.RenewCalls(), 4, "renewals keep coming after errors")
+		assert.NoError(t, ctx.Err())
+	})
+}
+
+func TestKeepAliveLostLockCancelsAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newKAFixture(t, func(int) (bool, error) { return false, nil })
+		ctx, ka := f.start(context.Background())
+
+		time.Sleep(kaInterval)
+		synctest.Wait()
+		require.Error(t, ctx.Err(), "the context is cancelled as soon as a renewal reports the lock lost")
+		assert.ErrorIs(t, context.Cause(ctx), worker.ErrLockLost)
+		assert.Len(t, f.locker.RenewCalls(), 1)
+
+		time.Sleep(3 * kaInterval)
+		synctest.Wait()
+		assert.Len(t, f.locker.RenewCalls(), 1, "no renewal after the lock is lost")
+
+		ka.Stop() // must not block, and must not change the cause
+		assert.ErrorIs(t, context.Cause(ctx), worker.ErrLockLost)
+	})
+}
+
+func TestKeepAliveEndsWithParentContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newKAFixture(t, func(int) (bool, error) { return true, nil })
+		parent, cancel := context.WithCancel(context.Background())
+		ctx, ka := f.start(parent)
+
+		time.Sleep(15 * time.Second)
+		cancel()
+		synctest.Wait()
+		require.ErrorIs(t, ctx.Err(), context.Canceled)
+		assert.NotErrorIs(t, context.Cause(ctx), worker.ErrLockLost, "a shutdown is not a lost lock")
+
+		time.Sleep(3 * kaInterval)
+		synctest.Wait()
+		assert.Len(t, f.locker.RenewCalls(), 1, "no renewal after the parent ended")
+		ka.Stop()
+	})
+}
