@@ -41,6 +41,7 @@ type demoConfig struct {
 	roundGap    time.Duration
 	keep        bool
 	seed        uint64
+	dbName      string
 }
 
 func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -54,6 +55,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.DurationVar(&c.applyDelay, "apply-delay", time.Millisecond, "time each instance spends per applied event")
 	fs.DurationVar(&c.roundGap, "round-gap", 300*time.Millisecond, "pause between the 40 rounds of appends")
 	fs.BoolVar(&c.keep, "keep", false, "keep the "+demoDatabase+" database afterwards")
+	fs.StringVar(&c.dbName, "demo-database", demoDatabase, "name of the database the demo creates and drops")
 	fs.Uint64Var(&c.seed, "seed", uint64(time.Now().UnixNano()), "random seed")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -66,7 +68,7 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	case c.late < 0 || c.late >= 1:
 		return errors.New("--late must be in [0, 1)")
 	}
-	d := &demo{cfg: c, out: stdout, errw: stderr, rng: rand.New(rand.NewPCG(c.seed, 1))}
+	d := &demo{cfg: c, out: stdout, errw: &syncWriter{w: stderr}, rng: rand.New(rand.NewPCG(c.seed, 1))}
 	return d.run(ctx, *dbURL)
 }
 
@@ -96,7 +98,7 @@ func (d *demo) logf(format string, args ...any) {
 
 func (d *demo) run(ctx context.Context, dbURL string) (err error) {
 	start := time.Now()
-	demoURL, cleanup, err := createDemoDatabase(ctx, dbURL, d.cfg.keep)
+	demoURL, cleanup, err := createDemoDatabase(ctx, dbURL, d.cfg.dbName, d.cfg.keep)
 	if err != nil {
 		return err
 	}
@@ -108,7 +110,7 @@ func (d *demo) run(ctx context.Context, dbURL string) (err error) {
 	if err := schema.Migrate(ctx, d.pool); err != nil {
 		return err
 	}
-	d.logf("database %s migrated; seed %d", demoDatabase, d.cfg.seed)
+	d.logf("database %s migrated; seed %d", d.cfg.dbName, d.cfg.seed)
 
 	if err := d.startInstances(ctx, demoURL); err != nil {
 		d.stopAll()
@@ -141,7 +143,13 @@ func (d *demo) run(ctx context.Context, dbURL string) (err error) {
 		}
 	}
 	d.logf("appended %d events to %d streams (%d arrived late)", appended, d.cfg.streams, d.lateN)
-	kill := <-killDone
+	var kill killReport
+	select { // the victim may still be caught mid-rewind while the late events are applied
+	case kill = <-killDone:
+	case <-time.After(5 * time.Second):
+		stopKill()
+		kill = <-killDone
+	}
 	stopKill()
 	if kill.midRewind {
 		d.logf("killed instance %s with SIGKILL while it held %d stream lock(s) mid-rewind", short(victim.id), len(kill.held))
@@ -192,13 +200,13 @@ func (d *demo) run(ctx context.Context, dbURL string) (err error) {
 
 // createDemoDatabase (re)creates the demo database on the server of dbURL and returns its
 // URL and the function that drops it (unless keep).
-func createDemoDatabase(ctx context.Context, dbURL string, keep bool) (string, func(), error) {
+func createDemoDatabase(ctx context.Context, dbURL, name string, keep bool) (string, func(), error) {
 	admin, err := connectOne(ctx, dbURL)
 	if err != nil {
 		return "", nil, err
 	}
 	defer admin.Close(context.Background())
-	ident := pgx.Identifier{demoDatabase}.Sanitize()
+	ident := pgx.Identifier{name}.Sanitize()
 	if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+ident+" WITH (FORCE)"); err != nil {
 		return "", nil, fmt.Errorf("drop old demo database: %w", err)
 	}
@@ -209,7 +217,7 @@ func createDemoDatabase(ctx context.Context, dbURL string, keep bool) (string, f
 	if err != nil {
 		return "", nil, fmt.Errorf("invalid database URL: %w", err)
 	}
-	u.Path = "/" + demoDatabase
+	u.Path = "/" + name
 	drop := func() {
 		if keep {
 			return
@@ -317,7 +325,6 @@ func (d *demo) killMidRewind(ctx context.Context, victim *demoProc) killReport {
 	lk, _ := locker.NewPostgres(d.pool, locker.Options{})
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
-	deadline := time.After(20 * time.Second)
 	var rep killReport
 	for {
 		locks, err := lk.List(context.WithoutCancel(ctx))
@@ -338,7 +345,6 @@ func (d *demo) killMidRewind(ctx context.Context, victim *demoProc) killReport {
 		select {
 		case <-tick.C:
 			continue
-		case <-deadline:
 		case <-ctx.Done():
 		}
 		break
@@ -479,3 +485,15 @@ func (d *demo) check(ctx context.Context, all map[uuid.UUID][]worker.Event) (mat
 }
 
 func short(id uuid.UUID) string { return strings.SplitN(id.String(), "-", 2)[0] }
+
+// syncWriter serializes writes from the instances' output copiers.
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}

@@ -1,0 +1,239 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/perspectives-go/perspectives/internal/pgtest"
+	"github.com/perspectives-go/perspectives/locker"
+	"github.com/perspectives-go/perspectives/worker"
+)
+
+var testDB *pgtest.DB
+
+func TestMain(m *testing.M) {
+	// The demo re-executes its own binary as worker instances: here, the test binary.
+	if len(os.Args) > 1 && os.Args[1] == demoWorkerCommand {
+		ctx, cancel := signalContext()
+		code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+		cancel()
+		os.Exit(code)
+	}
+	pgtest.Exit(m, "cli", &testDB)
+}
+
+func cli(t *testing.T, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	code = run(ctx, args, &out, &errb)
+	return code, out.String(), errb.String()
+}
+
+func TestHelpAndUsage(t *testing.T) {
+	code, _, stderr := cli(t, "--help")
+	require.Equal(t, 0, code)
+	for _, c := range []string{"migrate", "demo", "locks", "status", "purge", "rebuild"} {
+		require.Contains(t, stderr, "  "+c+" ")
+	}
+	require.NotContains(t, stderr, demoWorkerCommand, "internal command stays out of the usage")
+
+	code, _, stderr = cli(t)
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, "usage:")
+
+	code, _, stderr = cli(t, "frobnicate")
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, `unknown command "frobnicate"`)
+
+	for _, c := range []string{"migrate", "demo", "locks", "status", "purge", "rebuild"} {
+		code, _, stderr = cli(t, c, "--help")
+		require.Equal(t, 0, code, c)
+		require.Contains(t, stderr, "usage: perspectives "+c, c)
+		require.Contains(t, stderr, "-database-url", c)
+	}
+	code, _, stderr = cli(t, "locks", "--nope")
+	require.Equal(t, 2, code)
+	require.Contains(t, stderr, "flag provided but not defined: -nope")
+}
+
+func TestUnreachableDatabaseIsOneClearLine(t *testing.T) {
+	for _, url := range []string{
+		"postgres://postgres@127.0.0.1:1/postgres?sslmode=disable&connect_timeout=2",
+		"not a url at all ::",
+	} {
+		for _, c := range []string{"migrate", "locks", "status"} {
+			code, stdout, stderr := cli(t, c, "--database-url", url)
+			require.Equal(t, 1, code, "%s %s", c, url)
+			require.Empty(t, stdout)
+			lines := strings.Split(strings.TrimSpace(stderr), "\n")
+			require.Len(t, lines, 1, "one line, no stack trace: %q", stderr)
+			require.Contains(t, lines[0], "perspectives "+c+":")
+			require.NotContains(t, lines[0], "goroutine")
+		}
+	}
+	t.Setenv("DATABASE_URL", "postgres://postgres@127.0.0.1:1/postgres?sslmode=disable&connect_timeout=2")
+	code, _, stderr := cli(t, "status")
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "127.0.0.1:1", "DATABASE_URL is used when --database-url is absent")
+}
+
+func TestMigrateLocksStatus(t *testing.T) {
+	ctx := context.Background()
+	url := testDB.URL
+	code, stdout, stderr := cli(t, "migrate", "--database-url", url)
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stdout, "schema is current")
+
+	lk, err := locker.NewPostgres(testDB.Pool, locker.Options{})
+	require.NoError(t, err)
+	stream, holder := uuid.New(), uuid.New()
+	ok, err := lk.TryAcquire(ctx, stream, "cli_locks", holder, locker.ReasonRewind)
+	require.NoError(t, err)
+	require.True(t, ok)
+	code, stdout, stderr = cli(t, "locks", "--database-url", url)
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stdout, "STREAM")
+	require.Contains(t, stdout, "EXPIRES IN")
+	row := lineWith(t, stdout, stream.String())
+	require.Contains(t, row, "cli_locks")
+	require.Contains(t, row, holder.String())
+	require.Contains(t, row, "rewind")
+	require.Regexp(t, `\b(29|30)(\.\d)?s\b`, row)
+	require.NoError(t, lk.Release(ctx, stream, "cli_locks", holder))
+	code, stdout, _ = cli(t, "locks", "--database-url", url)
+	require.Equal(t, 0, code)
+	require.NotContains(t, stdout, stream.String())
+
+	// A failing pair and a queued backlog show in status.
+	name := "cli_status_" + uuid.NewString()[:6]
+	failing := worker.JSONPerspective(name, func(m int, ev worker.Event) (int, error) {
+		if ev.Type == "bad" {
+			return m, errFailing
+		}
+		return m + 1, nil
+	})
+	w, err := worker.New(testDB.Pool, worker.Config{Perspectives: []worker.Perspective{failing}, PollInterval: 10 * time.Millisecond,
+		Logger: quiet(), RetryBackoff: time.Hour, MaxRetryBackoff: time.Hour})
+	require.NoError(t, err)
+	require.NoError(t, w.Start(ctx))
+	defer func() { require.NoError(t, w.Stop(ctx)) }()
+	bad := uuid.New()
+	require.NoError(t, worker.Append(ctx, testDB.Pool, worker.Event{StreamID: bad, Type: "bad"}, worker.Event{StreamID: bad, Type: "ok"}))
+	require.Eventually(t, func() bool {
+		_, out, _ := cli(t, "status", "--database-url", url)
+		return strings.Contains(out, bad.String())
+	}, 20*time.Second, 20*time.Millisecond)
+	_, stdout, _ = cli(t, "status", "--database-url", url)
+	require.Contains(t, stdout, "PERSPECTIVE")
+	require.Regexp(t, name+`\s+2\s+\d`, lineWith(t, stdout, name+" "), "two events stay queued, with the age of the oldest")
+	failRow := lineWith(t, stdout, bad.String())
+	require.Contains(t, failRow, "refusing bad events")
+	require.Regexp(t, `\s1\s`, failRow, "attempts")
+}
+
+var errFailing = errorString("refusing bad events")
+
+type errorString string
+
+func (e errorString) Error() string { return string(e) }
+
+func lineWith(t *testing.T, out, s string) string {
+	t.Helper()
+	for _, l := range strings.Split(out, "\n") {
+		if strings.Contains(l, s) {
+			return l
+		}
+	}
+	t.Fatalf("no line with %q in:\n%s", s, out)
+	return ""
+}
+
+func TestPurgeAndRebuild(t *testing.T) {
+	ctx := context.Background()
+	url := testDB.URL
+	name := "cli_rebuild_" + uuid.NewString()[:6]
+	counter := worker.JSONPerspective(name, func(m int, _ worker.Event) (int, error) { return m + 1, nil })
+	w, err := worker.New(testDB.Pool, worker.Config{Perspectives: []worker.Perspective{counter}, PollInterval: 10 * time.Millisecond, Logger: quiet()})
+	require.NoError(t, err)
+	require.NoError(t, w.Start(ctx))
+	defer func() { require.NoError(t, w.Stop(ctx)) }()
+	s1, s2 := uuid.New(), uuid.New()
+	require.NoError(t, worker.Append(ctx, testDB.Pool,
+		worker.Event{StreamID: s1, Type: "t"}, worker.Event{StreamID: s1, Type: "t"}, worker.Event{StreamID: s2, Type: "t"}))
+	model := func(s uuid.UUID) string {
+		raw, ok, err := worker.LoadModel(ctx, testDB.Pool, name, s)
+		require.NoError(t, err)
+		if !ok {
+			return "none"
+		}
+		return string(raw)
+	}
+	require.Eventually(t, func() bool { return model(s1) == "2" && model(s2) == "1" }, 20*time.Second, 10*time.Millisecond)
+
+	code, _, stderr := cli(t, "purge", "--database-url", url, "--perspective", name)
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "--stream is required")
+	code, _, stderr = cli(t, "purge", "--database-url", url, "--stream", "nope", "--perspective", name)
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, `--stream "nope" is not a UUID`)
+	code, _, stderr = cli(t, "purge", "--database-url", url, "--stream", s1.String(), "--perspective", "never_registered")
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, `perspective "never_registered" is not registered`)
+
+	// Purge is refused while another instance holds the lock.
+	lk, err := locker.NewPostgres(testDB.Pool, locker.Options{})
+	require.NoError(t, err)
+	other := uuid.New()
+	ok, err := lk.TryAcquire(ctx, s1, name, other, locker.ReasonRewind)
+	require.NoError(t, err)
+	require.True(t, ok)
+	code, _, stderr = cli(t, "purge", "--database-url", url, "--stream", s1.String(), "--perspective", name)
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "stream lock held by another instance")
+	require.Equal(t, "2", model(s1))
+	require.NoError(t, lk.Release(ctx, s1, name, other))
+
+	code, stdout, stderr := cli(t, "purge", "--database-url", url, "--stream", s1.String(), "--perspective", name)
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stdout, "purged")
+	require.Equal(t, "none", model(s1))
+
+	// Rebuild every stream of the perspective and wait for the worker to apply them.
+	code, stdout, stderr = cli(t, "rebuild", "--database-url", url, "--perspective", name, "--timeout", "30s")
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stdout, "events queued")
+	require.Contains(t, stdout, "rebuild applied")
+	require.Contains(t, stderr, "applying")
+	require.Contains(t, stderr, "100%")
+	require.Equal(t, "2", model(s1))
+	require.Equal(t, "1", model(s2))
+
+	code, stdout, stderr = cli(t, "rebuild", "--database-url", url, "--perspective", name, "--stream", s2.String(), "--wait=false")
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stdout, "1 streams purged, 1 events queued")
+}
+
+func TestDemoSmall(t *testing.T) {
+	if testing.Short() {
+		t.Skip("the demo starts worker processes")
+	}
+	name := "pt_demo_" + uuid.NewString()[:8]
+	code, stdout, stderr := cli(t, "demo", "--database-url", pgtest.ServerURL(), "--demo-database", name,
+		"--streams", "20", "--events", "15", "--round-gap", "40ms", "--lock-timeout", "2s", "--seed", "7")
+	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
+	require.Contains(t, stdout, "consistent: 20 of 20 models match")
+	require.Contains(t, stdout, "killed instance")
+	require.Contains(t, stdout, "takeovers")
+}
+
+func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
