@@ -49,9 +49,9 @@ type Querier interface {
 	QueueDelete(ctx context.Context, arg QueueDeleteParams) (int64, error)
 	// Queue depth per perspective, and the age of its oldest row on the database clock.
 	QueueDepth(ctx context.Context) ([]QueueDepthRow, error)
-	// The pairs owning the oldest due queue rows, skipping pairs that another instance has
-	// locked or that are backing off after a failure, for the perspectives this instance runs. At most @row_limit rows are considered.
-	QueueDuePairs(ctx context.Context, arg QueueDuePairsParams) ([]QueueDuePairsRow, error)
+	// The oldest due queue rows of the perspectives this instance runs, skipping pairs that
+	// another instance has locked or that are backing off after a failure.
+	QueueDueRows(ctx context.Context, arg QueueDueRowsParams) ([]QueueDueRowsRow, error)
 	// Enqueues every stored event of one stream for one perspective (rebuild).
 	QueueEnqueueStream(ctx context.Context, arg QueueEnqueueStreamParams) (int64, error)
 	// The queued events of one pair with their data, in event-ID order.
@@ -59,6 +59,10 @@ type Querier interface {
 	QueueIDsForPair(ctx context.Context, arg QueueIDsForPairParams) ([]uuid.UUID, error)
 	// Records a failure on every queued row of the pair and pushes them back.
 	QueueMarkFailed(ctx context.Context, arg QueueMarkFailedParams) (int64, error)
+	// Run in the claim's transaction: the queue's contents change faster than its statistics,
+	// and a stale estimate makes the planner sort every due row instead of reading the due
+	// index in order and stopping at the limit.
+	QueuePlannerHints(ctx context.Context) error
 	RegisterLock(ctx context.Context) error
 	SnapshotExists(ctx context.Context, arg SnapshotExistsParams) (bool, error)
 	// Snapshot positions of one pair, newest first.

@@ -99,51 +99,45 @@ func (q *Queries) QueueDepth(ctx context.Context) ([]QueueDepthRow, error) {
 	return items, nil
 }
 
-const queueDuePairs = `-- name: QueueDuePairs :many
-SELECT d.stream_id, d.perspective_name, count(*)::int AS queued
-FROM (
-    SELECT q.stream_id, q.perspective_name, q.next_attempt_at
-    FROM wh_perspective_events q
-    WHERE q.next_attempt_at <= now()
-      AND q.perspective_name = ANY($1::text[])
-      AND NOT EXISTS (
-          SELECT 1 FROM wh_perspective_cursors c
-          WHERE c.stream_id = q.stream_id
-            AND c.perspective_name = q.perspective_name
-            AND ((c.stream_lock_instance_id <> $2::uuid AND c.stream_lock_expiry > clock_timestamp())
-                 OR c.next_attempt_at > now())
-      )
-    ORDER BY q.next_attempt_at
-    LIMIT $3
-) d
-GROUP BY d.stream_id, d.perspective_name
-ORDER BY min(d.next_attempt_at)
+const queueDueRows = `-- name: QueueDueRows :many
+SELECT q.stream_id, q.perspective_name
+FROM wh_perspective_events q
+WHERE q.next_attempt_at <= now()
+  AND q.perspective_name = ANY($1::text[])
+  AND NOT EXISTS (
+      SELECT 1 FROM wh_perspective_cursors c
+      WHERE c.stream_id = q.stream_id
+        AND c.perspective_name = q.perspective_name
+        AND ((c.stream_lock_instance_id <> $2::uuid AND c.stream_lock_expiry > clock_timestamp())
+             OR c.next_attempt_at > now())
+  )
+ORDER BY q.next_attempt_at, q.stream_id, q.perspective_name, q.event_id
+LIMIT $3
 `
 
-type QueueDuePairsParams struct {
+type QueueDueRowsParams struct {
 	PerspectiveNames []string
 	InstanceID       uuid.UUID
 	RowLimit         int32
 }
 
-type QueueDuePairsRow struct {
+type QueueDueRowsRow struct {
 	StreamID        uuid.UUID
 	PerspectiveName string
-	Queued          int32
 }
 
-// The pairs owning the oldest due queue rows, skipping pairs that another instance has
-// locked or that are backing off after a failure, for the perspectives this instance runs. At most @row_limit rows are considered.
-func (q *Queries) QueueDuePairs(ctx context.Context, arg QueueDuePairsParams) ([]QueueDuePairsRow, error) {
-	rows, err := q.db.Query(ctx, queueDuePairs, arg.PerspectiveNames, arg.InstanceID, arg.RowLimit)
+// The oldest due queue rows of the perspectives this instance runs, skipping pairs that
+// another instance has locked or that are backing off after a failure.
+func (q *Queries) QueueDueRows(ctx context.Context, arg QueueDueRowsParams) ([]QueueDueRowsRow, error) {
+	rows, err := q.db.Query(ctx, queueDueRows, arg.PerspectiveNames, arg.InstanceID, arg.RowLimit)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	items := []QueueDuePairsRow{}
+	items := []QueueDueRowsRow{}
 	for rows.Next() {
-		var i QueueDuePairsRow
-		if err := rows.Scan(&i.StreamID, &i.PerspectiveName, &i.Queued); err != nil {
+		var i QueueDueRowsRow
+		if err := rows.Scan(&i.StreamID, &i.PerspectiveName); err != nil {
 			return nil, err
 		}
 		items = append(items, i)
@@ -284,4 +278,16 @@ func (q *Queries) QueueMarkFailed(ctx context.Context, arg QueueMarkFailedParams
 		return 0, err
 	}
 	return result.RowsAffected(), nil
+}
+
+const queuePlannerHints = `-- name: QueuePlannerHints :exec
+SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true)
+`
+
+// Run in the claim's transaction: the queue's contents change faster than its statistics,
+// and a stale estimate makes the planner sort every due row instead of reading the due
+// index in order and stopping at the limit.
+func (q *Queries) QueuePlannerHints(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, queuePlannerHints)
+	return err
 }

@@ -96,8 +96,8 @@ var _ worker.Store = &StoreMock{}
 //			QueueDepthFunc: func(ctx context.Context) ([]db.QueueDepthRow, error) {
 //				panic("mock out the QueueDepth method")
 //			},
-//			QueueDuePairsFunc: func(ctx context.Context, arg db.QueueDuePairsParams) ([]db.QueueDuePairsRow, error) {
-//				panic("mock out the QueueDuePairs method")
+//			QueueDueRowsFunc: func(ctx context.Context, arg db.QueueDueRowsParams) ([]db.QueueDueRowsRow, error) {
+//				panic("mock out the QueueDueRows method")
 //			},
 //			QueueEnqueueStreamFunc: func(ctx context.Context, arg db.QueueEnqueueStreamParams) (int64, error) {
 //				panic("mock out the QueueEnqueueStream method")
@@ -110,6 +110,9 @@ var _ worker.Store = &StoreMock{}
 //			},
 //			QueueMarkFailedFunc: func(ctx context.Context, arg db.QueueMarkFailedParams) (int64, error) {
 //				panic("mock out the QueueMarkFailed method")
+//			},
+//			QueuePlannerHintsFunc: func(ctx context.Context) error {
+//				panic("mock out the QueuePlannerHints method")
 //			},
 //			RegisterLockFunc: func(ctx context.Context) error {
 //				panic("mock out the RegisterLock method")
@@ -238,8 +241,8 @@ type StoreMock struct {
 	// QueueDepthFunc mocks the QueueDepth method.
 	QueueDepthFunc func(ctx context.Context) ([]db.QueueDepthRow, error)
 
-	// QueueDuePairsFunc mocks the QueueDuePairs method.
-	QueueDuePairsFunc func(ctx context.Context, arg db.QueueDuePairsParams) ([]db.QueueDuePairsRow, error)
+	// QueueDueRowsFunc mocks the QueueDueRows method.
+	QueueDueRowsFunc func(ctx context.Context, arg db.QueueDueRowsParams) ([]db.QueueDueRowsRow, error)
 
 	// QueueEnqueueStreamFunc mocks the QueueEnqueueStream method.
 	QueueEnqueueStreamFunc func(ctx context.Context, arg db.QueueEnqueueStreamParams) (int64, error)
@@ -252,6 +255,9 @@ type StoreMock struct {
 
 	// QueueMarkFailedFunc mocks the QueueMarkFailed method.
 	QueueMarkFailedFunc func(ctx context.Context, arg db.QueueMarkFailedParams) (int64, error)
+
+	// QueuePlannerHintsFunc mocks the QueuePlannerHints method.
+	QueuePlannerHintsFunc func(ctx context.Context) error
 
 	// RegisterLockFunc mocks the RegisterLock method.
 	RegisterLockFunc func(ctx context.Context) error
@@ -463,12 +469,12 @@ type StoreMock struct {
 			// Ctx is the ctx argument value.
 			Ctx context.Context
 		}
-		// QueueDuePairs holds details about calls to the QueueDuePairs method.
-		QueueDuePairs []struct {
+		// QueueDueRows holds details about calls to the QueueDueRows method.
+		QueueDueRows []struct {
 			// Ctx is the ctx argument value.
 			Ctx context.Context
 			// Arg is the arg argument value.
-			Arg db.QueueDuePairsParams
+			Arg db.QueueDueRowsParams
 		}
 		// QueueEnqueueStream holds details about calls to the QueueEnqueueStream method.
 		QueueEnqueueStream []struct {
@@ -497,6 +503,11 @@ type StoreMock struct {
 			Ctx context.Context
 			// Arg is the arg argument value.
 			Arg db.QueueMarkFailedParams
+		}
+		// QueuePlannerHints holds details about calls to the QueuePlannerHints method.
+		QueuePlannerHints []struct {
+			// Ctx is the ctx argument value.
+			Ctx context.Context
 		}
 		// RegisterLock holds details about calls to the RegisterLock method.
 		RegisterLock []struct {
@@ -623,11 +634,12 @@ type StoreMock struct {
 	lockQueueCountFor             sync.RWMutex
 	lockQueueDelete               sync.RWMutex
 	lockQueueDepth                sync.RWMutex
-	lockQueueDuePairs             sync.RWMutex
+	lockQueueDueRows              sync.RWMutex
 	lockQueueEnqueueStream        sync.RWMutex
 	lockQueueEventsForPair        sync.RWMutex
 	lockQueueIDsForPair           sync.RWMutex
 	lockQueueMarkFailed           sync.RWMutex
+	lockQueuePlannerHints         sync.RWMutex
 	lockRegisterLock              sync.RWMutex
 	lockSnapshotExists            sync.RWMutex
 	lockSnapshotIDs               sync.RWMutex
@@ -1521,39 +1533,39 @@ func (mock *StoreMock) QueueDepthCalls() []struct {
 	return calls
 }
 
-// QueueDuePairs calls QueueDuePairsFunc.
-func (mock *StoreMock) QueueDuePairs(ctx context.Context, arg db.QueueDuePairsParams) ([]db.QueueDuePairsRow, error) {
-	if mock.QueueDuePairsFunc == nil {
-		panic("StoreMock.QueueDuePairsFunc: method is nil but Store.QueueDuePairs was just called")
+// QueueDueRows calls QueueDueRowsFunc.
+func (mock *StoreMock) QueueDueRows(ctx context.Context, arg db.QueueDueRowsParams) ([]db.QueueDueRowsRow, error) {
+	if mock.QueueDueRowsFunc == nil {
+		panic("StoreMock.QueueDueRowsFunc: method is nil but Store.QueueDueRows was just called")
 	}
 	callInfo := struct {
 		Ctx context.Context
-		Arg db.QueueDuePairsParams
+		Arg db.QueueDueRowsParams
 	}{
 		Ctx: ctx,
 		Arg: arg,
 	}
-	mock.lockQueueDuePairs.Lock()
-	mock.calls.QueueDuePairs = append(mock.calls.QueueDuePairs, callInfo)
-	mock.lockQueueDuePairs.Unlock()
-	return mock.QueueDuePairsFunc(ctx, arg)
+	mock.lockQueueDueRows.Lock()
+	mock.calls.QueueDueRows = append(mock.calls.QueueDueRows, callInfo)
+	mock.lockQueueDueRows.Unlock()
+	return mock.QueueDueRowsFunc(ctx, arg)
 }
 
-// QueueDuePairsCalls gets all the calls that were made to QueueDuePairs.
+// QueueDueRowsCalls gets all the calls that were made to QueueDueRows.
 // Check the length with:
 //
-//	len(mockedStore.QueueDuePairsCalls())
-func (mock *StoreMock) QueueDuePairsCalls() []struct {
+//	len(mockedStore.QueueDueRowsCalls())
+func (mock *StoreMock) QueueDueRowsCalls() []struct {
 	Ctx context.Context
-	Arg db.QueueDuePairsParams
+	Arg db.QueueDueRowsParams
 } {
 	var calls []struct {
 		Ctx context.Context
-		Arg db.QueueDuePairsParams
+		Arg db.QueueDueRowsParams
 	}
-	mock.lockQueueDuePairs.RLock()
-	calls = mock.calls.QueueDuePairs
-	mock.lockQueueDuePairs.RUnlock()
+	mock.lockQueueDueRows.RLock()
+	calls = mock.calls.QueueDueRows
+	mock.lockQueueDueRows.RUnlock()
 	return calls
 }
 
@@ -1698,6 +1710,38 @@ func (mock *StoreMock) QueueMarkFailedCalls() []struct {
 	mock.lockQueueMarkFailed.RLock()
 	calls = mock.calls.QueueMarkFailed
 	mock.lockQueueMarkFailed.RUnlock()
+	return calls
+}
+
+// QueuePlannerHints calls QueuePlannerHintsFunc.
+func (mock *StoreMock) QueuePlannerHints(ctx context.Context) error {
+	if mock.QueuePlannerHintsFunc == nil {
+		panic("StoreMock.QueuePlannerHintsFunc: method is nil but Store.QueuePlannerHints was just called")
+	}
+	callInfo := struct {
+		Ctx context.Context
+	}{
+		Ctx: ctx,
+	}
+	mock.lockQueuePlannerHints.Lock()
+	mock.calls.QueuePlannerHints = append(mock.calls.QueuePlannerHints, callInfo)
+	mock.lockQueuePlannerHints.Unlock()
+	return mock.QueuePlannerHintsFunc(ctx)
+}
+
+// QueuePlannerHintsCalls gets all the calls that were made to QueuePlannerHints.
+// Check the length with:
+//
+//	len(mockedStore.QueuePlannerHintsCalls())
+func (mock *StoreMock) QueuePlannerHintsCalls() []struct {
+	Ctx context.Context
+} {
+	var calls []struct {
+		Ctx context.Context
+	}
+	mock.lockQueuePlannerHints.RLock()
+	calls = mock.calls.QueuePlannerHints
+	mock.lockQueuePlannerHints.RUnlock()
 	return calls
 }
 

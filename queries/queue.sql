@@ -1,24 +1,25 @@
--- name: QueueDuePairs :many
--- The pairs owning the oldest due queue rows, skipping pairs that another instance has
--- locked or that are backing off after a failure, for the perspectives this instance runs. At most @row_limit rows are considered.
-SELECT d.stream_id, d.perspective_name, count(*)::int AS queued
-FROM (
-    SELECT q.stream_id, q.perspective_name, q.next_attempt_at
-    FROM wh_perspective_events q
-    WHERE q.next_attempt_at <= now()
-      AND q.perspective_name = ANY(@perspective_names::text[])
-      AND NOT EXISTS (
-          SELECT 1 FROM wh_perspective_cursors c
-          WHERE c.stream_id = q.stream_id
-            AND c.perspective_name = q.perspective_name
-            AND ((c.stream_lock_instance_id <> @instance_id::uuid AND c.stream_lock_expiry > clock_timestamp())
-                 OR c.next_attempt_at > now())
-      )
-    ORDER BY q.next_attempt_at
-    LIMIT @row_limit
-) d
-GROUP BY d.stream_id, d.perspective_name
-ORDER BY min(d.next_attempt_at);
+-- name: QueuePlannerHints :exec
+-- Run in the claim's transaction: the queue's contents change faster than its statistics,
+-- and a stale estimate makes the planner sort every due row instead of reading the due
+-- index in order and stopping at the limit.
+SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true);
+
+-- name: QueueDueRows :many
+-- The oldest due queue rows of the perspectives this instance runs, skipping pairs that
+-- another instance has locked or that are backing off after a failure.
+SELECT q.stream_id, q.perspective_name
+FROM wh_perspective_events q
+WHERE q.next_attempt_at <= now()
+  AND q.perspective_name = ANY(@perspective_names::text[])
+  AND NOT EXISTS (
+      SELECT 1 FROM wh_perspective_cursors c
+      WHERE c.stream_id = q.stream_id
+        AND c.perspective_name = q.perspective_name
+        AND ((c.stream_lock_instance_id <> @instance_id::uuid AND c.stream_lock_expiry > clock_timestamp())
+             OR c.next_attempt_at > now())
+  )
+ORDER BY q.next_attempt_at, q.stream_id, q.perspective_name, q.event_id
+LIMIT @row_limit;
 
 -- name: QueueEventsForPair :many
 -- The queued events of one pair with their data, in event-ID order.

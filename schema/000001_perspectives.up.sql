@@ -30,7 +30,11 @@ CREATE TABLE wh_perspective_events (
     PRIMARY KEY (stream_id, perspective_name, event_id)
 );
 
-CREATE INDEX wh_perspective_events_due_idx ON wh_perspective_events (next_attempt_at);
+-- Due rows, oldest first. The key is unique (it ends with the primary key): a bare
+-- next_attempt_at index would deduplicate the many rows one Append stamps with the same time
+-- into posting lists, whose dead entries (applied rows) a scan can never skip.
+CREATE INDEX wh_perspective_events_due_idx
+    ON wh_perspective_events (next_attempt_at, stream_id, perspective_name, event_id);
 
 -- One row per (stream, perspective): the applied position, failure state and the stream lock.
 -- version is bumped by every change of position or model (not by lock operations): the

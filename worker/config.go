@@ -23,6 +23,8 @@ const (
 	DefaultRetryBackoff         = time.Second
 	DefaultMaxRetryBackoff      = 5 * time.Minute
 	MaxBatchSize                = 10000
+	DefaultConcurrency          = 4
+	MaxConcurrency              = 64
 )
 
 // SnapshotOptions control the restore points that make rewinds cheap.
@@ -55,6 +57,9 @@ type Config struct {
 	RetryBackoff time.Duration
 	// MaxRetryBackoff caps the retry delay. Default 5m.
 	MaxRetryBackoff time.Duration
+	// Concurrency is how many (stream, perspective) pairs one instance processes at once.
+	// Default 4, at most 64. Each takes a pool connection while it works.
+	Concurrency int
 }
 
 func invalid(format string, args ...any) error {
@@ -122,6 +127,12 @@ func (cfg Config) resolve() (Config, error) {
 	}
 	if cfg.MaxRetryBackoff < cfg.RetryBackoff {
 		return cfg, invalid("MaxRetryBackoff (%s) must not be less than RetryBackoff (%s)", cfg.MaxRetryBackoff, cfg.RetryBackoff)
+	}
+	if cfg.Concurrency < 0 || cfg.Concurrency > MaxConcurrency {
+		return cfg, invalid("Concurrency must be between 1 and %d, got %d", MaxConcurrency, cfg.Concurrency)
+	}
+	if cfg.Concurrency == 0 {
+		cfg.Concurrency = DefaultConcurrency
 	}
 	if cfg.InstanceID == uuid.Nil {
 		id, err := uuid.NewV7()

@@ -185,29 +185,65 @@ func (w *Worker) loop(ctx context.Context) {
 	}
 }
 
-// cycle polls the queue once and processes every due pair. It reports whether the poll
-// was full (more work is likely waiting).
+// cycle polls the queue once and processes every due pair, up to Concurrency at a time.
+// It reports whether the poll was full (more work is likely waiting).
 func (w *Worker) cycle(ctx context.Context) bool {
-	pairs, err := w.store.QueueDuePairs(ctx, db.QueueDuePairsParams{
-		InstanceID:       w.cfg.InstanceID,
-		PerspectiveNames: w.names,
-		RowLimit:         int32(w.cfg.BatchSize),
-	})
+	pairs, rows, err := w.claim(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
 			w.log.Error("poll queue failed", slog.Any("error", err))
 		}
 		return false
 	}
-	rows := 0
-	for _, p := range pairs {
-		if ctx.Err() != nil {
-			return false
+	sem := make(chan struct{}, w.cfg.Concurrency)
+	var wg sync.WaitGroup
+	for _, k := range pairs {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
 		}
-		rows += int(p.Queued)
-		w.process(ctx, pairKey{Stream: p.StreamID, Perspective: p.PerspectiveName})
+		if ctx.Err() != nil {
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			w.process(ctx, k)
+		}()
 	}
-	return rows >= w.cfg.BatchSize
+	wg.Wait()
+	return ctx.Err() == nil && rows >= w.cfg.BatchSize
+}
+
+// claim reads up to BatchSize due queue rows, oldest first, and returns their distinct
+// pairs in that order with the number of rows read.
+func (w *Worker) claim(ctx context.Context) ([]pairKey, int, error) {
+	var due []db.QueueDueRowsRow
+	err := w.store.InTx(ctx, func(q db.Querier) error {
+		if err := q.QueuePlannerHints(ctx); err != nil {
+			return err
+		}
+		var err error
+		due, err = q.QueueDueRows(ctx, db.QueueDueRowsParams{
+			InstanceID:       w.cfg.InstanceID,
+			PerspectiveNames: w.names,
+			RowLimit:         int32(w.cfg.BatchSize),
+		})
+		return err
+	})
+	if err != nil {
+		return nil, 0, err
+	}
+	seen := make(map[pairKey]bool, len(due))
+	pairs := make([]pairKey, 0, len(due))
+	for _, r := range due {
+		k := pairKey{Stream: r.StreamID, Perspective: r.PerspectiveName}
+		if !seen[k] {
+			seen[k] = true
+			pairs = append(pairs, k)
+		}
+	}
+	return pairs, len(due), nil
 }
 
 // process runs one pair's work under the apply coordinator, isolating its failures.
