@@ -12,8 +12,13 @@ import (
 	"github.com/google/uuid"
 )
 
-const streamLockAcquire = `-- name: StreamLockAcquire :execrows
+const streamLockAcquire = `-- name: StreamLockAcquire :one
 
+WITH prev AS (
+    SELECT stream_lock_instance_id AS holder
+    FROM wh_perspective_cursors
+    WHERE stream_id = $1 AND perspective_name = $2
+)
 INSERT INTO wh_perspective_cursors AS c (
     stream_id, perspective_name, stream_lock_instance_id, stream_lock_expiry, stream_lock_reason
 ) VALUES (
@@ -28,6 +33,7 @@ SET stream_lock_instance_id = EXCLUDED.stream_lock_instance_id,
 WHERE c.stream_lock_instance_id IS NULL
    OR c.stream_lock_expiry <= clock_timestamp()
    OR c.stream_lock_instance_id = EXCLUDED.stream_lock_instance_id
+RETURNING COALESCE((SELECT holder <> $3::uuid FROM prev), false)::bool AS took_over
 `
 
 type StreamLockAcquireParams struct {
@@ -45,19 +51,20 @@ type StreamLockAcquireParams struct {
 // that lapsed during the wait, or granting a lease that already ran out).
 // Takes the lock when the pair is unlocked, its lock has expired, or the caller already
 // holds it (reason and expiry are then overwritten). Creates the cursor row if it is missing.
-// One row affected means the lock is held by the caller.
-func (q *Queries) StreamLockAcquire(ctx context.Context, arg StreamLockAcquireParams) (int64, error) {
-	result, err := q.db.Exec(ctx, streamLockAcquire,
+// A row is returned only when the caller now holds the lock; took_over says that it
+// replaced another instance's (expired) lock — as seen when the statement began, which is
+// exact unless another writer changed the row meanwhile (it is reported for metrics only).
+func (q *Queries) StreamLockAcquire(ctx context.Context, arg StreamLockAcquireParams) (bool, error) {
+	row := q.db.QueryRow(ctx, streamLockAcquire,
 		arg.StreamID,
 		arg.PerspectiveName,
 		arg.InstanceID,
 		arg.LockTimeoutSeconds,
 		arg.Reason,
 	)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+	var took_over bool
+	err := row.Scan(&took_over)
+	return took_over, err
 }
 
 const streamLockForceRelease = `-- name: StreamLockForceRelease :execrows

@@ -82,8 +82,10 @@ type Querier interface {
 	// that lapsed during the wait, or granting a lease that already ran out).
 	// Takes the lock when the pair is unlocked, its lock has expired, or the caller already
 	// holds it (reason and expiry are then overwritten). Creates the cursor row if it is missing.
-	// One row affected means the lock is held by the caller.
-	StreamLockAcquire(ctx context.Context, arg StreamLockAcquireParams) (int64, error)
+	// A row is returned only when the caller now holds the lock; took_over says that it
+	// replaced another instance's (expired) lock — as seen when the statement began, which is
+	// exact unless another writer changed the row meanwhile (it is reported for metrics only).
+	StreamLockAcquire(ctx context.Context, arg StreamLockAcquireParams) (bool, error)
 	// Clears the lock whoever holds it (operator action).
 	StreamLockForceRelease(ctx context.Context, arg StreamLockForceReleaseParams) (int64, error)
 	// The unexpired lock on one pair, with the time left on the database clock.

@@ -7,8 +7,9 @@
 //		fxmodule.Perspective(NewOrderPerspective), // one per perspective
 //	)
 //
-// The application may also provide a worker.Config (defaults otherwise) and locker.Options
-// (which override Config.LockOptions). Options are validated when the graph is built, so an
+// The application may also provide a worker.Config (defaults otherwise), locker.Options
+// (which override Config.LockOptions), a *slog.Logger, and an OpenTelemetry
+// metric.MeterProvider and trace.TracerProvider. Options are validated when the graph is built, so an
 // invalid value fails the application before anything starts. The worker starts and stops
 // with the application's lifecycle.
 package fxmodule
@@ -18,6 +19,8 @@ import (
 	"log/slog"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/fx"
 
 	"github.com/perspectives-go/perspectives/locker"
@@ -46,7 +49,11 @@ type WorkerParams struct {
 	LockOptions  locker.Options       `optional:"true"`
 	Locker       locker.Locker        `optional:"true"`
 	Logger       *slog.Logger         `optional:"true"`
-	Lifecycle    fx.Lifecycle
+	// MeterProvider and TracerProvider, when provided, receive the worker's metrics and
+	// spans (unless worker.Config sets its own).
+	MeterProvider  metric.MeterProvider `optional:"true"`
+	TracerProvider trace.TracerProvider `optional:"true"`
+	Lifecycle      fx.Lifecycle
 }
 
 func newWorker(p WorkerParams) (*worker.Worker, error) {
@@ -60,6 +67,12 @@ func newWorker(p WorkerParams) (*worker.Worker, error) {
 	}
 	if cfg.Logger == nil && p.Logger != nil {
 		cfg.Logger = p.Logger
+	}
+	if cfg.MeterProvider == nil && p.MeterProvider != nil {
+		cfg.MeterProvider = p.MeterProvider
+	}
+	if cfg.TracerProvider == nil && p.TracerProvider != nil {
+		cfg.TracerProvider = p.TracerProvider
 	}
 	w, err := worker.New(p.Pool, cfg)
 	if err != nil {

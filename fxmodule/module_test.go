@@ -12,6 +12,9 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/metric"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.uber.org/fx"
 	"go.uber.org/fx/fxtest"
 
@@ -177,4 +180,39 @@ func TestNoLockerSerializesThroughCoordinator(t *testing.T) {
 	_, ok, err := worker.LoadModel(ctx, testDB.Pool, name, stream)
 	require.NoError(t, err)
 	require.False(t, ok, "the purge ran after the apply committed and removed its model")
+}
+
+func TestMeterProviderThroughFx(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := "fx_metrics_" + uuid.NewString()[:8]
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	app := fxtest.New(t, pool(), quiet(),
+		fx.Supply(worker.Config{PollInterval: 10 * time.Millisecond}),
+		fx.Supply(fx.Annotate(mp, fx.As(new(metric.MeterProvider)))),
+		fxmodule.Module,
+		fxmodule.Perspective(counterPerspective(name)),
+	)
+	app.RequireStart()
+	defer app.RequireStop()
+	stream := uuid.New()
+	require.NoError(t, worker.Append(ctx, testDB.Pool, worker.Event{StreamID: stream, Type: "t"}))
+	require.Eventually(t, func() bool {
+		var rm metricdata.ResourceMetrics
+		require.NoError(t, reader.Collect(ctx, &rm))
+		for _, sm := range rm.ScopeMetrics {
+			for _, m := range sm.Metrics {
+				if m.Name != "perspectives.events.applied" {
+					continue
+				}
+				for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+					if v, _ := dp.Attributes.Value("perspective"); v.AsString() == name && dp.Value >= 1 {
+						return true
+					}
+				}
+			}
+		}
+		return false
+	}, 20*time.Second, 10*time.Millisecond, "the provided MeterProvider receives the worker's metrics")
 }

@@ -15,7 +15,7 @@ import (
 
 // queries is the part of db.Querier the Postgres locker uses.
 type queries interface {
-	StreamLockAcquire(ctx context.Context, arg db.StreamLockAcquireParams) (int64, error)
+	StreamLockAcquire(ctx context.Context, arg db.StreamLockAcquireParams) (bool, error)
 	StreamLockRenew(ctx context.Context, arg db.StreamLockRenewParams) (int64, error)
 	StreamLockRelease(ctx context.Context, arg db.StreamLockReleaseParams) (int64, error)
 	StreamLockForceRelease(ctx context.Context, arg db.StreamLockForceReleaseParams) (int64, error)
@@ -51,23 +51,39 @@ func (p *Postgres) timeoutSeconds() float64 { return p.opts.LockTimeout.Seconds(
 
 // TryAcquire implements Locker. It creates the cursor row when none exists yet.
 func (p *Postgres) TryAcquire(ctx context.Context, streamID uuid.UUID, perspectiveName string, instanceID uuid.UUID, reason Reason) (bool, error) {
+	r, err := p.Acquire(ctx, streamID, perspectiveName, instanceID, reason)
+	return r.Acquired, err
+}
+
+// AcquireResult is the outcome of Acquire.
+type AcquireResult struct {
+	Acquired bool // the caller holds the lock now
+	TookOver bool // it replaced another instance's expired lock (for metrics; see the query)
+}
+
+// Acquire is TryAcquire that also reports whether the lock was taken over from another
+// instance whose lock had expired.
+func (p *Postgres) Acquire(ctx context.Context, streamID uuid.UUID, perspectiveName string, instanceID uuid.UUID, reason Reason) (AcquireResult, error) {
 	if err := validateHolder(streamID, perspectiveName, instanceID); err != nil {
-		return false, fmt.Errorf("locker: acquire: %w", err)
+		return AcquireResult{}, fmt.Errorf("locker: acquire: %w", err)
 	}
 	if err := validateReason(reason); err != nil {
-		return false, fmt.Errorf("locker: acquire: %w", err)
+		return AcquireResult{}, fmt.Errorf("locker: acquire: %w", err)
 	}
-	n, err := p.q.StreamLockAcquire(ctx, db.StreamLockAcquireParams{
+	tookOver, err := p.q.StreamLockAcquire(ctx, db.StreamLockAcquireParams{
 		StreamID:           streamID,
 		PerspectiveName:    perspectiveName,
 		InstanceID:         instanceID,
 		LockTimeoutSeconds: p.timeoutSeconds(),
 		Reason:             string(reason),
 	})
-	if err != nil {
-		return false, fmt.Errorf("locker: acquire: %w", err)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return AcquireResult{}, nil
 	}
-	return n == 1, nil
+	if err != nil {
+		return AcquireResult{}, fmt.Errorf("locker: acquire: %w", err)
+	}
+	return AcquireResult{Acquired: true, TookOver: tookOver}, nil
 }
 
 // Renew implements Locker.

@@ -1076,3 +1076,32 @@ func TestTryAcquireLeaseRunsFromAcquisitionAfterRowLockWait(t *testing.T) {
 	require.GreaterOrEqual(t, lease, locker.DefaultLockTimeout-100*time.Millisecond,
 		"lease measured from the end of the row-lock wait")
 }
+
+func TestAcquireReportsTakeover(t *testing.T) {
+	t.Parallel()
+	ctx := testCtx(t)
+	l := newLocker(t, locker.Options{})
+	stream, a, b := uuid.New(), uuid.New(), uuid.New()
+
+	r, err := l.Acquire(ctx, stream, perspective, a, locker.ReasonRewind)
+	require.NoError(t, err)
+	require.Equal(t, locker.AcquireResult{Acquired: true}, r, "a free pair is no takeover")
+	r, err = l.Acquire(ctx, stream, perspective, a, locker.ReasonBootstrap)
+	require.NoError(t, err)
+	require.Equal(t, locker.AcquireResult{Acquired: true}, r, "re-acquiring one's own lock is no takeover")
+	r, err = l.Acquire(ctx, stream, perspective, b, locker.ReasonRewind)
+	require.NoError(t, err)
+	require.Equal(t, locker.AcquireResult{}, r, "a live lock is refused")
+
+	_, err = testDB.Pool.Exec(ctx, `UPDATE wh_perspective_cursors SET stream_lock_expiry = now() - interval '1 second'
+		WHERE stream_id = $1 AND perspective_name = $2`, stream, perspective)
+	require.NoError(t, err)
+	r, err = l.Acquire(ctx, stream, perspective, b, locker.ReasonRewind)
+	require.NoError(t, err)
+	require.Equal(t, locker.AcquireResult{Acquired: true, TookOver: true}, r, "an expired lock of another instance is taken over")
+
+	require.NoError(t, l.Release(ctx, stream, perspective, b))
+	r, err = l.Acquire(ctx, stream, perspective, a, locker.ReasonRewind)
+	require.NoError(t, err)
+	require.Equal(t, locker.AcquireResult{Acquired: true}, r, "a released pair is no takeover")
+}

@@ -141,7 +141,7 @@ var _ worker.Store = &StoreMock{}
 //			StreamIDsFunc: func(ctx context.Context) ([]uuid.UUID, error) {
 //				panic("mock out the StreamIDs method")
 //			},
-//			StreamLockAcquireFunc: func(ctx context.Context, arg db.StreamLockAcquireParams) (int64, error) {
+//			StreamLockAcquireFunc: func(ctx context.Context, arg db.StreamLockAcquireParams) (bool, error) {
 //				panic("mock out the StreamLockAcquire method")
 //			},
 //			StreamLockForceReleaseFunc: func(ctx context.Context, arg db.StreamLockForceReleaseParams) (int64, error) {
@@ -287,7 +287,7 @@ type StoreMock struct {
 	StreamIDsFunc func(ctx context.Context) ([]uuid.UUID, error)
 
 	// StreamLockAcquireFunc mocks the StreamLockAcquire method.
-	StreamLockAcquireFunc func(ctx context.Context, arg db.StreamLockAcquireParams) (int64, error)
+	StreamLockAcquireFunc func(ctx context.Context, arg db.StreamLockAcquireParams) (bool, error)
 
 	// StreamLockForceReleaseFunc mocks the StreamLockForceRelease method.
 	StreamLockForceReleaseFunc func(ctx context.Context, arg db.StreamLockForceReleaseParams) (int64, error)
@@ -2062,7 +2062,7 @@ func (mock *StoreMock) StreamIDsCalls() []struct {
 }
 
 // StreamLockAcquire calls StreamLockAcquireFunc.
-func (mock *StoreMock) StreamLockAcquire(ctx context.Context, arg db.StreamLockAcquireParams) (int64, error) {
+func (mock *StoreMock) StreamLockAcquire(ctx context.Context, arg db.StreamLockAcquireParams) (bool, error) {
 	if mock.StreamLockAcquireFunc == nil {
 		panic("StoreMock.StreamLockAcquireFunc: method is nil but Store.StreamLockAcquire was just called")
 	}

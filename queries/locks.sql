@@ -4,10 +4,17 @@
 -- that waited for the row lock would otherwise compare with a stale time (reviving a lock
 -- that lapsed during the wait, or granting a lease that already ran out).
 
--- name: StreamLockAcquire :execrows
+-- name: StreamLockAcquire :one
 -- Takes the lock when the pair is unlocked, its lock has expired, or the caller already
 -- holds it (reason and expiry are then overwritten). Creates the cursor row if it is missing.
--- One row affected means the lock is held by the caller.
+-- A row is returned only when the caller now holds the lock; took_over says that it
+-- replaced another instance's (expired) lock — as seen when the statement began, which is
+-- exact unless another writer changed the row meanwhile (it is reported for metrics only).
+WITH prev AS (
+    SELECT stream_lock_instance_id AS holder
+    FROM wh_perspective_cursors
+    WHERE stream_id = @stream_id AND perspective_name = @perspective_name
+)
 INSERT INTO wh_perspective_cursors AS c (
     stream_id, perspective_name, stream_lock_instance_id, stream_lock_expiry, stream_lock_reason
 ) VALUES (
@@ -21,7 +28,8 @@ SET stream_lock_instance_id = EXCLUDED.stream_lock_instance_id,
     stream_lock_reason      = EXCLUDED.stream_lock_reason
 WHERE c.stream_lock_instance_id IS NULL
    OR c.stream_lock_expiry <= clock_timestamp()
-   OR c.stream_lock_instance_id = EXCLUDED.stream_lock_instance_id;
+   OR c.stream_lock_instance_id = EXCLUDED.stream_lock_instance_id
+RETURNING COALESCE((SELECT holder <> @instance_id::uuid FROM prev), false)::bool AS took_over;
 
 -- name: StreamLockRenew :execrows
 -- Extends the expiry only while the caller holds an unexpired lock; a lapsed lock is not revived.

@@ -124,7 +124,11 @@ func (w *Worker) applyNormal(ctx context.Context, k pairKey, persp Perspective) 
 		w.log.Error("event application failed; will retry with backoff",
 			slog.String("perspective", k.Perspective), slog.String("stream", k.Stream.String()),
 			slog.Int("applied_before_failure", res.applied), slog.Any("error", applyErr))
-	} else if res.applied > 0 {
+	}
+	if res.applied > 0 {
+		w.tel.eventsApplied.Add(ctx, int64(res.applied), perspAttrs(k))
+	}
+	if applyErr == nil && res.applied > 0 {
 		w.log.Debug("events applied",
 			slog.String("perspective", k.Perspective), slog.String("stream", k.Stream.String()), slog.Int("events", res.applied))
 	}

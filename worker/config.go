@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/perspectives-go/perspectives/locker"
 )
@@ -57,6 +59,12 @@ type Config struct {
 	RetryBackoff time.Duration
 	// MaxRetryBackoff caps the retry delay. Default 5m.
 	MaxRetryBackoff time.Duration
+	// MeterProvider receives the worker's metrics (see the README for the instruments).
+	// nil: otel.GetMeterProvider(), a no-op unless the application installs one.
+	MeterProvider metric.MeterProvider
+	// TracerProvider receives spans around rewinds, bootstraps and purges.
+	// nil: otel.GetTracerProvider(), a no-op unless the application installs one.
+	TracerProvider trace.TracerProvider
 	// Concurrency is how many (stream, perspective) pairs one instance processes at once.
 	// Default 4, at most 64. Each takes a pool connection while it works.
 	Concurrency int

@@ -48,7 +48,7 @@ func (w *Worker) CoordinatorSize() int { return w.coord.size() }
 type KeepAlive struct{ ka *keepAlive }
 
 func StartKeepAlive(ctx context.Context, l locker.Locker, stream uuid.UUID, perspective string, instance uuid.UUID, interval time.Duration, log *slog.Logger) (context.Context, *KeepAlive) {
-	c, ka := startKeepAlive(ctx, l, pairKey{Stream: stream, Perspective: perspective}, instance, interval, log)
+	c, ka := startKeepAlive(ctx, l, pairKey{Stream: stream, Perspective: perspective}, instance, interval, log, keepAliveHooks{})
 	return c, &KeepAlive{ka: ka}
 }
 

@@ -23,10 +23,16 @@ type keepAlive struct {
 	once   sync.Once
 }
 
+// keepAliveHooks observe renewals (metrics); nil fields are skipped.
+type keepAliveHooks struct {
+	renewFailed func()
+	lost        func()
+}
+
 // startKeepAlive starts renewing the lock on k for instance every interval. The returned
 // context is cancelled, with cause ErrLockLost, as soon as a renewal reports the lock lost;
 // a renewal error is logged and retried at the next tick.
-func startKeepAlive(parent context.Context, l locker.Locker, k pairKey, instance uuid.UUID, interval time.Duration, log *slog.Logger) (context.Context, *keepAlive) {
+func startKeepAlive(parent context.Context, l locker.Locker, k pairKey, instance uuid.UUID, interval time.Duration, log *slog.Logger, hooks keepAliveHooks) (context.Context, *keepAlive) {
 	ctx, cancel := context.WithCancelCause(parent)
 	ka := &keepAlive{cancel: cancel, done: make(chan struct{})}
 	go func() {
@@ -44,12 +50,18 @@ func startKeepAlive(parent context.Context, l locker.Locker, k pairKey, instance
 				return
 			}
 			if err != nil {
+				if hooks.renewFailed != nil {
+					hooks.renewFailed()
+				}
 				log.Warn("stream lock renewal failed; retrying at next tick",
 					slog.String("perspective", k.Perspective), slog.String("stream", k.Stream.String()),
 					slog.Any("error", err))
 				continue
 			}
 			if !held {
+				if hooks.lost != nil {
+					hooks.lost()
+				}
 				log.Warn("stream lock lost; cancelling operation",
 					slog.String("perspective", k.Perspective), slog.String("stream", k.Stream.String()))
 				cancel(ErrLockLost)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/perspectives-go/perspectives/db"
 	"github.com/perspectives-go/perspectives/locker"
@@ -20,7 +21,7 @@ var ErrLocked = errors.New("stream lock held by another instance")
 // cursor. With a locker it must first take the stream lock (reason purge); when another
 // instance holds it, Purge returns an error wrapping ErrLocked and deletes nothing. Events
 // still queued for the pair are applied afterwards, to a fresh model.
-func (w *Worker) Purge(ctx context.Context, streamID uuid.UUID, perspectiveName string) error {
+func (w *Worker) Purge(ctx context.Context, streamID uuid.UUID, perspectiveName string) (err error) {
 	if err := locker.ValidatePair(streamID, perspectiveName); err != nil {
 		return fmt.Errorf("worker: purge: %w", err)
 	}
@@ -29,6 +30,18 @@ func (w *Worker) Purge(ctx context.Context, streamID uuid.UUID, perspectiveName 
 			locker.ErrInvalidArgument, perspectiveName, w.names)
 	}
 	k := pairKey{Stream: streamID, Perspective: perspectiveName}
+	ctx, span := w.tel.startSpan(ctx, "perspectives.purge", k, w.cfg.InstanceID)
+	defer func() {
+		result := "ok"
+		switch {
+		case errors.Is(err, ErrLocked):
+			result = "locked"
+		case err != nil:
+			result = "error"
+		}
+		w.tel.purges.Add(context.WithoutCancel(ctx), 1, metric.WithAttributes(attrPerspective.String(perspectiveName), attrResult.String(result)))
+		endSpan(span, err)
+	}()
 	releaseCoord, err := w.coord.lock(ctx, k)
 	if err != nil {
 		return fmt.Errorf("worker: purge: %w", err)

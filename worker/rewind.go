@@ -11,6 +11,8 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/perspectives-go/perspectives/db"
 	"github.com/perspectives-go/perspectives/locker"
@@ -28,7 +30,7 @@ var errCursorMoved = errors.New("cursor moved during the operation")
 // newest snapshot strictly before the earliest queued event, replays the stream from the
 // event store in ID order, and commits under the fencing check. When the lock is not
 // acquired it does nothing: the rows stay queued and the next cycle retries.
-func (w *Worker) rewind(ctx context.Context, k pairKey, persp Perspective, trigger uuid.UUID) error {
+func (w *Worker) rewind(ctx context.Context, k pairKey, persp Perspective, trigger uuid.UUID) (err error) {
 	attrs := []any{slog.String("perspective", k.Perspective), slog.String("stream", k.Stream.String()), slog.String("trigger", trigger.String())}
 	if w.locker != nil {
 		ok, release, err := w.acquire(ctx, k, locker.ReasonRewind)
@@ -40,21 +42,46 @@ func (w *Worker) rewind(ctx context.Context, k pairKey, persp Perspective, trigg
 			w.log.Debug("rewind skipped: stream lock held by another instance", attrs...)
 			return nil
 		}
+		lockSet := lockAttrs(k, locker.ReasonRewind)
 		var ka *keepAlive
-		ctx, ka = startKeepAlive(ctx, w.locker, k, w.cfg.InstanceID, w.cfg.LockOptions.KeepAliveInterval, w.log)
+		ctx, ka = startKeepAlive(ctx, w.locker, k, w.cfg.InstanceID, w.cfg.LockOptions.KeepAliveInterval, w.log, keepAliveHooks{
+			renewFailed: func() { w.tel.lockRenewFailures.Add(context.WithoutCancel(ctx), 1, lockSet) },
+			lost: func() {
+				w.tel.lockLost.Add(context.WithoutCancel(ctx), 1, metric.WithAttributes(
+					attrPerspective.String(k.Perspective), attrReason.String(string(locker.ReasonRewind)), attrStage.String("renew")))
+			},
+		})
 		defer ka.stop()
 	}
+	ctx, span := w.tel.startSpan(ctx, "perspectives.rewind", k, w.cfg.InstanceID)
+	span.SetAttributes(attribute.String("trigger", trigger.String()))
+	defer func() { endSpan(span, err) }()
+	w.tel.rewindStarted.Add(ctx, 1, perspAttrs(k))
+
 	start := time.Now()
 	stats, err := w.runRewind(ctx, k, persp)
 	if err != nil {
+		w.tel.rewindFailed.Add(context.WithoutCancel(ctx), 1, perspAttrs(k))
 		if cause := context.Cause(ctx); errors.Is(cause, ErrLockLost) {
 			err = fmt.Errorf("%w: %w", cause, err)
+		} else if errors.Is(err, ErrLockLost) {
+			w.tel.lockLost.Add(context.WithoutCancel(ctx), 1, metric.WithAttributes(
+				attrPerspective.String(k.Perspective), attrReason.String(string(locker.ReasonRewind)), attrStage.String("commit")))
 		}
 		return fmt.Errorf("rewind: %w", err)
 	}
+	if stats.replayed == 0 {
+		return nil // nothing was queued any more
+	}
+	d := time.Since(start)
+	done := metric.WithAttributes(attrPerspective.String(k.Perspective), attrFromSnapshot.Bool(stats.fromSnapshot))
+	w.tel.rewindCompleted.Add(ctx, 1, done)
+	w.tel.rewindDuration.Record(ctx, d.Seconds(), done)
+	w.tel.rewindReplayed.Add(ctx, int64(stats.replayed), done)
+	span.SetAttributes(attrFromSnapshot.Bool(stats.fromSnapshot), attribute.Int("events_replayed", stats.replayed))
 	w.log.Info("rewind completed", append(attrs,
 		slog.Int("replayed", stats.replayed), slog.Bool("from_snapshot", stats.fromSnapshot),
-		slog.Duration("duration", time.Since(start)))...)
+		slog.Duration("duration", d))...)
 	return nil
 }
 

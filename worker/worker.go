@@ -18,6 +18,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/perspectives-go/perspectives/db"
 	"github.com/perspectives-go/perspectives/locker"
@@ -36,6 +37,11 @@ type Worker struct {
 	names  []string
 	coord  *coordinator
 	log    *slog.Logger
+	tel    *telemetry
+	gauges metric.Registration // queue gauges, while started
+
+	contendedMu sync.Mutex
+	contended   map[pairKey]time.Time // first refused acquire of a pair still contended
 
 	mu      sync.Mutex
 	started bool
@@ -71,6 +77,11 @@ func newWorker(store Store, cfg Config) (*Worker, error) {
 		log:    cfg.Logger.With(slog.String("instance", cfg.InstanceID.String())),
 		wake:   make(chan struct{}, 1),
 		held:   make(map[pairKey]struct{}),
+
+		contended: make(map[pairKey]time.Time),
+	}
+	if w.tel, err = newTelemetry(cfg.MeterProvider, cfg.TracerProvider); err != nil {
+		return nil, err
 	}
 	for _, p := range cfg.Perspectives {
 		w.persp[p.Name()] = p
@@ -99,6 +110,11 @@ func (w *Worker) Start(ctx context.Context) error {
 			return err
 		}
 	}
+	gauges, err := w.tel.observeQueue(w.store, w.names)
+	if err != nil {
+		return fmt.Errorf("worker: start: %w", err)
+	}
+	w.gauges = gauges
 	loopCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	w.cancel = cancel
 	w.done = make(chan struct{})
@@ -153,6 +169,9 @@ func (w *Worker) Stop(ctx context.Context) error {
 		err = fmt.Errorf("worker: stop: %w", ctx.Err())
 	}
 	w.releaseAll()
+	if w.gauges != nil {
+		_ = w.gauges.Unregister()
+	}
 	w.log.Info("perspective worker stopped")
 	return err
 }
@@ -325,6 +344,7 @@ func (w *Worker) markFailed(ctx context.Context, q db.Querier, k pairKey, cause 
 	if err != nil {
 		return err
 	}
+	w.tel.applyErrors.Add(ctx, 1, perspAttrs(k))
 	msg := truncate(cause.Error(), 2000)
 	backoff := w.backoff(int(cur.Attempts))
 	row, err := q.CursorMarkFailed(ctx, db.CursorMarkFailedParams{
@@ -361,36 +381,91 @@ func truncate(s string, n int) string {
 	return s[:n]
 }
 
+// acquirer is implemented by lockers that report takeovers (locker.Postgres).
+type acquirer interface {
+	Acquire(ctx context.Context, streamID uuid.UUID, perspectiveName string, instanceID uuid.UUID, reason locker.Reason) (locker.AcquireResult, error)
+}
+
 // acquire takes the stream lock for reason when a locker is configured. It returns whether
 // the lock is held, and the function that releases it (always safe to call).
 func (w *Worker) acquire(ctx context.Context, k pairKey, reason locker.Reason) (bool, func(), error) {
 	if w.locker == nil {
 		return false, func() {}, nil
 	}
-	ok, err := w.locker.TryAcquire(ctx, k.Stream, k.Perspective, w.cfg.InstanceID, reason)
-	if err != nil || !ok {
+	var res locker.AcquireResult
+	var err error
+	if a, ok := w.locker.(acquirer); ok {
+		res, err = a.Acquire(ctx, k.Stream, k.Perspective, w.cfg.InstanceID, reason)
+	} else {
+		res.Acquired, err = w.locker.TryAcquire(ctx, k.Stream, k.Perspective, w.cfg.InstanceID, reason)
+	}
+	if err != nil {
 		return false, func() {}, err
+	}
+	attrs := lockAttrs(k, reason)
+	if !res.Acquired {
+		w.tel.lockContended.Add(ctx, 1, attrs)
+		w.noteContention(k, reason)
+		return false, func() {}, nil
+	}
+	w.clearContention(k)
+	w.tel.lockAcquired.Add(ctx, 1, attrs)
+	if res.TookOver {
+		w.tel.lockTakeovers.Add(ctx, 1, attrs)
+		w.log.Info("took over an expired stream lock", slog.String("perspective", k.Perspective),
+			slog.String("stream", k.Stream.String()), slog.String("reason", string(reason)))
 	}
 	w.heldMu.Lock()
 	w.held[k] = struct{}{}
 	w.heldMu.Unlock()
+	since := time.Now()
 	var once sync.Once
-	return true, func() { once.Do(func() { w.releaseLock(ctx, k) }) }, nil
+	return true, func() {
+		once.Do(func() {
+			if w.releaseLock(ctx, k) {
+				w.tel.lockReleased.Add(context.WithoutCancel(ctx), 1, attrs)
+			}
+			w.tel.lockHold.Record(context.WithoutCancel(ctx), time.Since(since).Seconds(), attrs)
+		})
+	}, nil
+}
+
+// noteContention remembers when a pair was first found locked by another instance and
+// warns when that lasts longer than LockTimeout.
+func (w *Worker) noteContention(k pairKey, reason locker.Reason) {
+	w.contendedMu.Lock()
+	first, seen := w.contended[k]
+	if !seen {
+		w.contended[k] = time.Now()
+	}
+	w.contendedMu.Unlock()
+	if seen && time.Since(first) > w.cfg.LockOptions.LockTimeout {
+		w.log.Warn("stream lock contended for longer than LockTimeout",
+			slog.String("perspective", k.Perspective), slog.String("stream", k.Stream.String()),
+			slog.String("reason", string(reason)), slog.Duration("duration", time.Since(first)))
+	}
+}
+
+func (w *Worker) clearContention(k pairKey) {
+	w.contendedMu.Lock()
+	delete(w.contended, k)
+	w.contendedMu.Unlock()
 }
 
 // releaseLock releases k with a fresh short context, so that it happens even when the
-// operation's context is cancelled (shutdown, lost lock).
-func (w *Worker) releaseLock(ctx context.Context, k pairKey) {
+// operation's context is cancelled (shutdown, lost lock). It reports whether it did.
+func (w *Worker) releaseLock(ctx context.Context, k pairKey) bool {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
 	if err := w.locker.Release(rctx, k.Stream, k.Perspective, w.cfg.InstanceID); err != nil {
 		w.log.Warn("stream lock release failed; it will expire",
 			slog.String("perspective", k.Perspective), slog.String("stream", k.Stream.String()), slog.Any("error", err))
-		return
+		return false
 	}
 	w.heldMu.Lock()
 	delete(w.held, k)
 	w.heldMu.Unlock()
+	return true
 }
 
 // releaseAll releases every lock still recorded as held.

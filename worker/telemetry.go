@@ -1,0 +1,153 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/perspectives-go/perspectives/db"
+	"github.com/perspectives-go/perspectives/locker"
+)
+
+// instrumentationName names the meter and the tracer.
+const instrumentationName = "github.com/perspectives-go/perspectives"
+
+// Attribute keys. Metrics carry perspective and reason, never the stream ID, so their
+// cardinality stays bounded; spans carry the stream too.
+const (
+	attrPerspective  = attribute.Key("perspective")
+	attrReason       = attribute.Key("reason")
+	attrStream       = attribute.Key("stream")
+	attrFromSnapshot = attribute.Key("from_snapshot")
+	attrStage        = attribute.Key("stage")
+	attrResult       = attribute.Key("result")
+)
+
+// telemetry holds the worker's instruments.
+type telemetry struct {
+	tracer trace.Tracer
+	meter  metric.Meter
+
+	lockAcquired      metric.Int64Counter
+	lockContended     metric.Int64Counter
+	lockLost          metric.Int64Counter
+	lockRenewFailures metric.Int64Counter
+	lockReleased      metric.Int64Counter
+	lockTakeovers     metric.Int64Counter
+	lockHold          metric.Float64Histogram
+
+	rewindStarted   metric.Int64Counter
+	rewindCompleted metric.Int64Counter
+	rewindFailed    metric.Int64Counter
+	rewindDuration  metric.Float64Histogram
+	rewindReplayed  metric.Int64Counter
+
+	bootstraps    metric.Int64Counter
+	purges        metric.Int64Counter
+	eventsApplied metric.Int64Counter
+	applyErrors   metric.Int64Counter
+
+	queueDepth  metric.Int64ObservableGauge
+	queueOldest metric.Float64ObservableGauge
+}
+
+func newTelemetry(mp metric.MeterProvider, tp trace.TracerProvider) (*telemetry, error) {
+	if mp == nil {
+		mp = otel.GetMeterProvider()
+	}
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	t := &telemetry{tracer: tp.Tracer(instrumentationName), meter: mp.Meter(instrumentationName)}
+	m := t.meter
+	var errs []error
+	counter := func(dst *metric.Int64Counter, name, unit, desc string) {
+		c, err := m.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		errs = append(errs, err)
+		*dst = c
+	}
+	histogram := func(dst *metric.Float64Histogram, name, desc string) {
+		h, err := m.Float64Histogram(name, metric.WithUnit("s"), metric.WithDescription(desc))
+		errs = append(errs, err)
+		*dst = h
+	}
+	counter(&t.lockAcquired, "perspectives.lock.acquired", "{lock}", "Stream locks acquired, by reason and perspective.")
+	counter(&t.lockContended, "perspectives.lock.contended", "{attempt}", "Acquire attempts refused because another instance holds the lock.")
+	counter(&t.lockLost, "perspectives.lock.lost", "{lock}", "Locks found lost while held: by a renewal (stage=renew) or by the fencing check at commit (stage=commit).")
+	counter(&t.lockRenewFailures, "perspectives.lock.renew_failures", "{renewal}", "Renewals that failed with an error (retried at the next tick).")
+	counter(&t.lockReleased, "perspectives.lock.released", "{lock}", "Stream locks released.")
+	counter(&t.lockTakeovers, "perspectives.lock.takeovers", "{lock}", "Locks acquired by replacing another instance's expired lock.")
+	histogram(&t.lockHold, "perspectives.lock.hold_duration", "Time from acquiring a stream lock to releasing it.")
+	counter(&t.rewindStarted, "perspectives.rewind.started", "{rewind}", "Rewinds started (lock acquired, or no locker).")
+	counter(&t.rewindCompleted, "perspectives.rewind.completed", "{rewind}", "Rewinds committed, by whether they restored a snapshot (from_snapshot).")
+	counter(&t.rewindFailed, "perspectives.rewind.failed", "{rewind}", "Rewinds that failed or were refused at commit.")
+	histogram(&t.rewindDuration, "perspectives.rewind.duration", "Duration of committed rewinds, by from_snapshot.")
+	counter(&t.rewindReplayed, "perspectives.rewind.events_replayed", "{event}", "Events replayed by committed rewinds, by from_snapshot.")
+	counter(&t.bootstraps, "perspectives.bootstrap.count", "{bootstrap}", "Snapshot bootstraps, by result (ok, error) and whether the lock was held (locked).")
+	counter(&t.purges, "perspectives.purge.count", "{purge}", "Purges, by result (ok, locked, error).")
+	counter(&t.eventsApplied, "perspectives.events.applied", "{event}", "Events applied by the normal path.")
+	counter(&t.applyErrors, "perspectives.apply.errors", "{error}", "Apply failures (error or panic in a perspective, or a failed rewind).")
+	var err error
+	t.queueDepth, err = m.Int64ObservableGauge("perspectives.queue.depth", metric.WithUnit("{event}"),
+		metric.WithDescription("Events queued per perspective."))
+	errs = append(errs, err)
+	t.queueOldest, err = m.Float64ObservableGauge("perspectives.queue.oldest_age", metric.WithUnit("s"),
+		metric.WithDescription("Age of the oldest queued event per perspective (database clock)."))
+	errs = append(errs, err)
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("worker: telemetry: %w", err)
+	}
+	return t, nil
+}
+
+// observeQueue registers the queue gauges for names, read from store at collection time.
+func (t *telemetry) observeQueue(store Store, names []string) (metric.Registration, error) {
+	return t.meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
+		rows, err := store.QueueDepth(ctx)
+		if err != nil {
+			return err
+		}
+		depth := make(map[string]db.QueueDepthRow, len(rows))
+		for _, r := range rows {
+			depth[r.PerspectiveName] = r
+		}
+		for _, name := range names {
+			r := depth[name]
+			set := metric.WithAttributes(attrPerspective.String(name))
+			o.ObserveInt64(t.queueDepth, r.Depth, set)
+			o.ObserveFloat64(t.queueOldest, (time.Duration(r.OldestAgeMicros) * time.Microsecond).Seconds(), set)
+		}
+		return nil
+	}, t.queueDepth, t.queueOldest)
+}
+
+func lockAttrs(k pairKey, reason locker.Reason) metric.MeasurementOption {
+	return metric.WithAttributes(attrPerspective.String(k.Perspective), attrReason.String(string(reason)))
+}
+
+func perspAttrs(k pairKey) metric.MeasurementOption {
+	return metric.WithAttributes(attrPerspective.String(k.Perspective))
+}
+
+// startSpan starts a span for a long operation on k.
+func (t *telemetry) startSpan(ctx context.Context, name string, k pairKey, instance fmt.Stringer) (context.Context, trace.Span) {
+	return t.tracer.Start(ctx, name, trace.WithAttributes(
+		attrPerspective.String(k.Perspective), attrStream.String(k.Stream.String()),
+		attribute.String("instance", instance.String())))
+}
+
+// endSpan records err on span and ends it.
+func endSpan(span trace.Span, err error) {
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
+}
