@@ -49,6 +49,14 @@ WITH ev AS (
                unnest($5::timestamptz[]) AS created_at
     ) AS i
     RETURNING event_id, stream_id
+), cursors AS (
+    -- Each pair's cursor row exists from its first event on, so the worker can lock it at
+    -- once. Ordered, so that concurrent appends to several streams never deadlock.
+    INSERT INTO wh_perspective_cursors (stream_id, perspective_name)
+    SELECT DISTINCT ev.stream_id, p.perspective_name
+    FROM ev CROSS JOIN wh_perspectives p
+    ORDER BY 1, 2
+    ON CONFLICT (stream_id, perspective_name) DO NOTHING
 )
 INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)
 SELECT ev.stream_id, p.perspective_name, ev.event_id
@@ -63,8 +71,8 @@ type EventsAppendParams struct {
 	CreatedAts []time.Time
 }
 
-// Stores the events and enqueues one row per (event, registered perspective).
-// Returns the number of queue rows written.
+// Stores the events, enqueues one row per (event, registered perspective) and makes sure
+// each pair has a cursor row. Returns the number of queue rows written.
 func (q *Queries) EventsAppend(ctx context.Context, arg EventsAppendParams) (int64, error) {
 	result, err := q.db.Exec(ctx, eventsAppend,
 		arg.EventIds,
@@ -163,13 +171,21 @@ func (q *Queries) EventsReplayPage(ctx context.Context, arg EventsReplayPagePara
 }
 
 const perspectiveEnqueueBacklog = `-- name: PerspectiveEnqueueBacklog :execrows
+WITH cursors AS (
+    INSERT INTO wh_perspective_cursors (stream_id, perspective_name)
+    SELECT DISTINCT e.stream_id, $1::text
+    FROM wh_event_store e
+    ORDER BY 1
+    ON CONFLICT (stream_id, perspective_name) DO NOTHING
+)
 INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)
 SELECT e.stream_id, $1::text, e.event_id
 FROM wh_event_store e
 ON CONFLICT DO NOTHING
 `
 
-// Enqueues every stored event for a newly registered perspective.
+// Enqueues every stored event for a newly registered perspective, and creates the cursor
+// row of each of its pairs.
 func (q *Queries) PerspectiveEnqueueBacklog(ctx context.Context, perspectiveName string) (int64, error) {
 	result, err := q.db.Exec(ctx, perspectiveEnqueueBacklog, perspectiveName)
 	if err != nil {

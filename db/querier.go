@@ -28,8 +28,8 @@ type Querier interface {
 	CursorReset(ctx context.Context, arg CursorResetParams) error
 	CursorsFailed(ctx context.Context) ([]CursorsFailedRow, error)
 	EventCount(ctx context.Context) (int64, error)
-	// Stores the events and enqueues one row per (event, registered perspective).
-	// Returns the number of queue rows written.
+	// Stores the events, enqueues one row per (event, registered perspective) and makes sure
+	// each pair has a cursor row. Returns the number of queue rows written.
 	EventsAppend(ctx context.Context, arg EventsAppendParams) (int64, error)
 	// Every event of a stream in ID order (tests, the demo's consistency check).
 	EventsForStream(ctx context.Context, streamID uuid.UUID) ([]WhEventStore, error)
@@ -38,7 +38,18 @@ type Querier interface {
 	ModelDelete(ctx context.Context, arg ModelDeleteParams) (int64, error)
 	ModelGet(ctx context.Context, arg ModelGetParams) (ModelGetRow, error)
 	ModelUpsert(ctx context.Context, arg ModelUpsertParams) error
-	// Enqueues every stored event for a newly registered perspective.
+	// Stores the model at last_event_id, advances the cursor (bumping its version) and deletes
+	// the applied queue rows, in one statement. Returns how many queue rows were deleted.
+	PairApplyCommit(ctx context.Context, arg PairApplyCommitParams) (int64, error)
+	// The normal path's statements, fused so that applying a pair's queued events costs few
+	// round trips: lock the cursor and read the model together, then write model, cursor and
+	// queue together.
+	// Locks the pair's cursor row for a short write, skipping it when another transaction
+	// holds it (no row). Returns the cursor with the stored model (model_event_id is NULL when
+	// there is none) and whether any snapshot exists.
+	PairLockForApply(ctx context.Context, arg PairLockForApplyParams) (PairLockForApplyRow, error)
+	// Enqueues every stored event for a newly registered perspective, and creates the cursor
+	// row of each of its pairs.
 	PerspectiveEnqueueBacklog(ctx context.Context, perspectiveName string) (int64, error)
 	PerspectiveExists(ctx context.Context, perspectiveName string) (bool, error)
 	PerspectiveList(ctx context.Context) ([]WhPerspective, error)

@@ -72,6 +72,12 @@ var _ worker.Store = &StoreMock{}
 //			ModelUpsertFunc: func(ctx context.Context, arg db.ModelUpsertParams) error {
 //				panic("mock out the ModelUpsert method")
 //			},
+//			PairApplyCommitFunc: func(ctx context.Context, arg db.PairApplyCommitParams) (int64, error) {
+//				panic("mock out the PairApplyCommit method")
+//			},
+//			PairLockForApplyFunc: func(ctx context.Context, arg db.PairLockForApplyParams) (db.PairLockForApplyRow, error) {
+//				panic("mock out the PairLockForApply method")
+//			},
 //			PerspectiveEnqueueBacklogFunc: func(ctx context.Context, perspectiveName string) (int64, error) {
 //				panic("mock out the PerspectiveEnqueueBacklog method")
 //			},
@@ -216,6 +222,12 @@ type StoreMock struct {
 
 	// ModelUpsertFunc mocks the ModelUpsert method.
 	ModelUpsertFunc func(ctx context.Context, arg db.ModelUpsertParams) error
+
+	// PairApplyCommitFunc mocks the PairApplyCommit method.
+	PairApplyCommitFunc func(ctx context.Context, arg db.PairApplyCommitParams) (int64, error)
+
+	// PairLockForApplyFunc mocks the PairLockForApply method.
+	PairLockForApplyFunc func(ctx context.Context, arg db.PairLockForApplyParams) (db.PairLockForApplyRow, error)
 
 	// PerspectiveEnqueueBacklogFunc mocks the PerspectiveEnqueueBacklog method.
 	PerspectiveEnqueueBacklogFunc func(ctx context.Context, perspectiveName string) (int64, error)
@@ -418,6 +430,20 @@ type StoreMock struct {
 			Ctx context.Context
 			// Arg is the arg argument value.
 			Arg db.ModelUpsertParams
+		}
+		// PairApplyCommit holds details about calls to the PairApplyCommit method.
+		PairApplyCommit []struct {
+			// Ctx is the ctx argument value.
+			Ctx context.Context
+			// Arg is the arg argument value.
+			Arg db.PairApplyCommitParams
+		}
+		// PairLockForApply holds details about calls to the PairLockForApply method.
+		PairLockForApply []struct {
+			// Ctx is the ctx argument value.
+			Ctx context.Context
+			// Arg is the arg argument value.
+			Arg db.PairLockForApplyParams
 		}
 		// PerspectiveEnqueueBacklog holds details about calls to the PerspectiveEnqueueBacklog method.
 		PerspectiveEnqueueBacklog []struct {
@@ -626,6 +652,8 @@ type StoreMock struct {
 	lockModelDelete               sync.RWMutex
 	lockModelGet                  sync.RWMutex
 	lockModelUpsert               sync.RWMutex
+	lockPairApplyCommit           sync.RWMutex
+	lockPairLockForApply          sync.RWMutex
 	lockPerspectiveEnqueueBacklog sync.RWMutex
 	lockPerspectiveExists         sync.RWMutex
 	lockPerspectiveList           sync.RWMutex
@@ -1254,6 +1282,78 @@ func (mock *StoreMock) ModelUpsertCalls() []struct {
 	mock.lockModelUpsert.RLock()
 	calls = mock.calls.ModelUpsert
 	mock.lockModelUpsert.RUnlock()
+	return calls
+}
+
+// PairApplyCommit calls PairApplyCommitFunc.
+func (mock *StoreMock) PairApplyCommit(ctx context.Context, arg db.PairApplyCommitParams) (int64, error) {
+	if mock.PairApplyCommitFunc == nil {
+		panic("StoreMock.PairApplyCommitFunc: method is nil but Store.PairApplyCommit was just called")
+	}
+	callInfo := struct {
+		Ctx context.Context
+		Arg db.PairApplyCommitParams
+	}{
+		Ctx: ctx,
+		Arg: arg,
+	}
+	mock.lockPairApplyCommit.Lock()
+	mock.calls.PairApplyCommit = append(mock.calls.PairApplyCommit, callInfo)
+	mock.lockPairApplyCommit.Unlock()
+	return mock.PairApplyCommitFunc(ctx, arg)
+}
+
+// PairApplyCommitCalls gets all the calls that were made to PairApplyCommit.
+// Check the length with:
+//
+//	len(mockedStore.PairApplyCommitCalls())
+func (mock *StoreMock) PairApplyCommitCalls() []struct {
+	Ctx context.Context
+	Arg db.PairApplyCommitParams
+} {
+	var calls []struct {
+		Ctx context.Context
+		Arg db.PairApplyCommitParams
+	}
+	mock.lockPairApplyCommit.RLock()
+	calls = mock.calls.PairApplyCommit
+	mock.lockPairApplyCommit.RUnlock()
+	return calls
+}
+
+// PairLockForApply calls PairLockForApplyFunc.
+func (mock *StoreMock) PairLockForApply(ctx context.Context, arg db.PairLockForApplyParams) (db.PairLockForApplyRow, error) {
+	if mock.PairLockForApplyFunc == nil {
+		panic("StoreMock.PairLockForApplyFunc: method is nil but Store.PairLockForApply was just called")
+	}
+	callInfo := struct {
+		Ctx context.Context
+		Arg db.PairLockForApplyParams
+	}{
+		Ctx: ctx,
+		Arg: arg,
+	}
+	mock.lockPairLockForApply.Lock()
+	mock.calls.PairLockForApply = append(mock.calls.PairLockForApply, callInfo)
+	mock.lockPairLockForApply.Unlock()
+	return mock.PairLockForApplyFunc(ctx, arg)
+}
+
+// PairLockForApplyCalls gets all the calls that were made to PairLockForApply.
+// Check the length with:
+//
+//	len(mockedStore.PairLockForApplyCalls())
+func (mock *StoreMock) PairLockForApplyCalls() []struct {
+	Ctx context.Context
+	Arg db.PairLockForApplyParams
+} {
+	var calls []struct {
+		Ctx context.Context
+		Arg db.PairLockForApplyParams
+	}
+	mock.lockPairLockForApply.RLock()
+	calls = mock.calls.PairLockForApply
+	mock.lockPairLockForApply.RUnlock()
 	return calls
 }
 

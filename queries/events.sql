@@ -9,8 +9,8 @@ SELECT pg_advisory_xact_lock_shared(7214082031553392641);
 SELECT pg_advisory_xact_lock(7214082031553392641);
 
 -- name: EventsAppend :execrows
--- Stores the events and enqueues one row per (event, registered perspective).
--- Returns the number of queue rows written.
+-- Stores the events, enqueues one row per (event, registered perspective) and makes sure
+-- each pair has a cursor row. Returns the number of queue rows written.
 WITH ev AS (
     INSERT INTO wh_event_store (event_id, stream_id, event_type, data, created_at)
     SELECT i.event_id, i.stream_id, i.event_type, i.data::jsonb,
@@ -23,6 +23,14 @@ WITH ev AS (
                unnest(@created_ats::timestamptz[]) AS created_at
     ) AS i
     RETURNING event_id, stream_id
+), cursors AS (
+    -- Each pair's cursor row exists from its first event on, so the worker can lock it at
+    -- once. Ordered, so that concurrent appends to several streams never deadlock.
+    INSERT INTO wh_perspective_cursors (stream_id, perspective_name)
+    SELECT DISTINCT ev.stream_id, p.perspective_name
+    FROM ev CROSS JOIN wh_perspectives p
+    ORDER BY 1, 2
+    ON CONFLICT (stream_id, perspective_name) DO NOTHING
 )
 INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)
 SELECT ev.stream_id, p.perspective_name, ev.event_id
@@ -33,7 +41,15 @@ INSERT INTO wh_perspectives (perspective_name) VALUES (@perspective_name)
 ON CONFLICT (perspective_name) DO NOTHING;
 
 -- name: PerspectiveEnqueueBacklog :execrows
--- Enqueues every stored event for a newly registered perspective.
+-- Enqueues every stored event for a newly registered perspective, and creates the cursor
+-- row of each of its pairs.
+WITH cursors AS (
+    INSERT INTO wh_perspective_cursors (stream_id, perspective_name)
+    SELECT DISTINCT e.stream_id, @perspective_name::text
+    FROM wh_event_store e
+    ORDER BY 1
+    ON CONFLICT (stream_id, perspective_name) DO NOTHING
+)
 INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)
 SELECT e.stream_id, @perspective_name::text, e.event_id
 FROM wh_event_store e

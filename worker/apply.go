@@ -33,7 +33,7 @@ func (w *Worker) applyNormal(ctx context.Context, k pairKey, persp Perspective) 
 	var applyErr error
 	err := w.store.InTx(ctx, func(q db.Querier) error {
 		res, applyErr = normalResult{}, nil
-		cur, err := w.lockCursorNoWait(ctx, q, k)
+		cur, err := w.lockPairNoWait(ctx, q, k)
 		if errors.Is(err, errBusy) {
 			res.busy = true
 			return nil
@@ -57,24 +57,14 @@ func (w *Worker) applyNormal(ctx context.Context, k pairKey, persp Perspective) 
 		}
 		var model json.RawMessage
 		if cur.LastEventID.Valid {
-			if !w.cfg.Snapshots.Disabled {
-				has, err := q.SnapshotExists(ctx, db.SnapshotExistsParams{StreamID: k.Stream, PerspectiveName: k.Perspective})
-				if err != nil {
-					return err
-				}
-				if !has {
-					res.needsBootstrap = true
-					return nil
-				}
+			if !w.cfg.Snapshots.Disabled && !cur.HasSnapshot {
+				res.needsBootstrap = true
+				return nil
 			}
-			m, err := q.ModelGet(ctx, db.ModelGetParams{StreamID: k.Stream, PerspectiveName: k.Perspective})
-			if err != nil {
-				return fmt.Errorf("load model: %w", err)
+			if cur.ModelEventID != cur.LastEventID {
+				return fmt.Errorf("model is at event %s but the cursor is at %s", cur.ModelEventID.UUID, cur.LastEventID.UUID)
 			}
-			if m.LastEventID != cur.LastEventID.UUID {
-				return fmt.Errorf("model is at event %s but the cursor is at %s", m.LastEventID, cur.LastEventID.UUID)
-			}
-			model = json.RawMessage(m.Model)
+			model = json.RawMessage(cur.Model)
 		}
 
 		counter := int(cur.EventsSinceSnapshot)
@@ -96,16 +86,15 @@ func (w *Worker) applyNormal(ctx context.Context, k pairKey, persp Perspective) 
 			}
 		}
 		if len(applied) > 0 {
-			last := applied[len(applied)-1]
-			if err := w.writeModel(ctx, q, k, model, last, counter); err != nil {
-				return err
-			}
-			n, err := q.QueueDelete(ctx, db.QueueDeleteParams{StreamID: k.Stream, PerspectiveName: k.Perspective, EventIds: applied})
+			deleted, err := q.PairApplyCommit(ctx, db.PairApplyCommitParams{
+				StreamID: k.Stream, PerspectiveName: k.Perspective, Model: []byte(model),
+				LastEventID: applied[len(applied)-1], EventsSinceSnapshot: int32(counter), EventIds: applied,
+			})
 			if err != nil {
-				return err
+				return fmt.Errorf("write model: %w", err)
 			}
-			if int(n) != len(applied) {
-				return fmt.Errorf("deleted %d queue rows for %d applied events", n, len(applied))
+			if int(deleted) != len(applied) {
+				return fmt.Errorf("deleted %d queue rows for %d applied events", deleted, len(applied))
 			}
 			if err := w.writeSnapshots(ctx, q, k, snaps); err != nil {
 				return err
@@ -137,18 +126,19 @@ func (w *Worker) applyNormal(ctx context.Context, k pairKey, persp Perspective) 
 
 var errBusy = errors.New("pair is being applied by another transaction")
 
-// lockCursorNoWait locks k's cursor row in the current transaction, creating it when
-// missing. errBusy means another transaction holds it.
-func (w *Worker) lockCursorNoWait(ctx context.Context, q db.Querier, k pairKey) (db.CursorLockNoWaitRow, error) {
-	params := db.CursorLockNoWaitParams{StreamID: k.Stream, PerspectiveName: k.Perspective}
-	cur, err := q.CursorLockNoWait(ctx, params)
+// lockPairNoWait locks k's cursor row in the current transaction and reads its model,
+// creating the row when missing (Append creates it, but a registration's backlog does
+// not). errBusy means another transaction holds it.
+func (w *Worker) lockPairNoWait(ctx context.Context, q db.Querier, k pairKey) (db.PairLockForApplyRow, error) {
+	params := db.PairLockForApplyParams{StreamID: k.Stream, PerspectiveName: k.Perspective}
+	cur, err := q.PairLockForApply(ctx, params)
 	if !errors.Is(err, pgx.ErrNoRows) {
 		return cur, err
 	}
 	if err := q.CursorEnsure(ctx, db.CursorEnsureParams{StreamID: k.Stream, PerspectiveName: k.Perspective}); err != nil {
 		return cur, err
 	}
-	cur, err = q.CursorLockNoWait(ctx, params)
+	cur, err = q.PairLockForApply(ctx, params)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return cur, errBusy
 	}

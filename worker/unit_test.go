@@ -471,6 +471,50 @@ func (f *utFake) wireStore() {
 		return nil
 	}
 
+	// The normal path's fused statements, emulated through the mock's own methods so that
+	// the calls they stand for are recorded (CursorLockNoWait, ModelGet, SnapshotExists;
+	// ModelUpsert, CursorAdvance, QueueDelete). As in SQL, the model and the snapshot check
+	// only matter when the cursor has a position.
+	s.PairLockForApplyFunc = func(ctx context.Context, a db.PairLockForApplyParams) (db.PairLockForApplyRow, error) {
+		c, err := s.CursorLockNoWait(ctx, db.CursorLockNoWaitParams(a))
+		if err != nil {
+			return db.PairLockForApplyRow{}, err
+		}
+		row := db.PairLockForApplyRow{
+			LastEventID: c.LastEventID, Version: c.Version, EventsSinceSnapshot: c.EventsSinceSnapshot,
+			Attempts: c.Attempts, StreamLockInstanceID: c.StreamLockInstanceID, LockLive: c.LockLive,
+		}
+		if !c.LastEventID.Valid {
+			return row, nil
+		}
+		if row.HasSnapshot, err = s.SnapshotExists(ctx, db.SnapshotExistsParams(a)); err != nil {
+			return db.PairLockForApplyRow{}, err
+		}
+		m, err := s.ModelGet(ctx, db.ModelGetParams(a))
+		switch {
+		case errors.Is(err, pgx.ErrNoRows):
+		case err != nil:
+			return db.PairLockForApplyRow{}, err
+		default:
+			row.Model, row.ModelEventID = m.Model, uuid.NullUUID{UUID: m.LastEventID, Valid: true}
+		}
+		return row, nil
+	}
+	s.PairApplyCommitFunc = func(ctx context.Context, a db.PairApplyCommitParams) (int64, error) {
+		if err := s.ModelUpsert(ctx, db.ModelUpsertParams{
+			StreamID: a.StreamID, PerspectiveName: a.PerspectiveName, Model: a.Model, LastEventID: a.LastEventID,
+		}); err != nil {
+			return 0, err
+		}
+		if err := s.CursorAdvance(ctx, db.CursorAdvanceParams{
+			StreamID: a.StreamID, PerspectiveName: a.PerspectiveName,
+			LastEventID: uuid.NullUUID{UUID: a.LastEventID, Valid: true}, EventsSinceSnapshot: a.EventsSinceSnapshot,
+		}); err != nil {
+			return 0, err
+		}
+		return s.QueueDelete(ctx, db.QueueDeleteParams{StreamID: a.StreamID, PerspectiveName: a.PerspectiveName, EventIds: a.EventIds})
+	}
+
 	// Models.
 	s.ModelGetFunc = func(ctx context.Context, a db.ModelGetParams) (db.ModelGetRow, error) {
 		unlock, err := lock(ctx)
