@@ -14,12 +14,14 @@ import (
 
 const appendLock = `-- name: AppendLock :exec
 
-SELECT pg_advisory_xact_lock_shared(7214082031553392641)
+SELECT pg_advisory_xact_lock_shared(7214082031553392641), pg_notify('wh_perspective_events', '')
 `
 
 // Appending events and registering perspectives. Append takes a shared transaction-level
 // advisory lock and registration the exclusive one, so an event committed while a
 // perspective registers is never missed by that perspective's backlog.
+// Also queues the wake-up notification for listening workers: PostgreSQL delivers it only
+// if the transaction commits, and once per transaction.
 func (q *Queries) AppendLock(ctx context.Context) error {
 	_, err := q.db.Exec(ctx, appendLock)
 	return err
@@ -240,6 +242,16 @@ func (q *Queries) PerspectiveRegister(ctx context.Context, perspectiveName strin
 		return 0, err
 	}
 	return result.RowsAffected(), nil
+}
+
+const queueListen = `-- name: QueueListen :exec
+LISTEN wh_perspective_events
+`
+
+// Subscribes the session to the notification AppendLock queues.
+func (q *Queries) QueueListen(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, queueListen)
+	return err
 }
 
 const registerLock = `-- name: RegisterLock :exec

@@ -14,6 +14,8 @@ type Querier interface {
 	// Appending events and registering perspectives. Append takes a shared transaction-level
 	// advisory lock and registration the exclusive one, so an event committed while a
 	// perspective registers is never missed by that perspective's backlog.
+	// Also queues the wake-up notification for listening workers: PostgreSQL delivers it only
+	// if the transaction commits, and once per transaction.
 	AppendLock(ctx context.Context) error
 	CursorAdvance(ctx context.Context, arg CursorAdvanceParams) error
 	CursorEnsure(ctx context.Context, arg CursorEnsureParams) error
@@ -68,6 +70,8 @@ type Querier interface {
 	// The queued events of one pair with their data, in event-ID order.
 	QueueEventsForPair(ctx context.Context, arg QueueEventsForPairParams) ([]QueueEventsForPairRow, error)
 	QueueIDsForPair(ctx context.Context, arg QueueIDsForPairParams) ([]uuid.UUID, error)
+	// Subscribes the session to the notification AppendLock queues.
+	QueueListen(ctx context.Context) error
 	// Records a failure on every queued row of the pair and pushes them back.
 	QueueMarkFailed(ctx context.Context, arg QueueMarkFailedParams) (int64, error)
 	// Run in the claim's transaction: the queue's contents change faster than its statistics,

@@ -63,6 +63,9 @@ var _ worker.Store = &StoreMock{}
 //			InTxFunc: func(ctx context.Context, fn func(q db.Querier) error) error {
 //				panic("mock out the InTx method")
 //			},
+//			ListenFunc: func(ctx context.Context, notify func()) error {
+//				panic("mock out the Listen method")
+//			},
 //			ModelDeleteFunc: func(ctx context.Context, arg db.ModelDeleteParams) (int64, error) {
 //				panic("mock out the ModelDelete method")
 //			},
@@ -113,6 +116,9 @@ var _ worker.Store = &StoreMock{}
 //			},
 //			QueueIDsForPairFunc: func(ctx context.Context, arg db.QueueIDsForPairParams) ([]uuid.UUID, error) {
 //				panic("mock out the QueueIDsForPair method")
+//			},
+//			QueueListenFunc: func(ctx context.Context) error {
+//				panic("mock out the QueueListen method")
 //			},
 //			QueueMarkFailedFunc: func(ctx context.Context, arg db.QueueMarkFailedParams) (int64, error) {
 //				panic("mock out the QueueMarkFailed method")
@@ -214,6 +220,9 @@ type StoreMock struct {
 	// InTxFunc mocks the InTx method.
 	InTxFunc func(ctx context.Context, fn func(q db.Querier) error) error
 
+	// ListenFunc mocks the Listen method.
+	ListenFunc func(ctx context.Context, notify func()) error
+
 	// ModelDeleteFunc mocks the ModelDelete method.
 	ModelDeleteFunc func(ctx context.Context, arg db.ModelDeleteParams) (int64, error)
 
@@ -264,6 +273,9 @@ type StoreMock struct {
 
 	// QueueIDsForPairFunc mocks the QueueIDsForPair method.
 	QueueIDsForPairFunc func(ctx context.Context, arg db.QueueIDsForPairParams) ([]uuid.UUID, error)
+
+	// QueueListenFunc mocks the QueueListen method.
+	QueueListenFunc func(ctx context.Context) error
 
 	// QueueMarkFailedFunc mocks the QueueMarkFailed method.
 	QueueMarkFailedFunc func(ctx context.Context, arg db.QueueMarkFailedParams) (int64, error)
@@ -410,6 +422,13 @@ type StoreMock struct {
 			// Fn is the fn argument value.
 			Fn func(q db.Querier) error
 		}
+		// Listen holds details about calls to the Listen method.
+		Listen []struct {
+			// Ctx is the ctx argument value.
+			Ctx context.Context
+			// Notify is the notify argument value.
+			Notify func()
+		}
 		// ModelDelete holds details about calls to the ModelDelete method.
 		ModelDelete []struct {
 			// Ctx is the ctx argument value.
@@ -522,6 +541,11 @@ type StoreMock struct {
 			Ctx context.Context
 			// Arg is the arg argument value.
 			Arg db.QueueIDsForPairParams
+		}
+		// QueueListen holds details about calls to the QueueListen method.
+		QueueListen []struct {
+			// Ctx is the ctx argument value.
+			Ctx context.Context
 		}
 		// QueueMarkFailed holds details about calls to the QueueMarkFailed method.
 		QueueMarkFailed []struct {
@@ -649,6 +673,7 @@ type StoreMock struct {
 	lockEventsForStream           sync.RWMutex
 	lockEventsReplayPage          sync.RWMutex
 	lockInTx                      sync.RWMutex
+	lockListen                    sync.RWMutex
 	lockModelDelete               sync.RWMutex
 	lockModelGet                  sync.RWMutex
 	lockModelUpsert               sync.RWMutex
@@ -666,6 +691,7 @@ type StoreMock struct {
 	lockQueueEnqueueStream        sync.RWMutex
 	lockQueueEventsForPair        sync.RWMutex
 	lockQueueIDsForPair           sync.RWMutex
+	lockQueueListen               sync.RWMutex
 	lockQueueMarkFailed           sync.RWMutex
 	lockQueuePlannerHints         sync.RWMutex
 	lockRegisterLock              sync.RWMutex
@@ -1174,6 +1200,42 @@ func (mock *StoreMock) InTxCalls() []struct {
 	mock.lockInTx.RLock()
 	calls = mock.calls.InTx
 	mock.lockInTx.RUnlock()
+	return calls
+}
+
+// Listen calls ListenFunc.
+func (mock *StoreMock) Listen(ctx context.Context, notify func()) error {
+	if mock.ListenFunc == nil {
+		panic("StoreMock.ListenFunc: method is nil but Store.Listen was just called")
+	}
+	callInfo := struct {
+		Ctx    context.Context
+		Notify func()
+	}{
+		Ctx:    ctx,
+		Notify: notify,
+	}
+	mock.lockListen.Lock()
+	mock.calls.Listen = append(mock.calls.Listen, callInfo)
+	mock.lockListen.Unlock()
+	return mock.ListenFunc(ctx, notify)
+}
+
+// ListenCalls gets all the calls that were made to Listen.
+// Check the length with:
+//
+//	len(mockedStore.ListenCalls())
+func (mock *StoreMock) ListenCalls() []struct {
+	Ctx    context.Context
+	Notify func()
+} {
+	var calls []struct {
+		Ctx    context.Context
+		Notify func()
+	}
+	mock.lockListen.RLock()
+	calls = mock.calls.Listen
+	mock.lockListen.RUnlock()
 	return calls
 }
 
@@ -1774,6 +1836,38 @@ func (mock *StoreMock) QueueIDsForPairCalls() []struct {
 	mock.lockQueueIDsForPair.RLock()
 	calls = mock.calls.QueueIDsForPair
 	mock.lockQueueIDsForPair.RUnlock()
+	return calls
+}
+
+// QueueListen calls QueueListenFunc.
+func (mock *StoreMock) QueueListen(ctx context.Context) error {
+	if mock.QueueListenFunc == nil {
+		panic("StoreMock.QueueListenFunc: method is nil but Store.QueueListen was just called")
+	}
+	callInfo := struct {
+		Ctx context.Context
+	}{
+		Ctx: ctx,
+	}
+	mock.lockQueueListen.Lock()
+	mock.calls.QueueListen = append(mock.calls.QueueListen, callInfo)
+	mock.lockQueueListen.Unlock()
+	return mock.QueueListenFunc(ctx)
+}
+
+// QueueListenCalls gets all the calls that were made to QueueListen.
+// Check the length with:
+//
+//	len(mockedStore.QueueListenCalls())
+func (mock *StoreMock) QueueListenCalls() []struct {
+	Ctx context.Context
+} {
+	var calls []struct {
+		Ctx context.Context
+	}
+	mock.lockQueueListen.RLock()
+	calls = mock.calls.QueueListen
+	mock.lockQueueListen.RUnlock()
 	return calls
 }
 

@@ -3,7 +3,13 @@
 -- perspective registers is never missed by that perspective's backlog.
 
 -- name: AppendLock :exec
-SELECT pg_advisory_xact_lock_shared(7214082031553392641);
+-- Also queues the wake-up notification for listening workers: PostgreSQL delivers it only
+-- if the transaction commits, and once per transaction.
+SELECT pg_advisory_xact_lock_shared(7214082031553392641), pg_notify('wh_perspective_events', '');
+
+-- name: QueueListen :exec
+-- Subscribes the session to the notification AppendLock queues.
+LISTEN wh_perspective_events;
 
 -- name: RegisterLock :exec
 SELECT pg_advisory_xact_lock(7214082031553392641);

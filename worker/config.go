@@ -65,6 +65,11 @@ type Config struct {
 	// TracerProvider receives spans around rewinds, bootstraps and purges.
 	// nil: otel.GetTracerProvider(), a no-op unless the application installs one.
 	TracerProvider trace.TracerProvider
+	// PollOnly turns off the LISTEN/NOTIFY wake-up: the worker then finds new events only
+	// by polling every PollInterval. Set it behind a connection pooler that does not keep
+	// sessions (LISTEN needs one). Default false: each committed Append wakes idle workers
+	// at once, and polling remains the fallback.
+	PollOnly bool
 	// Concurrency is how many (stream, perspective) pairs one instance processes at once.
 	// Default 4, at most 64. Each takes a pool connection while it works.
 	Concurrency int

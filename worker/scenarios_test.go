@@ -385,3 +385,29 @@ func TestStopIsIdempotentAndReleasesLocks(t *testing.T) {
 	require.False(t, held, "Stop leaves no lock held")
 	require.Error(t, w.Start(ctx), "a stopped worker does not restart")
 }
+
+func TestAppendWakesIdleWorker(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := uniqueName("wake")
+	// Polling every hour: only the notification can bring the events in time.
+	startWorker(t, worker.Config{Perspectives: []worker.Perspective{ledgerPerspective(name)}, PollInterval: time.Hour})
+	stream := uuid.New()
+	evs := events(stream, newIDs(t, 3))
+	time.Sleep(50 * time.Millisecond) // let the first (immediate) poll pass
+	require.NoError(t, worker.Append(ctx, testDB.Pool, evs[1:]...))
+	waitModel(t, ctx, name, stream, 2)
+	require.NoError(t, worker.Append(ctx, testDB.Pool, evs[0]), "a late event is also announced")
+	require.Equal(t, expectedLedger(t, evs), waitModel(t, ctx, name, stream, 3))
+
+	// The listening session is killed: the worker subscribes again and keeps being woken.
+	// (Other tests' workers listen too; their sessions end as well and must recover alike.)
+	var killed int
+	require.NoError(t, testDB.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE datname = current_database() AND pid <> pg_backend_pid() AND query LIKE '%LISTEN wh_perspective_events%'`).Scan(&killed))
+	require.Positive(t, killed, "the listening session was found and terminated")
+	other := uuid.New()
+	more := events(other, newIDs(t, 2))
+	require.NoError(t, worker.Append(ctx, testDB.Pool, more...))
+	require.Equal(t, expectedLedger(t, more), waitModel(t, ctx, name, other, 2))
+}

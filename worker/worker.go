@@ -47,7 +47,7 @@ type Worker struct {
 	started bool
 	stopped bool
 	cancel  context.CancelFunc
-	done    chan struct{}
+	done    chan struct{} // closed when the loop and the listener have returned
 	wake    chan struct{}
 
 	heldMu sync.Mutex
@@ -119,7 +119,14 @@ func (w *Worker) Start(ctx context.Context) error {
 	w.cancel = cancel
 	w.done = make(chan struct{})
 	w.started = true
-	go w.loop(loopCtx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); w.loop(loopCtx) }()
+	if !w.cfg.PollOnly {
+		wg.Add(1)
+		go func() { defer wg.Done(); w.listen(loopCtx) }()
+	}
+	go func() { wg.Wait(); close(w.done) }()
 	w.log.Info("perspective worker started", slog.Any("perspectives", w.names))
 	return nil
 }
@@ -185,7 +192,6 @@ func (w *Worker) Notify() {
 }
 
 func (w *Worker) loop(ctx context.Context) {
-	defer close(w.done)
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
@@ -201,6 +207,31 @@ func (w *Worker) loop(ctx context.Context) {
 		} else {
 			timer.Reset(w.cfg.PollInterval)
 		}
+	}
+}
+
+// listen wakes the loop on every committed Append, resubscribing after a failure; polling
+// covers whatever it misses.
+func (w *Worker) listen(ctx context.Context) {
+	first := min(w.cfg.PollInterval, time.Second)
+	wait := first
+	for {
+		started := time.Now()
+		err := w.store.Listen(ctx, w.Notify)
+		if ctx.Err() != nil {
+			return
+		}
+		if time.Since(started) > time.Minute {
+			wait = first // it had been working: not a persistent failure
+		}
+		w.log.Warn("queue notifications interrupted; polling until resubscribed",
+			slog.Any("error", err), slog.Duration("retry_in", wait))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 30*time.Second)
 	}
 }
 
