@@ -12,36 +12,6 @@ import (
 	"github.com/google/uuid"
 )
 
-const cursorAdvance = `-- name: CursorAdvance :exec
-UPDATE wh_perspective_cursors
-SET last_event_id = $1,
-    version = version + 1,
-    events_since_snapshot = $2,
-    status = 'ok',
-    last_error = NULL,
-    attempts = 0,
-    next_attempt_at = NULL,
-    updated_at = now()
-WHERE stream_id = $3 AND perspective_name = $4
-`
-
-type CursorAdvanceParams struct {
-	LastEventID         uuid.NullUUID
-	EventsSinceSnapshot int32
-	StreamID            uuid.UUID
-	PerspectiveName     string
-}
-
-func (q *Queries) CursorAdvance(ctx context.Context, arg CursorAdvanceParams) error {
-	_, err := q.db.Exec(ctx, cursorAdvance,
-		arg.LastEventID,
-		arg.EventsSinceSnapshot,
-		arg.StreamID,
-		arg.PerspectiveName,
-	)
-	return err
-}
-
 const cursorEnsure = `-- name: CursorEnsure :exec
 INSERT INTO wh_perspective_cursors (stream_id, perspective_name)
 VALUES ($1, $2)
@@ -130,43 +100,6 @@ type CursorLockRow struct {
 func (q *Queries) CursorLock(ctx context.Context, arg CursorLockParams) (CursorLockRow, error) {
 	row := q.db.QueryRow(ctx, cursorLock, arg.StreamID, arg.PerspectiveName)
 	var i CursorLockRow
-	err := row.Scan(
-		&i.LastEventID,
-		&i.Version,
-		&i.EventsSinceSnapshot,
-		&i.Attempts,
-		&i.StreamLockInstanceID,
-		&i.LockLive,
-	)
-	return i, err
-}
-
-const cursorLockNoWait = `-- name: CursorLockNoWait :one
-SELECT last_event_id, version, events_since_snapshot, attempts, stream_lock_instance_id,
-       COALESCE(stream_lock_expiry > clock_timestamp(), false)::bool AS lock_live
-FROM wh_perspective_cursors
-WHERE stream_id = $1 AND perspective_name = $2
-FOR UPDATE SKIP LOCKED
-`
-
-type CursorLockNoWaitParams struct {
-	StreamID        uuid.UUID
-	PerspectiveName string
-}
-
-type CursorLockNoWaitRow struct {
-	LastEventID          uuid.NullUUID
-	Version              int64
-	EventsSinceSnapshot  int32
-	Attempts             int32
-	StreamLockInstanceID uuid.NullUUID
-	LockLive             bool
-}
-
-// Locks the cursor row for a short write; no row when another transaction holds it.
-func (q *Queries) CursorLockNoWait(ctx context.Context, arg CursorLockNoWaitParams) (CursorLockNoWaitRow, error) {
-	row := q.db.QueryRow(ctx, cursorLockNoWait, arg.StreamID, arg.PerspectiveName)
-	var i CursorLockNoWaitRow
 	err := row.Scan(
 		&i.LastEventID,
 		&i.Version,

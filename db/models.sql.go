@@ -52,51 +52,6 @@ func (q *Queries) ModelGet(ctx context.Context, arg ModelGetParams) (ModelGetRow
 	return i, err
 }
 
-const modelUpsert = `-- name: ModelUpsert :exec
-INSERT INTO wh_perspective_models (stream_id, perspective_name, model, last_event_id)
-VALUES ($1, $2, $3, $4)
-ON CONFLICT (stream_id, perspective_name) DO UPDATE
-SET model = EXCLUDED.model,
-    last_event_id = EXCLUDED.last_event_id,
-    updated_at = now()
-`
-
-type ModelUpsertParams struct {
-	StreamID        uuid.UUID
-	PerspectiveName string
-	Model           []byte
-	LastEventID     uuid.UUID
-}
-
-func (q *Queries) ModelUpsert(ctx context.Context, arg ModelUpsertParams) error {
-	_, err := q.db.Exec(ctx, modelUpsert,
-		arg.StreamID,
-		arg.PerspectiveName,
-		arg.Model,
-		arg.LastEventID,
-	)
-	return err
-}
-
-const snapshotExists = `-- name: SnapshotExists :one
-SELECT EXISTS (
-    SELECT 1 FROM wh_perspective_snapshots
-    WHERE stream_id = $1 AND perspective_name = $2
-)::bool
-`
-
-type SnapshotExistsParams struct {
-	StreamID        uuid.UUID
-	PerspectiveName string
-}
-
-func (q *Queries) SnapshotExists(ctx context.Context, arg SnapshotExistsParams) (bool, error) {
-	row := q.db.QueryRow(ctx, snapshotExists, arg.StreamID, arg.PerspectiveName)
-	var column_1 bool
-	err := row.Scan(&column_1)
-	return column_1, err
-}
-
 const snapshotIDs = `-- name: SnapshotIDs :many
 SELECT snapshot_event_id
 FROM wh_perspective_snapshots

@@ -17,14 +17,11 @@ type Querier interface {
 	// Also queues the wake-up notification for listening workers: PostgreSQL delivers it only
 	// if the transaction commits, and once per transaction.
 	AppendLock(ctx context.Context) error
-	CursorAdvance(ctx context.Context, arg CursorAdvanceParams) error
 	CursorEnsure(ctx context.Context, arg CursorEnsureParams) error
 	CursorGet(ctx context.Context, arg CursorGetParams) (CursorGetRow, error)
 	// Locks the cursor row, waiting for other writers (final writes of long operations).
 	// lock_live uses clock_timestamp(): the fencing check must see the time after the wait.
 	CursorLock(ctx context.Context, arg CursorLockParams) (CursorLockRow, error)
-	// Locks the cursor row for a short write; no row when another transaction holds it.
-	CursorLockNoWait(ctx context.Context, arg CursorLockNoWaitParams) (CursorLockNoWaitRow, error)
 	// Records a failure and schedules the retry with exponential backoff; returns the retry time.
 	CursorMarkFailed(ctx context.Context, arg CursorMarkFailedParams) (CursorMarkFailedRow, error)
 	CursorReset(ctx context.Context, arg CursorResetParams) error
@@ -39,7 +36,6 @@ type Querier interface {
 	EventsReplayPage(ctx context.Context, arg EventsReplayPageParams) ([]WhEventStore, error)
 	ModelDelete(ctx context.Context, arg ModelDeleteParams) (int64, error)
 	ModelGet(ctx context.Context, arg ModelGetParams) (ModelGetRow, error)
-	ModelUpsert(ctx context.Context, arg ModelUpsertParams) error
 	// Stores the model at last_event_id, advances the cursor (bumping its version) and deletes
 	// the applied queue rows, in one statement. Returns how many queue rows were deleted.
 	PairApplyCommit(ctx context.Context, arg PairApplyCommitParams) (int64, error)
@@ -59,7 +55,6 @@ type Querier interface {
 	QueueCount(ctx context.Context) (int64, error)
 	// Queued rows of one perspective, optionally of one stream.
 	QueueCountFor(ctx context.Context, arg QueueCountForParams) (int64, error)
-	QueueDelete(ctx context.Context, arg QueueDeleteParams) (int64, error)
 	// Queue depth per perspective, and the age of its oldest row on the database clock.
 	QueueDepth(ctx context.Context) ([]QueueDepthRow, error)
 	// The oldest due queue rows of the perspectives this instance runs, skipping pairs that
@@ -79,7 +74,6 @@ type Querier interface {
 	// index in order and stopping at the limit.
 	QueuePlannerHints(ctx context.Context) error
 	RegisterLock(ctx context.Context) error
-	SnapshotExists(ctx context.Context, arg SnapshotExistsParams) (bool, error)
 	// Snapshot positions of one pair, newest first.
 	SnapshotIDs(ctx context.Context, arg SnapshotIDsParams) ([]uuid.UUID, error)
 	SnapshotInsert(ctx context.Context, arg SnapshotInsertParams) error

@@ -42,27 +42,6 @@ func (q *Queries) QueueCountFor(ctx context.Context, arg QueueCountForParams) (i
 	return column_1, err
 }
 
-const queueDelete = `-- name: QueueDelete :execrows
-DELETE FROM wh_perspective_events
-WHERE stream_id = $1
-  AND perspective_name = $2
-  AND event_id = ANY($3::uuid[])
-`
-
-type QueueDeleteParams struct {
-	StreamID        uuid.UUID
-	PerspectiveName string
-	EventIds        []uuid.UUID
-}
-
-func (q *Queries) QueueDelete(ctx context.Context, arg QueueDeleteParams) (int64, error) {
-	result, err := q.db.Exec(ctx, queueDelete, arg.StreamID, arg.PerspectiveName, arg.EventIds)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
 const queueDepth = `-- name: QueueDepth :many
 SELECT perspective_name,
        count(*)::bigint AS depth,

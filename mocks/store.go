@@ -24,9 +24,6 @@ var _ worker.Store = &StoreMock{}
 //			AppendLockFunc: func(ctx context.Context) error {
 //				panic("mock out the AppendLock method")
 //			},
-//			CursorAdvanceFunc: func(ctx context.Context, arg db.CursorAdvanceParams) error {
-//				panic("mock out the CursorAdvance method")
-//			},
 //			CursorEnsureFunc: func(ctx context.Context, arg db.CursorEnsureParams) error {
 //				panic("mock out the CursorEnsure method")
 //			},
@@ -35,9 +32,6 @@ var _ worker.Store = &StoreMock{}
 //			},
 //			CursorLockFunc: func(ctx context.Context, arg db.CursorLockParams) (db.CursorLockRow, error) {
 //				panic("mock out the CursorLock method")
-//			},
-//			CursorLockNoWaitFunc: func(ctx context.Context, arg db.CursorLockNoWaitParams) (db.CursorLockNoWaitRow, error) {
-//				panic("mock out the CursorLockNoWait method")
 //			},
 //			CursorMarkFailedFunc: func(ctx context.Context, arg db.CursorMarkFailedParams) (db.CursorMarkFailedRow, error) {
 //				panic("mock out the CursorMarkFailed method")
@@ -72,9 +66,6 @@ var _ worker.Store = &StoreMock{}
 //			ModelGetFunc: func(ctx context.Context, arg db.ModelGetParams) (db.ModelGetRow, error) {
 //				panic("mock out the ModelGet method")
 //			},
-//			ModelUpsertFunc: func(ctx context.Context, arg db.ModelUpsertParams) error {
-//				panic("mock out the ModelUpsert method")
-//			},
 //			PairApplyCommitFunc: func(ctx context.Context, arg db.PairApplyCommitParams) (int64, error) {
 //				panic("mock out the PairApplyCommit method")
 //			},
@@ -98,9 +89,6 @@ var _ worker.Store = &StoreMock{}
 //			},
 //			QueueCountForFunc: func(ctx context.Context, arg db.QueueCountForParams) (int64, error) {
 //				panic("mock out the QueueCountFor method")
-//			},
-//			QueueDeleteFunc: func(ctx context.Context, arg db.QueueDeleteParams) (int64, error) {
-//				panic("mock out the QueueDelete method")
 //			},
 //			QueueDepthFunc: func(ctx context.Context) ([]db.QueueDepthRow, error) {
 //				panic("mock out the QueueDepth method")
@@ -128,9 +116,6 @@ var _ worker.Store = &StoreMock{}
 //			},
 //			RegisterLockFunc: func(ctx context.Context) error {
 //				panic("mock out the RegisterLock method")
-//			},
-//			SnapshotExistsFunc: func(ctx context.Context, arg db.SnapshotExistsParams) (bool, error) {
-//				panic("mock out the SnapshotExists method")
 //			},
 //			SnapshotIDsFunc: func(ctx context.Context, arg db.SnapshotIDsParams) ([]uuid.UUID, error) {
 //				panic("mock out the SnapshotIDs method")
@@ -181,9 +166,6 @@ type StoreMock struct {
 	// AppendLockFunc mocks the AppendLock method.
 	AppendLockFunc func(ctx context.Context) error
 
-	// CursorAdvanceFunc mocks the CursorAdvance method.
-	CursorAdvanceFunc func(ctx context.Context, arg db.CursorAdvanceParams) error
-
 	// CursorEnsureFunc mocks the CursorEnsure method.
 	CursorEnsureFunc func(ctx context.Context, arg db.CursorEnsureParams) error
 
@@ -192,9 +174,6 @@ type StoreMock struct {
 
 	// CursorLockFunc mocks the CursorLock method.
 	CursorLockFunc func(ctx context.Context, arg db.CursorLockParams) (db.CursorLockRow, error)
-
-	// CursorLockNoWaitFunc mocks the CursorLockNoWait method.
-	CursorLockNoWaitFunc func(ctx context.Context, arg db.CursorLockNoWaitParams) (db.CursorLockNoWaitRow, error)
 
 	// CursorMarkFailedFunc mocks the CursorMarkFailed method.
 	CursorMarkFailedFunc func(ctx context.Context, arg db.CursorMarkFailedParams) (db.CursorMarkFailedRow, error)
@@ -229,9 +208,6 @@ type StoreMock struct {
 	// ModelGetFunc mocks the ModelGet method.
 	ModelGetFunc func(ctx context.Context, arg db.ModelGetParams) (db.ModelGetRow, error)
 
-	// ModelUpsertFunc mocks the ModelUpsert method.
-	ModelUpsertFunc func(ctx context.Context, arg db.ModelUpsertParams) error
-
 	// PairApplyCommitFunc mocks the PairApplyCommit method.
 	PairApplyCommitFunc func(ctx context.Context, arg db.PairApplyCommitParams) (int64, error)
 
@@ -255,9 +231,6 @@ type StoreMock struct {
 
 	// QueueCountForFunc mocks the QueueCountFor method.
 	QueueCountForFunc func(ctx context.Context, arg db.QueueCountForParams) (int64, error)
-
-	// QueueDeleteFunc mocks the QueueDelete method.
-	QueueDeleteFunc func(ctx context.Context, arg db.QueueDeleteParams) (int64, error)
 
 	// QueueDepthFunc mocks the QueueDepth method.
 	QueueDepthFunc func(ctx context.Context) ([]db.QueueDepthRow, error)
@@ -285,9 +258,6 @@ type StoreMock struct {
 
 	// RegisterLockFunc mocks the RegisterLock method.
 	RegisterLockFunc func(ctx context.Context) error
-
-	// SnapshotExistsFunc mocks the SnapshotExists method.
-	SnapshotExistsFunc func(ctx context.Context, arg db.SnapshotExistsParams) (bool, error)
 
 	// SnapshotIDsFunc mocks the SnapshotIDs method.
 	SnapshotIDsFunc func(ctx context.Context, arg db.SnapshotIDsParams) ([]uuid.UUID, error)
@@ -335,13 +305,6 @@ type StoreMock struct {
 			// Ctx is the ctx argument value.
 			Ctx context.Context
 		}
-		// CursorAdvance holds details about calls to the CursorAdvance method.
-		CursorAdvance []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.CursorAdvanceParams
-		}
 		// CursorEnsure holds details about calls to the CursorEnsure method.
 		CursorEnsure []struct {
 			// Ctx is the ctx argument value.
@@ -362,13 +325,6 @@ type StoreMock struct {
 			Ctx context.Context
 			// Arg is the arg argument value.
 			Arg db.CursorLockParams
-		}
-		// CursorLockNoWait holds details about calls to the CursorLockNoWait method.
-		CursorLockNoWait []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.CursorLockNoWaitParams
 		}
 		// CursorMarkFailed holds details about calls to the CursorMarkFailed method.
 		CursorMarkFailed []struct {
@@ -443,13 +399,6 @@ type StoreMock struct {
 			// Arg is the arg argument value.
 			Arg db.ModelGetParams
 		}
-		// ModelUpsert holds details about calls to the ModelUpsert method.
-		ModelUpsert []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.ModelUpsertParams
-		}
 		// PairApplyCommit holds details about calls to the PairApplyCommit method.
 		PairApplyCommit []struct {
 			// Ctx is the ctx argument value.
@@ -501,13 +450,6 @@ type StoreMock struct {
 			Ctx context.Context
 			// Arg is the arg argument value.
 			Arg db.QueueCountForParams
-		}
-		// QueueDelete holds details about calls to the QueueDelete method.
-		QueueDelete []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.QueueDeleteParams
 		}
 		// QueueDepth holds details about calls to the QueueDepth method.
 		QueueDepth []struct {
@@ -563,13 +505,6 @@ type StoreMock struct {
 		RegisterLock []struct {
 			// Ctx is the ctx argument value.
 			Ctx context.Context
-		}
-		// SnapshotExists holds details about calls to the SnapshotExists method.
-		SnapshotExists []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.SnapshotExistsParams
 		}
 		// SnapshotIDs holds details about calls to the SnapshotIDs method.
 		SnapshotIDs []struct {
@@ -660,11 +595,9 @@ type StoreMock struct {
 		}
 	}
 	lockAppendLock                sync.RWMutex
-	lockCursorAdvance             sync.RWMutex
 	lockCursorEnsure              sync.RWMutex
 	lockCursorGet                 sync.RWMutex
 	lockCursorLock                sync.RWMutex
-	lockCursorLockNoWait          sync.RWMutex
 	lockCursorMarkFailed          sync.RWMutex
 	lockCursorReset               sync.RWMutex
 	lockCursorsFailed             sync.RWMutex
@@ -676,7 +609,6 @@ type StoreMock struct {
 	lockListen                    sync.RWMutex
 	lockModelDelete               sync.RWMutex
 	lockModelGet                  sync.RWMutex
-	lockModelUpsert               sync.RWMutex
 	lockPairApplyCommit           sync.RWMutex
 	lockPairLockForApply          sync.RWMutex
 	lockPerspectiveEnqueueBacklog sync.RWMutex
@@ -685,7 +617,6 @@ type StoreMock struct {
 	lockPerspectiveRegister       sync.RWMutex
 	lockQueueCount                sync.RWMutex
 	lockQueueCountFor             sync.RWMutex
-	lockQueueDelete               sync.RWMutex
 	lockQueueDepth                sync.RWMutex
 	lockQueueDueRows              sync.RWMutex
 	lockQueueEnqueueStream        sync.RWMutex
@@ -695,7 +626,6 @@ type StoreMock struct {
 	lockQueueMarkFailed           sync.RWMutex
 	lockQueuePlannerHints         sync.RWMutex
 	lockRegisterLock              sync.RWMutex
-	lockSnapshotExists            sync.RWMutex
 	lockSnapshotIDs               sync.RWMutex
 	lockSnapshotInsert            sync.RWMutex
 	lockSnapshotLatestBefore      sync.RWMutex
@@ -740,42 +670,6 @@ func (mock *StoreMock) AppendLockCalls() []struct {
 	mock.lockAppendLock.RLock()
 	calls = mock.calls.AppendLock
 	mock.lockAppendLock.RUnlock()
-	return calls
-}
-
-// CursorAdvance calls CursorAdvanceFunc.
-func (mock *StoreMock) CursorAdvance(ctx context.Context, arg db.CursorAdvanceParams) error {
-	if mock.CursorAdvanceFunc == nil {
-		panic("StoreMock.CursorAdvanceFunc: method is nil but Store.CursorAdvance was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-		Arg db.CursorAdvanceParams
-	}{
-		Ctx: ctx,
-		Arg: arg,
-	}
-	mock.lockCursorAdvance.Lock()
-	mock.calls.CursorAdvance = append(mock.calls.CursorAdvance, callInfo)
-	mock.lockCursorAdvance.Unlock()
-	return mock.CursorAdvanceFunc(ctx, arg)
-}
-
-// CursorAdvanceCalls gets all the calls that were made to CursorAdvance.
-// Check the length with:
-//
-//	len(mockedStore.CursorAdvanceCalls())
-func (mock *StoreMock) CursorAdvanceCalls() []struct {
-	Ctx context.Context
-	Arg db.CursorAdvanceParams
-} {
-	var calls []struct {
-		Ctx context.Context
-		Arg db.CursorAdvanceParams
-	}
-	mock.lockCursorAdvance.RLock()
-	calls = mock.calls.CursorAdvance
-	mock.lockCursorAdvance.RUnlock()
 	return calls
 }
 
@@ -884,42 +778,6 @@ func (mock *StoreMock) CursorLockCalls() []struct {
 	mock.lockCursorLock.RLock()
 	calls = mock.calls.CursorLock
 	mock.lockCursorLock.RUnlock()
-	return calls
-}
-
-// CursorLockNoWait calls CursorLockNoWaitFunc.
-func (mock *StoreMock) CursorLockNoWait(ctx context.Context, arg db.CursorLockNoWaitParams) (db.CursorLockNoWaitRow, error) {
-	if mock.CursorLockNoWaitFunc == nil {
-		panic("StoreMock.CursorLockNoWaitFunc: method is nil but Store.CursorLockNoWait was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-		Arg db.CursorLockNoWaitParams
-	}{
-		Ctx: ctx,
-		Arg: arg,
-	}
-	mock.lockCursorLockNoWait.Lock()
-	mock.calls.CursorLockNoWait = append(mock.calls.CursorLockNoWait, callInfo)
-	mock.lockCursorLockNoWait.Unlock()
-	return mock.CursorLockNoWaitFunc(ctx, arg)
-}
-
-// CursorLockNoWaitCalls gets all the calls that were made to CursorLockNoWait.
-// Check the length with:
-//
-//	len(mockedStore.CursorLockNoWaitCalls())
-func (mock *StoreMock) CursorLockNoWaitCalls() []struct {
-	Ctx context.Context
-	Arg db.CursorLockNoWaitParams
-} {
-	var calls []struct {
-		Ctx context.Context
-		Arg db.CursorLockNoWaitParams
-	}
-	mock.lockCursorLockNoWait.RLock()
-	calls = mock.calls.CursorLockNoWait
-	mock.lockCursorLockNoWait.RUnlock()
 	return calls
 }
 
@@ -1311,42 +1169,6 @@ func (mock *StoreMock) ModelGetCalls() []struct {
 	return calls
 }
 
-// ModelUpsert calls ModelUpsertFunc.
-func (mock *StoreMock) ModelUpsert(ctx context.Context, arg db.ModelUpsertParams) error {
-	if mock.ModelUpsertFunc == nil {
-		panic("StoreMock.ModelUpsertFunc: method is nil but Store.ModelUpsert was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-		Arg db.ModelUpsertParams
-	}{
-		Ctx: ctx,
-		Arg: arg,
-	}
-	mock.lockModelUpsert.Lock()
-	mock.calls.ModelUpsert = append(mock.calls.ModelUpsert, callInfo)
-	mock.lockModelUpsert.Unlock()
-	return mock.ModelUpsertFunc(ctx, arg)
-}
-
-// ModelUpsertCalls gets all the calls that were made to ModelUpsert.
-// Check the length with:
-//
-//	len(mockedStore.ModelUpsertCalls())
-func (mock *StoreMock) ModelUpsertCalls() []struct {
-	Ctx context.Context
-	Arg db.ModelUpsertParams
-} {
-	var calls []struct {
-		Ctx context.Context
-		Arg db.ModelUpsertParams
-	}
-	mock.lockModelUpsert.RLock()
-	calls = mock.calls.ModelUpsert
-	mock.lockModelUpsert.RUnlock()
-	return calls
-}
-
 // PairApplyCommit calls PairApplyCommitFunc.
 func (mock *StoreMock) PairApplyCommit(ctx context.Context, arg db.PairApplyCommitParams) (int64, error) {
 	if mock.PairApplyCommitFunc == nil {
@@ -1624,42 +1446,6 @@ func (mock *StoreMock) QueueCountForCalls() []struct {
 	mock.lockQueueCountFor.RLock()
 	calls = mock.calls.QueueCountFor
 	mock.lockQueueCountFor.RUnlock()
-	return calls
-}
-
-// QueueDelete calls QueueDeleteFunc.
-func (mock *StoreMock) QueueDelete(ctx context.Context, arg db.QueueDeleteParams) (int64, error) {
-	if mock.QueueDeleteFunc == nil {
-		panic("StoreMock.QueueDeleteFunc: method is nil but Store.QueueDelete was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-		Arg db.QueueDeleteParams
-	}{
-		Ctx: ctx,
-		Arg: arg,
-	}
-	mock.lockQueueDelete.Lock()
-	mock.calls.QueueDelete = append(mock.calls.QueueDelete, callInfo)
-	mock.lockQueueDelete.Unlock()
-	return mock.QueueDeleteFunc(ctx, arg)
-}
-
-// QueueDeleteCalls gets all the calls that were made to QueueDelete.
-// Check the length with:
-//
-//	len(mockedStore.QueueDeleteCalls())
-func (mock *StoreMock) QueueDeleteCalls() []struct {
-	Ctx context.Context
-	Arg db.QueueDeleteParams
-} {
-	var calls []struct {
-		Ctx context.Context
-		Arg db.QueueDeleteParams
-	}
-	mock.lockQueueDelete.RLock()
-	calls = mock.calls.QueueDelete
-	mock.lockQueueDelete.RUnlock()
 	return calls
 }
 
@@ -1968,42 +1754,6 @@ func (mock *StoreMock) RegisterLockCalls() []struct {
 	mock.lockRegisterLock.RLock()
 	calls = mock.calls.RegisterLock
 	mock.lockRegisterLock.RUnlock()
-	return calls
-}
-
-// SnapshotExists calls SnapshotExistsFunc.
-func (mock *StoreMock) SnapshotExists(ctx context.Context, arg db.SnapshotExistsParams) (bool, error) {
-	if mock.SnapshotExistsFunc == nil {
-		panic("StoreMock.SnapshotExistsFunc: method is nil but Store.SnapshotExists was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-		Arg db.SnapshotExistsParams
-	}{
-		Ctx: ctx,
-		Arg: arg,
-	}
-	mock.lockSnapshotExists.Lock()
-	mock.calls.SnapshotExists = append(mock.calls.SnapshotExists, callInfo)
-	mock.lockSnapshotExists.Unlock()
-	return mock.SnapshotExistsFunc(ctx, arg)
-}
-
-// SnapshotExistsCalls gets all the calls that were made to SnapshotExists.
-// Check the length with:
-//
-//	len(mockedStore.SnapshotExistsCalls())
-func (mock *StoreMock) SnapshotExistsCalls() []struct {
-	Ctx context.Context
-	Arg db.SnapshotExistsParams
-} {
-	var calls []struct {
-		Ctx context.Context
-		Arg db.SnapshotExistsParams
-	}
-	mock.lockSnapshotExists.RLock()
-	calls = mock.calls.SnapshotExists
-	mock.lockSnapshotExists.RUnlock()
 	return calls
 }
 

@@ -11,14 +11,6 @@ SELECT stream_id, perspective_name, last_event_id, version, status, last_error, 
 FROM wh_perspective_cursors
 WHERE stream_id = @stream_id AND perspective_name = @perspective_name;
 
--- name: CursorLockNoWait :one
--- Locks the cursor row for a short write; no row when another transaction holds it.
-SELECT last_event_id, version, events_since_snapshot, attempts, stream_lock_instance_id,
-       COALESCE(stream_lock_expiry > clock_timestamp(), false)::bool AS lock_live
-FROM wh_perspective_cursors
-WHERE stream_id = @stream_id AND perspective_name = @perspective_name
-FOR UPDATE SKIP LOCKED;
-
 -- name: CursorLock :one
 -- Locks the cursor row, waiting for other writers (final writes of long operations).
 -- lock_live uses clock_timestamp(): the fencing check must see the time after the wait.
@@ -27,18 +19,6 @@ SELECT last_event_id, version, events_since_snapshot, attempts, stream_lock_inst
 FROM wh_perspective_cursors
 WHERE stream_id = @stream_id AND perspective_name = @perspective_name
 FOR UPDATE;
-
--- name: CursorAdvance :exec
-UPDATE wh_perspective_cursors
-SET last_event_id = @last_event_id,
-    version = version + 1,
-    events_since_snapshot = @events_since_snapshot,
-    status = 'ok',
-    last_error = NULL,
-    attempts = 0,
-    next_attempt_at = NULL,
-    updated_at = now()
-WHERE stream_id = @stream_id AND perspective_name = @perspective_name;
 
 -- name: CursorMarkFailed :one
 -- Records a failure and schedules the retry with exponential backoff; returns the retry time.

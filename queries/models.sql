@@ -3,14 +3,6 @@ SELECT model, last_event_id
 FROM wh_perspective_models
 WHERE stream_id = @stream_id AND perspective_name = @perspective_name;
 
--- name: ModelUpsert :exec
-INSERT INTO wh_perspective_models (stream_id, perspective_name, model, last_event_id)
-VALUES (@stream_id, @perspective_name, @model, @last_event_id)
-ON CONFLICT (stream_id, perspective_name) DO UPDATE
-SET model = EXCLUDED.model,
-    last_event_id = EXCLUDED.last_event_id,
-    updated_at = now();
-
 -- name: ModelDelete :execrows
 DELETE FROM wh_perspective_models
 WHERE stream_id = @stream_id AND perspective_name = @perspective_name;
@@ -24,12 +16,6 @@ WHERE stream_id = @stream_id
   AND snapshot_event_id < @before_event_id
 ORDER BY snapshot_event_id DESC
 LIMIT 1;
-
--- name: SnapshotExists :one
-SELECT EXISTS (
-    SELECT 1 FROM wh_perspective_snapshots
-    WHERE stream_id = @stream_id AND perspective_name = @perspective_name
-)::bool;
 
 -- name: SnapshotInsert :exec
 INSERT INTO wh_perspective_snapshots (stream_id, perspective_name, snapshot_event_id, model)

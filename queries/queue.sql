@@ -36,12 +36,6 @@ SELECT event_id FROM wh_perspective_events
 WHERE stream_id = @stream_id AND perspective_name = @perspective_name
 ORDER BY event_id;
 
--- name: QueueDelete :execrows
-DELETE FROM wh_perspective_events
-WHERE stream_id = @stream_id
-  AND perspective_name = @perspective_name
-  AND event_id = ANY(@event_ids::uuid[]);
-
 -- name: QueueMarkFailed :execrows
 -- Records a failure on every queued row of the pair and pushes them back.
 UPDATE wh_perspective_events

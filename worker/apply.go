@@ -161,19 +161,3 @@ func (w *Worker) applyOne(ctx context.Context, persp Perspective, model json.Raw
 	}
 	return next, nil
 }
-
-// writeModel stores the model at last and advances the cursor (bumping its version).
-func (w *Worker) writeModel(ctx context.Context, q db.Querier, k pairKey, model json.RawMessage, last uuid.UUID, sinceSnapshot int) error {
-	if err := q.ModelUpsert(ctx, db.ModelUpsertParams{
-		StreamID: k.Stream, PerspectiveName: k.Perspective, Model: []byte(model), LastEventID: last,
-	}); err != nil {
-		return fmt.Errorf("write model: %w", err)
-	}
-	if err := q.CursorAdvance(ctx, db.CursorAdvanceParams{
-		StreamID: k.Stream, PerspectiveName: k.Perspective,
-		LastEventID: uuid.NullUUID{UUID: last, Valid: true}, EventsSinceSnapshot: int32(sinceSnapshot),
-	}); err != nil {
-		return fmt.Errorf("advance cursor: %w", err)
-	}
-	return nil
-}

@@ -98,6 +98,9 @@ func (cfg Config) resolve() (Config, error) {
 		}
 		names[name] = true
 	}
+	if cfg.Locker != nil && isNil(cfg.Locker) {
+		return cfg, invalid("Locker is a nil %T: pass a locker, or leave Locker nil for none", cfg.Locker)
+	}
 	if err := cfg.LockOptions.Validate(); err != nil {
 		return cfg, fmt.Errorf("worker: %w: LockOptions: %w", ErrInvalidConfig, err)
 	}

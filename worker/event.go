@@ -40,7 +40,7 @@ type beginner interface {
 // call) is refused with an error wrapping locker.ErrInvalidArgument before anything is written.
 // An ID that is already stored fails with ErrDuplicateEvent and nothing is written.
 func Append(ctx context.Context, dbtx DBTX, events ...Event) error {
-	if dbtx == nil {
+	if isNil(dbtx) {
 		return fmt.Errorf("worker: append: %w: db is nil", locker.ErrInvalidArgument)
 	}
 	if len(events) == 0 {
@@ -121,7 +121,7 @@ var ErrDuplicateEvent = errors.New("duplicate event ID")
 
 // LoadModel returns the current model of (perspectiveName, streamID) and whether one exists.
 func LoadModel(ctx context.Context, dbtx DBTX, perspectiveName string, streamID uuid.UUID) (json.RawMessage, bool, error) {
-	if dbtx == nil {
+	if isNil(dbtx) {
 		return nil, false, fmt.Errorf("worker: load model: %w: db is nil", locker.ErrInvalidArgument)
 	}
 	if err := locker.ValidatePair(streamID, perspectiveName); err != nil {

@@ -103,6 +103,9 @@ func NewAdmin(pool *pgxpool.Pool, l locker.Locker) (*Admin, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("worker: admin: %w: pool is nil", locker.ErrInvalidArgument)
 	}
+	if l != nil && isNil(l) {
+		return nil, fmt.Errorf("worker: admin: %w: locker is a nil %T: pass a locker, or nil for none", locker.ErrInvalidArgument, l)
+	}
 	id, err := uuid.NewV7()
 	if err != nil {
 		return nil, fmt.Errorf("worker: admin: %w", err)

@@ -187,13 +187,11 @@ func (w *Worker) runRewind(ctx context.Context, k pairKey, persp Perspective) (r
 		if now.Version != cur.Version {
 			return errCursorMoved
 		}
-		if err := w.writeModel(ctx, q, k, model, upto, counter); err != nil {
-			return err
-		}
-		if _, err := q.QueueDelete(ctx, db.QueueDeleteParams{
-			StreamID: k.Stream, PerspectiveName: k.Perspective, EventIds: replayedQueued,
+		if _, err := q.PairApplyCommit(ctx, db.PairApplyCommitParams{
+			StreamID: k.Stream, PerspectiveName: k.Perspective, Model: []byte(model),
+			LastEventID: upto, EventsSinceSnapshot: int32(counter), EventIds: replayedQueued,
 		}); err != nil {
-			return fmt.Errorf("delete replayed queue rows: %w", err)
+			return fmt.Errorf("write model: %w", err)
 		}
 		if _, err := q.SnapshotsDeleteFrom(ctx, db.SnapshotsDeleteFromParams{
 			StreamID: k.Stream, PerspectiveName: k.Perspective, FromEventID: trigger,

@@ -386,18 +386,6 @@ func (f *utFake) wireStore() {
 		f.p(a.StreamID, a.PerspectiveName).cursor = true
 		return nil
 	}
-	s.CursorLockNoWaitFunc = func(ctx context.Context, a db.CursorLockNoWaitParams) (db.CursorLockNoWaitRow, error) {
-		unlock, err := lock(ctx)
-		if err != nil {
-			return db.CursorLockNoWaitRow{}, err
-		}
-		defer unlock()
-		p := f.p(a.StreamID, a.PerspectiveName)
-		if !p.cursor {
-			return db.CursorLockNoWaitRow{}, pgx.ErrNoRows
-		}
-		return db.CursorLockNoWaitRow(p.lockRow()), nil
-	}
 	s.CursorLockFunc = func(ctx context.Context, a db.CursorLockParams) (db.CursorLockRow, error) {
 		unlock, err := lock(ctx)
 		if err != nil {
@@ -426,19 +414,6 @@ func (f *utFake) wireStore() {
 			Version: r.Version, Status: p.status, LastError: p.lastErr, Attempts: r.Attempts,
 			EventsSinceSnapshot: r.EventsSinceSnapshot, StreamLockInstanceID: r.StreamLockInstanceID, LockLive: r.LockLive,
 		}, nil
-	}
-	s.CursorAdvanceFunc = func(ctx context.Context, a db.CursorAdvanceParams) error {
-		unlock, err := lock(ctx)
-		if err != nil {
-			return err
-		}
-		defer unlock()
-		p := f.p(a.StreamID, a.PerspectiveName)
-		if p.cursor {
-			p.last, p.since, p.version = a.LastEventID, a.EventsSinceSnapshot, p.version+1
-			p.status, p.lastErr, p.attempts = "ok", nil, 0
-		}
-		return nil
 	}
 	s.CursorMarkFailedFunc = func(ctx context.Context, a db.CursorMarkFailedParams) (db.CursorMarkFailedRow, error) {
 		unlock, err := lock(ctx)
@@ -471,48 +446,48 @@ func (f *utFake) wireStore() {
 		return nil
 	}
 
-	// The normal path's fused statements, emulated through the mock's own methods so that
-	// the calls they stand for are recorded (CursorLockNoWait, ModelGet, SnapshotExists;
-	// ModelUpsert, CursorAdvance, QueueDelete). As in SQL, the model and the snapshot check
-	// only matter when the cursor has a position.
+	// The normal path's fused statements.
 	s.PairLockForApplyFunc = func(ctx context.Context, a db.PairLockForApplyParams) (db.PairLockForApplyRow, error) {
-		c, err := s.CursorLockNoWait(ctx, db.CursorLockNoWaitParams(a))
+		unlock, err := lock(ctx)
 		if err != nil {
 			return db.PairLockForApplyRow{}, err
 		}
+		defer unlock()
+		p := f.p(a.StreamID, a.PerspectiveName)
+		if !p.cursor {
+			return db.PairLockForApplyRow{}, pgx.ErrNoRows
+		}
+		r := p.lockRow()
 		row := db.PairLockForApplyRow{
-			LastEventID: c.LastEventID, Version: c.Version, EventsSinceSnapshot: c.EventsSinceSnapshot,
-			Attempts: c.Attempts, StreamLockInstanceID: c.StreamLockInstanceID, LockLive: c.LockLive,
+			LastEventID: r.LastEventID, Version: r.Version, EventsSinceSnapshot: r.EventsSinceSnapshot,
+			Attempts: r.Attempts, StreamLockInstanceID: r.StreamLockInstanceID, LockLive: r.LockLive,
+			HasSnapshot: len(p.snaps) > 0,
 		}
-		if !c.LastEventID.Valid {
-			return row, nil
-		}
-		if row.HasSnapshot, err = s.SnapshotExists(ctx, db.SnapshotExistsParams(a)); err != nil {
-			return db.PairLockForApplyRow{}, err
-		}
-		m, err := s.ModelGet(ctx, db.ModelGetParams(a))
-		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-		case err != nil:
-			return db.PairLockForApplyRow{}, err
-		default:
-			row.Model, row.ModelEventID = m.Model, uuid.NullUUID{UUID: m.LastEventID, Valid: true}
+		if p.model != nil {
+			row.Model, row.ModelEventID = slices.Clone(p.model.Model), uuid.NullUUID{UUID: p.model.LastEventID, Valid: true}
 		}
 		return row, nil
 	}
 	s.PairApplyCommitFunc = func(ctx context.Context, a db.PairApplyCommitParams) (int64, error) {
-		if err := s.ModelUpsert(ctx, db.ModelUpsertParams{
-			StreamID: a.StreamID, PerspectiveName: a.PerspectiveName, Model: a.Model, LastEventID: a.LastEventID,
-		}); err != nil {
+		unlock, err := lock(ctx)
+		if err != nil {
 			return 0, err
 		}
-		if err := s.CursorAdvance(ctx, db.CursorAdvanceParams{
-			StreamID: a.StreamID, PerspectiveName: a.PerspectiveName,
-			LastEventID: uuid.NullUUID{UUID: a.LastEventID, Valid: true}, EventsSinceSnapshot: a.EventsSinceSnapshot,
-		}); err != nil {
-			return 0, err
+		defer unlock()
+		p := f.p(a.StreamID, a.PerspectiveName)
+		p.model = &db.ModelGetRow{Model: slices.Clone(a.Model), LastEventID: a.LastEventID}
+		if p.cursor {
+			p.last, p.since, p.version = uuid.NullUUID{UUID: a.LastEventID, Valid: true}, a.EventsSinceSnapshot, p.version+1
+			p.status, p.lastErr, p.attempts = "ok", nil, 0
 		}
-		return s.QueueDelete(ctx, db.QueueDeleteParams{StreamID: a.StreamID, PerspectiveName: a.PerspectiveName, EventIds: a.EventIds})
+		var n int64
+		for _, id := range a.EventIds {
+			if p.queue[id] {
+				delete(p.queue, id)
+				n++
+			}
+		}
+		return n, nil
 	}
 
 	// Models.
@@ -527,15 +502,6 @@ func (f *utFake) wireStore() {
 			return db.ModelGetRow{}, pgx.ErrNoRows
 		}
 		return *p.model, nil
-	}
-	s.ModelUpsertFunc = func(ctx context.Context, a db.ModelUpsertParams) error {
-		unlock, err := lock(ctx)
-		if err != nil {
-			return err
-		}
-		defer unlock()
-		f.p(a.StreamID, a.PerspectiveName).model = &db.ModelGetRow{Model: slices.Clone(a.Model), LastEventID: a.LastEventID}
-		return nil
 	}
 	s.ModelDeleteFunc = func(ctx context.Context, a db.ModelDeleteParams) (int64, error) {
 		unlock, err := lock(ctx)
@@ -576,22 +542,6 @@ func (f *utFake) wireStore() {
 		defer unlock()
 		return f.p(a.StreamID, a.PerspectiveName).queued(), nil
 	}
-	s.QueueDeleteFunc = func(ctx context.Context, a db.QueueDeleteParams) (int64, error) {
-		unlock, err := lock(ctx)
-		if err != nil {
-			return 0, err
-		}
-		defer unlock()
-		p := f.p(a.StreamID, a.PerspectiveName)
-		var n int64
-		for _, id := range a.EventIds {
-			if p.queue[id] {
-				delete(p.queue, id)
-				n++
-			}
-		}
-		return n, nil
-	}
 	s.QueueMarkFailedFunc = func(ctx context.Context, a db.QueueMarkFailedParams) (int64, error) {
 		unlock, err := lock(ctx)
 		if err != nil {
@@ -602,14 +552,6 @@ func (f *utFake) wireStore() {
 	}
 
 	// Snapshots.
-	s.SnapshotExistsFunc = func(ctx context.Context, a db.SnapshotExistsParams) (bool, error) {
-		unlock, err := lock(ctx)
-		if err != nil {
-			return false, err
-		}
-		defer unlock()
-		return len(f.p(a.StreamID, a.PerspectiveName).snaps) > 0, nil
-	}
 	s.SnapshotIDsFunc = func(ctx context.Context, a db.SnapshotIDsParams) ([]uuid.UUID, error) {
 		unlock, err := lock(ctx)
 		if err != nil {
@@ -818,12 +760,12 @@ func TestUnitRewindLateEventReplaysFromSnapshotBeforeIt(t *testing.T) {
 	assert.Equal(t, ids[1], rp[0].Arg.AfterEventID, "replay starts right after the restored snapshot")
 	assert.Equal(t, ids[5], rp[0].Arg.UptoEventID, "replay runs up to the newest queued event")
 
-	up := f.store.ModelUpsertCalls()
+	up := f.store.PairApplyCommitCalls()
 	require.Len(t, up, 1)
 	assert.Equal(t, []int{1, 2, 3, 4, 5, 6}, utDecode(t, up[0].Arg.Model), "model must be the fold of every event in ID order")
 	assert.Equal(t, ids[5], up[0].Arg.LastEventID)
 
-	qd := f.store.QueueDeleteCalls()
+	qd := f.store.PairApplyCommitCalls()
 	require.Len(t, qd, 1)
 	assert.ElementsMatch(t, []uuid.UUID{sc.late, ids[5]}, qd[0].Arg.EventIds)
 
@@ -863,13 +805,13 @@ func TestUnitRewindWithoutSnapshotReplaysWholeStreamInPages(t *testing.T) {
 		assert.Equal(t, ids[n-1], c.Arg.UptoEventID, "replay runs up to the cursor")
 		assert.Less(t, int(c.Arg.PageSize), n, "a page must not hold the whole stream")
 	}
-	up := f.store.ModelUpsertCalls()
+	up := f.store.PairApplyCommitCalls()
 	require.Len(t, up, 1)
 	var got utCount
 	require.NoError(t, json.Unmarshal(up[0].Arg.Model, &got))
 	assert.Equal(t, utCount{Count: n, Last: n}, got, "every event folded once, in ID order")
 	assert.Equal(t, ids[n-1], up[0].Arg.LastEventID)
-	qd := f.store.QueueDeleteCalls()
+	qd := f.store.PairApplyCommitCalls()
 	require.Len(t, qd, 1)
 	assert.Equal(t, []uuid.UUID{late}, qd[0].Arg.EventIds)
 }
@@ -885,7 +827,7 @@ func TestUnitQueuedEventAtCursorIsNotAppliedTwice(t *testing.T) {
 
 	w.ProcessPair(context.Background(), stream, utName)
 
-	up := f.store.ModelUpsertCalls()
+	up := f.store.PairApplyCommitCalls()
 	require.Len(t, up, 1)
 	assert.Equal(t, []int{1, 2, 3}, utDecode(t, up[0].Arg.Model), "no event may be folded twice")
 	assert.Equal(t, ids[2], up[0].Arg.LastEventID)
@@ -909,16 +851,16 @@ func TestUnitNormalPathAppliesWithoutRewind(t *testing.T) {
 	assert.Empty(t, f.locker.TryAcquireCalls(), "the normal path takes no stream lock")
 	assert.Empty(t, f.store.EventsReplayPageCalls(), "the normal path does not replay")
 	assert.Empty(t, f.store.SnapshotLatestBeforeCalls())
-	up := f.store.ModelUpsertCalls()
+	up := f.store.PairApplyCommitCalls()
 	require.Len(t, up, 1)
 	assert.Equal(t, []int{1, 2, 3, 4}, utDecode(t, up[0].Arg.Model))
 	assert.Equal(t, ids[3], up[0].Arg.LastEventID)
-	qd := f.store.QueueDeleteCalls()
+	qd := f.store.PairApplyCommitCalls()
 	require.Len(t, qd, 1)
 	assert.Equal(t, []uuid.UUID{ids[2], ids[3]}, qd[0].Arg.EventIds)
-	ca := f.store.CursorAdvanceCalls()
+	ca := f.store.PairApplyCommitCalls()
 	require.Len(t, ca, 1)
-	assert.Equal(t, uuid.NullUUID{UUID: ids[3], Valid: true}, ca[0].Arg.LastEventID)
+	assert.Equal(t, ids[3], ca[0].Arg.LastEventID)
 	assert.Empty(t, f.pair(stream).queue)
 }
 
@@ -932,7 +874,7 @@ func TestUnitRewindTakesAndReleasesStreamLock(t *testing.T) {
 	var upsertsAtRelease = -1
 	release := f.locker.ReleaseFunc
 	f.locker.ReleaseFunc = func(ctx context.Context, s uuid.UUID, n string, i uuid.UUID) error {
-		upsertsAtRelease = len(f.store.ModelUpsertCalls())
+		upsertsAtRelease = len(f.store.PairApplyCommitCalls())
 		return release(ctx, s, n, i)
 	}
 
@@ -969,8 +911,8 @@ func TestUnitRewindSkippedWhenLockNotAcquired(t *testing.T) {
 		assert.Equal(t, locker.ReasonRewind, f.locker.TryAcquireCalls()[0].Reason)
 		assert.Empty(t, f.store.EventsReplayPageCalls(), "no replay without the lock")
 		assert.Empty(t, f.locker.ReleaseCalls(), "a lock not taken is not released")
-		assert.Empty(t, f.store.QueueDeleteCalls())
-		assert.Empty(t, f.store.ModelUpsertCalls())
+		assert.Empty(t, f.store.PairApplyCommitCalls())
+		assert.Empty(t, f.store.PairApplyCommitCalls())
 		assert.Empty(t, f.store.CursorMarkFailedCalls(), "a refused lock is not a failure")
 		after := f.pair(sc.stream)
 		assert.Equal(t, before.queued(), after.queued(), "the rows stay queued")
@@ -989,8 +931,8 @@ func TestUnitRewindSkippedWhenLockNotAcquired(t *testing.T) {
 
 		w.ProcessPair(context.Background(), stream, utName)
 
-		assert.Empty(t, f.store.ModelUpsertCalls(), "a locked pair receives no live events")
-		assert.Empty(t, f.store.QueueDeleteCalls())
+		assert.Empty(t, f.store.PairApplyCommitCalls(), "a locked pair receives no live events")
+		assert.Empty(t, f.store.PairApplyCommitCalls())
 		assert.Empty(t, f.locker.TryAcquireCalls())
 		assert.Len(t, f.pair(stream).queue, 2)
 	})
@@ -1009,7 +951,7 @@ func TestUnitBootstrapWritesFirstSnapshot(t *testing.T) {
 
 	w.ProcessPair(context.Background(), stream, utName)
 
-	assert.NotEmpty(t, f.store.SnapshotExistsCalls())
+	assert.NotEmpty(t, f.store.PairLockForApplyCalls())
 	si := f.store.SnapshotInsertCalls()
 	require.Len(t, si, 1, "exactly the bootstrap snapshot (EveryNEvents not reached)")
 	assert.Equal(t, ids[2], si[0].Arg.SnapshotEventID, "the snapshot is at the model's LastEventID")
@@ -1019,7 +961,7 @@ func TestUnitBootstrapWritesFirstSnapshot(t *testing.T) {
 	assert.Equal(t, locker.ReasonBootstrap, ta[0].Reason)
 	f.assertReleasedOnce(t, w, stream)
 	// The queued event is applied after the bootstrap.
-	up := f.store.ModelUpsertCalls()
+	up := f.store.PairApplyCommitCalls()
 	require.Len(t, up, 1)
 	assert.Equal(t, []int{1, 2, 3, 4}, utDecode(t, up[0].Arg.Model))
 	assert.Empty(t, f.pair(stream).queue)
@@ -1073,10 +1015,10 @@ func TestUnitNoBootstrapWhenSnapshotExists(t *testing.T) {
 
 		w.ProcessPair(context.Background(), stream, utName)
 
-		assert.Len(t, f.store.SnapshotExistsCalls(), 1)
+		assert.Len(t, f.store.PairLockForApplyCalls(), 1)
 		assert.Empty(t, f.store.SnapshotInsertCalls(), "no bootstrap and no periodic snapshot")
 		assert.Empty(t, f.locker.TryAcquireCalls())
-		ca := f.store.CursorAdvanceCalls()
+		ca := f.store.PairApplyCommitCalls()
 		require.Len(t, ca, 1)
 		assert.Equal(t, int32(5), ca[0].Arg.EventsSinceSnapshot, "the counter carries over across batches")
 		assert.Equal(t, []int{1, 2, 3, 4, 5}, utDecode(t, f.pair(stream).model.Model))
@@ -1096,7 +1038,7 @@ func TestUnitNoBootstrapWhenSnapshotExists(t *testing.T) {
 		require.Len(t, si, 1, "one periodic snapshot, at the 5th event since the last one")
 		assert.Equal(t, ids[4], si[0].Arg.SnapshotEventID)
 		assert.Equal(t, []int{1, 2, 3, 4, 5}, utDecode(t, si[0].Arg.Model))
-		ca := f.store.CursorAdvanceCalls()
+		ca := f.store.PairApplyCommitCalls()
 		require.Len(t, ca, 1)
 		assert.Equal(t, int32(1), ca[0].Arg.EventsSinceSnapshot)
 	})
@@ -1112,11 +1054,10 @@ func TestUnitBrandNewPairNoBootstrap(t *testing.T) {
 	w.ProcessPair(context.Background(), stream, utName)
 
 	assert.NotEmpty(t, f.store.CursorEnsureCalls(), "the missing cursor row is created")
-	assert.Empty(t, f.store.SnapshotExistsCalls(), "a pair with no model is not checked for snapshots")
 	assert.Empty(t, f.store.SnapshotInsertCalls())
 	assert.Empty(t, f.store.ModelGetCalls())
 	assert.Empty(t, f.locker.TryAcquireCalls())
-	up := f.store.ModelUpsertCalls()
+	up := f.store.PairApplyCommitCalls()
 	require.Len(t, up, 1)
 	assert.Equal(t, []int{1, 2, 3}, utDecode(t, up[0].Arg.Model))
 	assert.Equal(t, ids[2], up[0].Arg.LastEventID)
@@ -1135,14 +1076,14 @@ func TestUnitAppliedRowsLeaveQueue(t *testing.T) {
 
 		w.ProcessPair(context.Background(), stream, utName)
 
-		qd := f.store.QueueDeleteCalls()
+		qd := f.store.PairApplyCommitCalls()
 		require.Len(t, qd, 1)
 		assert.Equal(t, ids[:3], qd[0].Arg.EventIds)
 		assert.Equal(t, ids[3:], f.pair(stream).queued(), "rows beyond the batch stay queued")
 
 		w.ProcessPair(context.Background(), stream, utName)
 
-		qd = f.store.QueueDeleteCalls()
+		qd = f.store.PairApplyCommitCalls()
 		require.Len(t, qd, 2)
 		assert.Equal(t, ids[3:], qd[1].Arg.EventIds)
 		assert.Empty(t, f.pair(stream).queue)
@@ -1164,7 +1105,7 @@ func TestUnitAppliedRowsLeaveQueue(t *testing.T) {
 
 		w.ProcessPair(context.Background(), sc.stream, utName)
 
-		qd := f.store.QueueDeleteCalls()
+		qd := f.store.PairApplyCommitCalls()
 		require.Len(t, qd, 1)
 		assert.ElementsMatch(t, []uuid.UUID{sc.late, sc.ids[5]}, qd[0].Arg.EventIds, "a rewind deletes exactly the rows it replayed")
 		assert.Equal(t, []uuid.UUID{arrived}, f.pair(sc.stream).queued())
@@ -1199,15 +1140,15 @@ func TestUnitFailedRewindIsLoggedRecordedAndIsolated(t *testing.T) {
 	require.NotNil(t, cm[0].Arg.LastError)
 	assert.Contains(t, *cm[0].Arg.LastError, "disk on fire")
 	assert.Len(t, f.store.QueueMarkFailedCalls(), 1, "the queue rows are pushed back for a retry")
-	assert.Empty(t, f.store.ModelUpsertCalls())
-	assert.Empty(t, f.store.QueueDeleteCalls())
+	assert.Empty(t, f.store.PairApplyCommitCalls())
+	assert.Empty(t, f.store.PairApplyCommitCalls())
 	assert.Len(t, f.pair(sc.stream).queue, 2, "the rows stay queued")
 	assert.Equal(t, "failed", f.pair(sc.stream).status)
 	f.assertReleasedOnce(t, w, sc.stream)
 
 	w.ProcessPair(context.Background(), other, utName)
 
-	up := f.store.ModelUpsertCalls()
+	up := f.store.PairApplyCommitCalls()
 	require.Len(t, up, 1, "another pair is applied normally afterwards")
 	assert.Equal(t, other, up[0].Arg.StreamID)
 	assert.Equal(t, []int{1, 2}, utDecode(t, up[0].Arg.Model))
@@ -1221,9 +1162,9 @@ func TestUnitFailedRewindIsLoggedRecordedAndIsolated(t *testing.T) {
 func TestUnitLockLostMidRewindCommitsNothing(t *testing.T) {
 	assertNothingCommitted := func(t *testing.T, f *utFake, sc lateScenario, before *utPair) {
 		t.Helper()
-		assert.Empty(t, f.store.ModelUpsertCalls(), "no model may be written after the lock is lost")
-		assert.Empty(t, f.store.CursorAdvanceCalls())
-		assert.Empty(t, f.store.QueueDeleteCalls())
+		assert.Empty(t, f.store.PairApplyCommitCalls(), "no model may be written after the lock is lost")
+		assert.Empty(t, f.store.PairApplyCommitCalls())
+		assert.Empty(t, f.store.PairApplyCommitCalls())
 		assert.Empty(t, f.store.SnapshotsDeleteFromCalls())
 		after := f.pair(sc.stream)
 		assert.Equal(t, before.model, after.model)
@@ -1310,8 +1251,8 @@ func TestUnitRewindReleasesLockOnErrorPanicAndShutdown(t *testing.T) {
 		defer cancel()
 		setup(f, sc, cancel)
 		w.ProcessPair(ctx, sc.stream, utName)
-		assert.Empty(t, f.store.ModelUpsertCalls(), "nothing is committed")
-		assert.Empty(t, f.store.QueueDeleteCalls())
+		assert.Empty(t, f.store.PairApplyCommitCalls(), "nothing is committed")
+		assert.Empty(t, f.store.PairApplyCommitCalls())
 		assert.Len(t, f.pair(sc.stream).queue, 2, "the rows stay queued")
 		f.assertReleasedOnce(t, w, sc.stream)
 		assert.Zero(t, w.CoordinatorSize(), "the apply coordinator entry is freed")
@@ -1370,7 +1311,7 @@ func TestUnitNilLockerRewind(t *testing.T) {
 
 		w.ProcessPair(context.Background(), sc.stream, utName)
 
-		up := f.store.ModelUpsertCalls()
+		up := f.store.PairApplyCommitCalls()
 		require.Len(t, up, 1)
 		assert.Equal(t, []int{1, 2, 3, 4, 5, 6}, utDecode(t, up[0].Arg.Model))
 		assert.Equal(t, sc.ids[5], up[0].Arg.LastEventID)
@@ -1396,8 +1337,8 @@ func TestUnitNilLockerRewind(t *testing.T) {
 		w.ProcessPair(context.Background(), sc.stream, utName)
 
 		require.NotEmpty(t, f.store.CursorLockCalls(), "the commit re-reads the cursor under its row lock")
-		assert.Empty(t, f.store.ModelUpsertCalls(), "a moved cursor refuses the write")
-		assert.Empty(t, f.store.QueueDeleteCalls())
+		assert.Empty(t, f.store.PairApplyCommitCalls(), "a moved cursor refuses the write")
+		assert.Empty(t, f.store.PairApplyCommitCalls())
 		assert.NotZero(t, f.rollbacks)
 		after := f.pair(sc.stream)
 		assert.Equal(t, before.model, after.model)
@@ -1517,11 +1458,11 @@ func TestUnitApplyErrorKeepsFailedAndLaterEventsQueued(t *testing.T) {
 
 			w.ProcessPair(context.Background(), stream, utName)
 
-			up := f.store.ModelUpsertCalls()
+			up := f.store.PairApplyCommitCalls()
 			require.Len(t, up, 1)
 			assert.Equal(t, []int{1, 2}, utDecode(t, up[0].Arg.Model), "the events before the failing one are committed")
 			assert.Equal(t, ids[1], up[0].Arg.LastEventID)
-			qd := f.store.QueueDeleteCalls()
+			qd := f.store.PairApplyCommitCalls()
 			require.Len(t, qd, 1)
 			assert.Equal(t, ids[:2], qd[0].Arg.EventIds)
 			cm := f.store.CursorMarkFailedCalls()
@@ -1543,7 +1484,7 @@ func TestUnitApplyErrorKeepsFailedAndLaterEventsQueued(t *testing.T) {
 			cm = f.store.CursorMarkFailedCalls()
 			require.Len(t, cm, 2)
 			assert.Equal(t, 2.0, cm[1].Arg.BackoffSeconds)
-			assert.Len(t, f.store.ModelUpsertCalls(), 1, "nothing new is applied")
+			assert.Len(t, f.store.PairApplyCommitCalls(), 1, "nothing new is applied")
 
 			// Fixed: the rest is applied in order.
 			f.hook = nil
@@ -1580,7 +1521,7 @@ func TestUnitProcessPairSerializedPerPair(t *testing.T) {
 		}
 		lockCalls := func(stream uuid.UUID) int {
 			n := 0
-			for _, c := range f.store.CursorLockNoWaitCalls() {
+			for _, c := range f.store.PairLockForApplyCalls() {
 				if c.Arg.StreamID == stream {
 					n++
 				}
