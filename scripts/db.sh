@@ -43,6 +43,8 @@ if [ ! -d /etc/postgresql ] || [ -z "$(ls /etc/postgresql 2>/dev/null)" ]; then
     hba=/etc/postgresql/$ver/main/pg_hba.conf
     # A development/test cluster: trust local TCP connections, as DATABASE_URL has no password.
     sed -i -E 's/^(host[[:space:]]+all[[:space:]]+all[[:space:]]+(127\.0\.0\.1\/32|::1\/128)[[:space:]]+)[a-z0-9-]+/\1trust/' "$hba"
+    # The package may have started the cluster already: make it read the new rules.
+    pg_ctlcluster --skip-systemctl-redirect "$ver" main reload >/dev/null 2>&1 || true
   else
     echo "db: PostgreSQL does not answer at $URL and is not installed." >&2
     echo "db: install and start it, for example:" >&2
