@@ -40,11 +40,15 @@ type Querier interface {
 	// the applied queue rows, in one statement. Returns how many queue rows were deleted.
 	PairApplyCommit(ctx context.Context, arg PairApplyCommitParams) (int64, error)
 	// The normal path's statements, fused so that applying a pair's queued events costs few
-	// round trips: lock the cursor and read the model together, then write model, cursor and
+	// round trips: lock the cursor (with the snapshot check), then write model, cursor and
 	// queue together.
 	// Locks the pair's cursor row for a short write, skipping it when another transaction
-	// holds it (no row). Returns the cursor with the stored model (model_event_id is NULL when
-	// there is none) and whether any snapshot exists.
+	// holds it (no row). Returns the cursor and whether any snapshot exists.
+	// The model is NOT read here but by a later statement of the transaction: under READ
+	// COMMITTED a row locked after a concurrent commit is returned in its newest version, while
+	// rows joined from other tables stay as of the statement's snapshot, so a model read here
+	// could predate the cursor it came with (a rewind that committed meanwhile keeps the cursor
+	// position but changes the model).
 	PairLockForApply(ctx context.Context, arg PairLockForApplyParams) (PairLockForApplyRow, error)
 	// Enqueues every stored event for a newly registered perspective, and creates the cursor
 	// row of each of its pairs.

@@ -1,26 +1,26 @@
 -- The normal path's statements, fused so that applying a pair's queued events costs few
--- round trips: lock the cursor and read the model together, then write model, cursor and
+-- round trips: lock the cursor (with the snapshot check), then write model, cursor and
 -- queue together.
 
 -- name: PairLockForApply :one
 -- Locks the pair's cursor row for a short write, skipping it when another transaction
--- holds it (no row). Returns the cursor with the stored model (model_event_id is NULL when
--- there is none) and whether any snapshot exists.
+-- holds it (no row). Returns the cursor and whether any snapshot exists.
+-- The model is NOT read here but by a later statement of the transaction: under READ
+-- COMMITTED a row locked after a concurrent commit is returned in its newest version, while
+-- rows joined from other tables stay as of the statement's snapshot, so a model read here
+-- could predate the cursor it came with (a rewind that committed meanwhile keeps the cursor
+-- position but changes the model).
 SELECT c.last_event_id,
        c.version,
        c.events_since_snapshot,
        c.attempts,
        c.stream_lock_instance_id,
        COALESCE(c.stream_lock_expiry > clock_timestamp(), false)::bool AS lock_live,
-       m.model,
-       m.last_event_id AS model_event_id,
        EXISTS (
            SELECT 1 FROM wh_perspective_snapshots s
            WHERE s.stream_id = c.stream_id AND s.perspective_name = c.perspective_name
        )::bool AS has_snapshot
 FROM wh_perspective_cursors c
-LEFT JOIN wh_perspective_models m
-       ON m.stream_id = c.stream_id AND m.perspective_name = c.perspective_name
 WHERE c.stream_id = @stream_id AND c.perspective_name = @perspective_name
 FOR UPDATE OF c SKIP LOCKED;
 

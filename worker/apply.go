@@ -61,10 +61,16 @@ func (w *Worker) applyNormal(ctx context.Context, k pairKey, persp Perspective) 
 				res.needsBootstrap = true
 				return nil
 			}
-			if cur.ModelEventID != cur.LastEventID {
-				return fmt.Errorf("model is at event %s but the cursor is at %s", cur.ModelEventID.UUID, cur.LastEventID.UUID)
+			// Read after the row lock, in a statement of its own (see PairLockForApply):
+			// no other writer can change the model while this transaction holds the row.
+			m, err := q.ModelGet(ctx, db.ModelGetParams{StreamID: k.Stream, PerspectiveName: k.Perspective})
+			if err != nil {
+				return fmt.Errorf("load model: %w", err)
 			}
-			model = json.RawMessage(cur.Model)
+			if m.LastEventID != cur.LastEventID.UUID {
+				return fmt.Errorf("model is at event %s but the cursor is at %s", m.LastEventID, cur.LastEventID.UUID)
+			}
+			model = json.RawMessage(m.Model)
 		}
 
 		counter := int(cur.EventsSinceSnapshot)
@@ -126,9 +132,9 @@ func (w *Worker) applyNormal(ctx context.Context, k pairKey, persp Perspective) 
 
 var errBusy = errors.New("pair is being applied by another transaction")
 
-// lockPairNoWait locks k's cursor row in the current transaction and reads its model,
-// creating the row when missing (Append creates it, but a registration's backlog does
-// not). errBusy means another transaction holds it.
+// lockPairNoWait locks k's cursor row in the current transaction, creating it when missing
+// (Append creates it; a registration's backlog does too, but a pair may predate both).
+// errBusy means another transaction holds it.
 func (w *Worker) lockPairNoWait(ctx context.Context, q db.Querier, k pairKey) (db.PairLockForApplyRow, error) {
 	params := db.PairLockForApplyParams{StreamID: k.Stream, PerspectiveName: k.Perspective}
 	cur, err := q.PairLockForApply(ctx, params)

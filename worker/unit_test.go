@@ -463,9 +463,6 @@ func (f *utFake) wireStore() {
 			Attempts: r.Attempts, StreamLockInstanceID: r.StreamLockInstanceID, LockLive: r.LockLive,
 			HasSnapshot: len(p.snaps) > 0,
 		}
-		if p.model != nil {
-			row.Model, row.ModelEventID = slices.Clone(p.model.Model), uuid.NullUUID{UUID: p.model.LastEventID, Valid: true}
-		}
 		return row, nil
 	}
 	s.PairApplyCommitFunc = func(ctx context.Context, a db.PairApplyCommitParams) (int64, error) {
