@@ -133,7 +133,7 @@ func (w *Worker) applyNormal(ctx context.Context, k pairKey, persp Perspective) 
 var errBusy = errors.New("pair is being applied by another transaction")
 
 // lockPairNoWait locks k's cursor row in the current transaction, creating it when missing
-// (Append creates it; a registration's backlog does too, but a pair may predate both).
+// (Append and registration create it; this covers a row removed by hand).
 // errBusy means another transaction holds it.
 func (w *Worker) lockPairNoWait(ctx context.Context, q db.Querier, k pairKey) (db.PairLockForApplyRow, error) {
 	params := db.PairLockForApplyParams{StreamID: k.Stream, PerspectiveName: k.Perspective}
