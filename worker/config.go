@@ -48,7 +48,7 @@ type Config struct {
 	InstanceID   uuid.UUID      // zero: a new UUIDv7
 	Perspectives []Perspective  // required, unique non-empty names
 	Locker       locker.Locker  // nil: no cross-instance stream locks (the in-process coordinator still serializes)
-	LockOptions  locker.Options // zero fields: defaults (30s, 10s); validated
+	LockOptions  locker.Options // zero: the locker's own options (locker.Postgres), else defaults (30s, 10s); validated
 	Snapshots    SnapshotOptions
 	PollInterval time.Duration // default 1s; how often the queue is polled when idle
 	BatchSize    int           // default 100, at most 10000: queued rows considered per poll and applied per transaction
@@ -103,6 +103,18 @@ func (cfg Config) resolve() (Config, error) {
 	}
 	if err := cfg.LockOptions.Validate(); err != nil {
 		return cfg, fmt.Errorf("worker: %w: LockOptions: %w", ErrInvalidConfig, err)
+	}
+	// The keepalive must renew within the lease the locker grants: with a locker that
+	// reports its options, take them, and refuse different ones.
+	if o, ok := cfg.Locker.(interface{ Options() locker.Options }); ok {
+		lo := o.Options().WithDefaults()
+		switch {
+		case cfg.LockOptions == (locker.Options{}):
+			cfg.LockOptions = lo
+		case cfg.LockOptions.WithDefaults() != lo:
+			return cfg, invalid("LockOptions (LockTimeout %s, KeepAliveInterval %s) differ from the locker's (LockTimeout %s, KeepAliveInterval %s): leave LockOptions zero to use the locker's",
+				cfg.LockOptions.WithDefaults().LockTimeout, cfg.LockOptions.WithDefaults().KeepAliveInterval, lo.LockTimeout, lo.KeepAliveInterval)
+		}
 	}
 	cfg.LockOptions = cfg.LockOptions.WithDefaults()
 	if cfg.Snapshots.EveryNEvents < 0 {

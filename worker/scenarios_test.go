@@ -333,6 +333,7 @@ func TestNewValidatesConfig(t *testing.T) {
 		{"negative poll", worker.Config{Perspectives: []worker.Perspective{p}, PollInterval: -time.Second}, "PollInterval must not be negative, got -1s", worker.ErrInvalidConfig},
 		{"negative snapshots", worker.Config{Perspectives: []worker.Perspective{p}, Snapshots: worker.SnapshotOptions{EveryNEvents: -1}}, "Snapshots.EveryNEvents", worker.ErrInvalidConfig},
 		{"negative retention", worker.Config{Perspectives: []worker.Perspective{p}, Snapshots: worker.SnapshotOptions{MaxPerStream: -2}}, "Snapshots.MaxPerStream", worker.ErrInvalidConfig},
+		{"lock options differ from the locker's", worker.Config{Perspectives: []worker.Perspective{p}, Locker: newLocker(t, locker.Options{LockTimeout: 5 * time.Second, KeepAliveInterval: time.Second}), LockOptions: locker.Options{LockTimeout: 30 * time.Second}}, "LockOptions (LockTimeout 30s, KeepAliveInterval 10s) differ from the locker's (LockTimeout 5s, KeepAliveInterval 1s)", worker.ErrInvalidConfig},
 		{"negative concurrency", worker.Config{Perspectives: []worker.Perspective{p}, Concurrency: -1}, "Concurrency must be between 1 and 64, got -1", worker.ErrInvalidConfig},
 		{"huge concurrency", worker.Config{Perspectives: []worker.Perspective{p}, Concurrency: 65}, "Concurrency must be between 1 and 64, got 65", worker.ErrInvalidConfig},
 		{"backoff order", worker.Config{Perspectives: []worker.Perspective{p}, RetryBackoff: time.Minute, MaxRetryBackoff: time.Second}, "MaxRetryBackoff (1s) must not be less than RetryBackoff (1m0s)", worker.ErrInvalidConfig},
