@@ -8,7 +8,7 @@ export DATABASE_URL
 SQLC        := cd tools && go tool sqlc -f ../sqlc.yaml
 STATICCHECK := go tool -modfile=tools/go.mod staticcheck
 
-.PHONY: help generate verify test test-long bench demo db
+.PHONY: help generate verify test test-long bench demo db reliability
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-10s %s\n", $$1, $$2}'
@@ -33,7 +33,11 @@ test: db ## run every test against PostgreSQL, with the race detector
 	go test -race -count=1 ./...
 
 bench: db ## run the benchmarks (see BENCHMARKS.md)
-	go test -run '^$$' -bench . -benchtime 2s -count 1 ./...
+	@echo "load average before (1, 5, 15 min): $$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)"
+	set -o pipefail; go test -run '^$$' -bench "$${BENCH:-.}" -benchtime 1x -count "$${BENCH_COUNT:-3}" -p 1 -timeout 30m ./... 2>&1 | go run ./bench
 
 demo: db ## run the demo: several workers, late events, a killed instance, a consistency check
 	go run ./cmd/perspectives demo
+
+reliability: db ## the reliability suite with a 2-minute randomized model check (RELIABILITY_SEED=N replays a schedule)
+	RELIABILITY_BUDGET=$${RELIABILITY_BUDGET:-2m} go test -race -count=1 -timeout 30m -v -run 'Reliab' ./worker/

@@ -1,15 +1,27 @@
 package worker_test
 
+// Worker throughput (issue 7, item 2): events applied per second by one instance draining a
+// backlog of 1,000 streams × 50 events, against a hand-written baseline that performs the
+// same reads and writes with as few batched statements as it can, measured in the same run
+// and interleaved (every round runs every variant once, in a rotating order, each from the
+// same restored backlog).
+
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/perspectives-go/perspectives/db"
 	"github.com/perspectives-go/perspectives/worker"
 )
 
@@ -32,37 +44,6 @@ func appendBacklog(b testing.TB, ctx context.Context, streams, perStream int) {
 	}
 }
 
-// BenchmarkWorkerDrain measures events applied per second by one instance draining a
-// backlog of 1000 streams × 50 events.
-func BenchmarkWorkerDrain(b *testing.B) {
-	ctx := context.Background()
-	const streams, perStream = 1000, 50
-	b.StopTimer()
-	for range b.N {
-		testDB.Truncate(ctx, b)
-		name := uniqueName("drain")
-		appendBacklog(b, ctx, streams, perStream)
-		w, err := worker.New(testDB.Pool, worker.Config{Perspectives: []worker.Perspective{sumPerspective(name)}, Logger: quietLogger(), PollInterval: 5 * time.Millisecond})
-		require.NoError(b, err)
-		b.StartTimer()
-		start := time.Now()
-		require.NoError(b, w.Start(ctx))
-		q := db.New(testDB.Pool)
-		for {
-			n, err := q.QueueCount(ctx)
-			require.NoError(b, err)
-			if n == 0 {
-				break
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-		el := time.Since(start)
-		b.StopTimer()
-		require.NoError(b, w.Stop(ctx))
-		b.ReportMetric(float64(streams*perStream)/el.Seconds(), "events/s")
-	}
-}
-
 type sumModel struct {
 	Count int `json:"c"`
 	Sum   int `json:"s"`
@@ -79,4 +60,320 @@ func sumPerspective(name string) worker.Perspective {
 		m.Sum += a.N
 		return m, nil
 	})
+}
+
+const (
+	drainStreams   = 1000
+	drainPerStream = 50
+	drainEvents    = drainStreams * drainPerStream
+	drainName      = "bench_drain"
+)
+
+// drainVariant is one way of draining the backlog.
+type drainVariant struct {
+	name string // metric prefix
+	cfg  worker.Config
+	base bool // the hand-written baseline instead of the worker
+}
+
+var drainVariants = []drainVariant{
+	{name: "worker", cfg: worker.Config{}}, // defaults: Concurrency 4, BatchSize 100
+	{name: "baseline", base: true},
+	{name: "c1", cfg: worker.Config{Concurrency: 1}},
+	{name: "c2", cfg: worker.Config{Concurrency: 2}},
+	{name: "c8", cfg: worker.Config{Concurrency: 8}},
+	{name: "b1000", cfg: worker.Config{BatchSize: 1000}},
+}
+
+var drainRound int
+
+// BenchmarkWorkerDrain measures events applied per second by one instance draining a
+// backlog of 1000 streams × 50 events (queue rows and cursor rows in place, perspective
+// registered; the worker only drains), for the default configuration, Concurrency 1, 2 and
+// 8, BatchSize 1000, and the hand-written baseline. Each iteration is one round of every
+// variant; the figures are events/s per variant and worker/baseline, and where the time
+// goes: statements and commits per stream, streams per claim (QueueDueRows), statements in
+// flight on average (time inside statements / wall time), and the CPU cores used by the
+// server processes of the test database and by this process.
+//
+// PERSPECTIVES_BENCH_DRAIN=worker,baseline runs only the variants named (for profiling);
+// PERSPECTIVES_BENCH_VERBOSE=1 logs every variant's statements (count and time by name).
+func BenchmarkWorkerDrain(b *testing.B) {
+	ctx := context.Background()
+	b.StopTimer() // only the drains are timed
+	if benchClaim(b, "drain") {
+		drainSetup(b, ctx)
+	}
+	variants := drainVariants
+	if only := os.Getenv("PERSPECTIVES_BENCH_DRAIN"); only != "" {
+		variants = slices.DeleteFunc(slices.Clone(variants), func(v drainVariant) bool {
+			return !slices.Contains(strings.Split(only, ","), v.name)
+		})
+	}
+	verbose := os.Getenv("PERSPECTIVES_BENCH_VERBOSE") != ""
+	tracer := newStmtTracer()
+	pool := benchPool(b, tracer)
+	fig := map[string]map[string][]float64{} // variant -> figure -> one value per round
+	add := func(v, k string, x float64) {
+		if fig[v] == nil {
+			fig[v] = map[string][]float64{}
+		}
+		fig[v][k] = append(fig[v][k], x)
+	}
+	for range b.N {
+		for j := range variants {
+			v := variants[(drainRound+j)%len(variants)]
+			drainReset(b, ctx)
+			tracer.take()
+			cpu := startCPU(b)
+			var el time.Duration
+			if v.base {
+				el = drainBaseline(b, ctx, pool)
+			} else {
+				el = drainWorker(b, ctx, pool, v.cfg)
+			}
+			pgCPU, goCPU := cpu.stop(b)
+			st := tracer.take()
+			n, busy := stmtTotal(st)
+			add(v.name, "events/s", drainEvents/el.Seconds())
+			add(v.name, "stmts/stream", float64(n)/drainStreams)
+			add(v.name, "commits/stream", float64(st["COMMIT"].n)/drainStreams)
+			add(v.name, "inflight", busy.Seconds()/el.Seconds())
+			add(v.name, "pg-cores", pgCPU/el.Seconds())
+			add(v.name, "go-cores", goCPU/el.Seconds())
+			if c := st["QueueDueRows"].n; c > 0 {
+				add(v.name, "streams/claim", float64(drainStreams)/float64(c))
+			}
+			if verbose {
+				fmt.Fprintf(os.Stderr, "%s: %.0f events/s in %s; server CPU %.2f cores, Go CPU %.2f cores, %.2f statements in flight; statements:\n%s",
+					v.name, drainEvents/el.Seconds(), el, pgCPU/el.Seconds(), goCPU/el.Seconds(), busy.Seconds()/el.Seconds(), stmtReport(st))
+			}
+		}
+		drainRound++
+	}
+	for _, v := range variants {
+		b.ReportMetric(medianOf(fig[v.name]["events/s"]), v.name+"-events/s")
+	}
+	// Where the time goes, for the default configuration, BatchSize 1000 and the baseline.
+	for _, name := range []string{"worker", "b1000", "baseline"} {
+		for _, k := range []string{"stmts/stream", "commits/stream", "streams/claim", "inflight", "pg-cores", "go-cores"} {
+			if xs := fig[name][k]; len(xs) > 0 {
+				b.ReportMetric(medianOf(xs), name+"-"+k)
+			}
+		}
+	}
+	if len(fig["worker"]) > 0 && len(fig["baseline"]) > 0 {
+		b.ReportMetric(medianOf(fig["worker"]["events/s"])/medianOf(fig["baseline"]["events/s"]), "worker/baseline")
+	}
+}
+
+// drainSetup registers the perspective, appends the backlog (which enqueues it and creates
+// the cursor rows) and saves the queue and cursor tables, to restore before every drain.
+func drainSetup(b *testing.B, ctx context.Context) {
+	w := benchStart(b, worker.Config{Perspectives: []worker.Perspective{sumPerspective(drainName)}})
+	benchStop(b, w) // registered, nothing to apply
+	appendBacklog(b, ctx, drainStreams, drainPerStream)
+	for _, sql := range []string{
+		`DROP TABLE IF EXISTS bench_drain_queue, bench_drain_cursors`,
+		`CREATE TABLE bench_drain_queue AS SELECT * FROM wh_perspective_events`,
+		`CREATE TABLE bench_drain_cursors AS SELECT * FROM wh_perspective_cursors`,
+	} {
+		_, err := testDB.Pool.Exec(ctx, sql)
+		require.NoError(b, err)
+	}
+}
+
+// drainReset restores the undrained backlog, with fresh tables and statistics (autovacuum
+// is off on the test cluster: without this every drain would see the previous one's dead
+// rows).
+func drainReset(b *testing.B, ctx context.Context) {
+	for _, sql := range []string{
+		`TRUNCATE wh_perspective_events, wh_perspective_cursors, wh_perspective_models, wh_perspective_snapshots`,
+		`INSERT INTO wh_perspective_events SELECT * FROM bench_drain_queue`,
+		`INSERT INTO wh_perspective_cursors SELECT * FROM bench_drain_cursors`,
+		`VACUUM (ANALYZE) wh_perspective_events, wh_perspective_cursors, wh_perspective_models, wh_perspective_snapshots, wh_event_store`,
+		`CHECKPOINT`,
+	} {
+		_, err := testDB.Pool.Exec(ctx, sql)
+		require.NoError(b, err)
+	}
+}
+
+// drainWorker starts one worker and returns the time until it has applied every event
+// (its events.applied counter, which counts committed applications).
+func drainWorker(b *testing.B, ctx context.Context, pool *pgxpool.Pool, cfg worker.Config) time.Duration {
+	m := newBenchMetrics()
+	cfg.Perspectives = []worker.Perspective{sumPerspective(drainName)}
+	cfg.MeterProvider = m.mp
+	cfg.PollInterval = 10 * time.Millisecond
+	cfg.Logger = quietLogger()
+	w, err := worker.New(pool, cfg)
+	require.NoError(b, err)
+	b.StartTimer()
+	start := time.Now()
+	require.NoError(b, w.Start(ctx))
+	benchWait(b, 5*time.Minute, 2*time.Millisecond, "the drain", func() bool {
+		return m.counter(b, "perspectives.events.applied") >= drainEvents
+	})
+	el := time.Since(start)
+	b.StopTimer()
+	benchStop(b, w)
+	var left int
+	require.NoError(b, testDB.Pool.QueryRow(ctx, `SELECT count(*) FROM wh_perspective_events`).Scan(&left))
+	require.Zero(b, left, "queue rows left after the drain")
+	return el
+}
+
+// The baseline: per chunk of pairs, one transaction of two statements: claim the pairs
+// (cursor rows FOR UPDATE) and read their queued events with data and current model; fold
+// in Go with the same perspective; then write every model, advance every cursor and delete
+// every applied queue row in one statement. Two goroutines (two cores) drain concurrently,
+// each its own half of the pairs (a hash partition), so that no statement's snapshot can
+// see queue rows another transaction has just applied.
+const (
+	drainBaselineChunk = 100 // pairs per transaction
+	drainBaselineConc  = 2
+
+	baselineRead = `-- name: BaselineRead
+WITH hints AS (
+    -- For the write that follows in this transaction: 5000 single-row index probes, not a
+    -- hash join over the whole queue (its generic plan) or a two-array index scan.
+    SELECT set_config('enable_hashjoin', 'off', true), set_config('enable_mergejoin', 'off', true)
+), pairs AS (
+    SELECT c.stream_id
+    FROM wh_perspective_cursors c
+    WHERE c.perspective_name = $1
+      AND abs(hashtext(c.stream_id::text)) % $3 = $4
+      AND EXISTS (SELECT 1 FROM wh_perspective_events q
+                  WHERE q.stream_id = c.stream_id AND q.perspective_name = c.perspective_name)
+    ORDER BY c.stream_id
+    LIMIT $2
+    FOR UPDATE
+)
+SELECT q.stream_id, q.event_id, e.event_type, e.data, e.created_at, m.model
+FROM hints, pairs p
+JOIN wh_perspective_events q ON q.stream_id = p.stream_id AND q.perspective_name = $1
+JOIN wh_event_store e ON e.event_id = q.event_id
+LEFT JOIN wh_perspective_models m ON m.stream_id = p.stream_id AND m.perspective_name = $1
+ORDER BY q.stream_id, q.event_id`
+
+	baselineWrite = `-- name: BaselineWrite
+WITH input AS (
+    SELECT * FROM unnest($2::uuid[], $3::text[], $4::uuid[], $5::int[])
+        AS i(stream_id, model, last_event_id, since_snapshot)
+), models AS (
+    INSERT INTO wh_perspective_models (stream_id, perspective_name, model, last_event_id)
+    SELECT stream_id, $1, model::jsonb, last_event_id FROM input
+    ON CONFLICT (stream_id, perspective_name) DO UPDATE
+    SET model = EXCLUDED.model, last_event_id = EXCLUDED.last_event_id, updated_at = now()
+), cursors AS (
+    UPDATE wh_perspective_cursors c
+    SET last_event_id = i.last_event_id, version = c.version + 1,
+        events_since_snapshot = i.since_snapshot, status = 'ok', last_error = NULL,
+        attempts = 0, next_attempt_at = NULL, updated_at = now()
+    FROM input i
+    WHERE c.stream_id = i.stream_id AND c.perspective_name = $1
+)
+DELETE FROM wh_perspective_events q
+USING unnest($6::uuid[], $7::uuid[]) AS d(stream_id, event_id)
+WHERE q.stream_id = d.stream_id AND q.perspective_name = $1 AND q.event_id = d.event_id`
+)
+
+func drainBaseline(b *testing.B, ctx context.Context, pool *pgxpool.Pool) time.Duration {
+	persp := sumPerspective(drainName)
+	b.StartTimer()
+	start := time.Now()
+	var wg sync.WaitGroup
+	errs := make(chan error, drainBaselineConc)
+	for part := range drainBaselineConc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				n, err := baselineChunk(ctx, pool, persp, part)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if n == 0 {
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	el := time.Since(start)
+	b.StopTimer()
+	close(errs)
+	for err := range errs {
+		require.NoError(b, err)
+	}
+	var left int
+	require.NoError(b, testDB.Pool.QueryRow(ctx, `SELECT count(*) FROM wh_perspective_events`).Scan(&left))
+	require.Zero(b, left, "queue rows left after the baseline drain")
+	return el
+}
+
+// baselineChunk drains one chunk of pairs and returns how many events it applied.
+func baselineChunk(ctx context.Context, pool *pgxpool.Pool, persp worker.Perspective, part int) (int, error) {
+	applied := 0
+	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, baselineRead, drainName, drainBaselineChunk, drainBaselineConc, part)
+		if err != nil {
+			return err
+		}
+		var (
+			streams, lasts, delStreams, delEvents []uuid.UUID
+			models                                []string
+			since                                 []int32
+			model                                 json.RawMessage
+			cur                                   uuid.UUID
+			count                                 int32
+		)
+		flush := func() {
+			if cur != uuid.Nil {
+				streams, models, since = append(streams, cur), append(models, string(model)), append(since, count)
+				lasts = append(lasts, delEvents[len(delEvents)-1])
+			}
+		}
+		for rows.Next() {
+			var (
+				stream, id uuid.UUID
+				typ        string
+				data, mdl  []byte
+				created    time.Time
+			)
+			if err := rows.Scan(&stream, &id, &typ, &data, &created, &mdl); err != nil {
+				return err
+			}
+			if stream != cur {
+				flush()
+				cur, model, count = stream, json.RawMessage(mdl), 0
+			}
+			next, err := persp.Apply(ctx, model, worker.Event{ID: id, StreamID: stream, Type: typ, Data: data, CreatedAt: created})
+			if err != nil {
+				return err
+			}
+			model = next
+			count++
+			delStreams, delEvents = append(delStreams, stream), append(delEvents, id)
+		}
+		if err := rows.Err(); err != nil {
+			return err
+		}
+		flush()
+		if len(streams) == 0 {
+			return nil
+		}
+		tag, err := tx.Exec(ctx, baselineWrite, drainName, streams, models, lasts, since, delStreams, delEvents)
+		if err != nil {
+			return err
+		}
+		if int(tag.RowsAffected()) != len(delEvents) {
+			return fmt.Errorf("baseline deleted %d queue rows for %d events", tag.RowsAffected(), len(delEvents))
+		}
+		applied = len(delEvents)
+		return nil
+	})
+	return applied, err
 }
