@@ -61,8 +61,8 @@ type Querier interface {
 	QueueCountFor(ctx context.Context, arg QueueCountForParams) (int64, error)
 	// Queue depth per perspective, and the age of its oldest row on the database clock.
 	QueueDepth(ctx context.Context) ([]QueueDepthRow, error)
-	// The oldest due queue rows of the perspectives this instance runs, skipping pairs that
-	// another instance has locked or that are backing off after a failure.
+	// The oldest due queue rows of the perspectives this instance runs, skipping pairs that it
+	// is working on, that another instance has locked, or that are backing off after a failure.
 	QueueDueRows(ctx context.Context, arg QueueDueRowsParams) ([]QueueDueRowsRow, error)
 	// Enqueues every stored event of one stream for one perspective (rebuild).
 	QueueEnqueueStream(ctx context.Context, arg QueueEnqueueStreamParams) (int64, error)

@@ -83,19 +83,22 @@ SELECT q.stream_id, q.perspective_name
 FROM wh_perspective_events q
 WHERE q.next_attempt_at <= now()
   AND q.perspective_name = ANY($1::text[])
+  -- pairs this instance is working on already, as 'stream_id/perspective_name'
+  AND (q.stream_id::text || '/' || q.perspective_name) <> ALL ($2::text[])
   AND NOT EXISTS (
       SELECT 1 FROM wh_perspective_cursors c
       WHERE c.stream_id = q.stream_id
         AND c.perspective_name = q.perspective_name
-        AND ((c.stream_lock_instance_id <> $2::uuid AND c.stream_lock_expiry > clock_timestamp())
+        AND ((c.stream_lock_instance_id <> $3::uuid AND c.stream_lock_expiry > clock_timestamp())
              OR c.next_attempt_at > now())
   )
 ORDER BY q.next_attempt_at, q.stream_id, q.perspective_name, q.event_id
-LIMIT $3
+LIMIT $4
 `
 
 type QueueDueRowsParams struct {
 	PerspectiveNames []string
+	BusyPairs        []string
 	InstanceID       uuid.UUID
 	RowLimit         int32
 }
@@ -105,10 +108,15 @@ type QueueDueRowsRow struct {
 	PerspectiveName string
 }
 
-// The oldest due queue rows of the perspectives this instance runs, skipping pairs that
-// another instance has locked or that are backing off after a failure.
+// The oldest due queue rows of the perspectives this instance runs, skipping pairs that it
+// is working on, that another instance has locked, or that are backing off after a failure.
 func (q *Queries) QueueDueRows(ctx context.Context, arg QueueDueRowsParams) ([]QueueDueRowsRow, error) {
-	rows, err := q.db.Query(ctx, queueDueRows, arg.PerspectiveNames, arg.InstanceID, arg.RowLimit)
+	rows, err := q.db.Query(ctx, queueDueRows,
+		arg.PerspectiveNames,
+		arg.BusyPairs,
+		arg.InstanceID,
+		arg.RowLimit,
+	)
 	if err != nil {
 		return nil, err
 	}

@@ -5,12 +5,14 @@
 SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true);
 
 -- name: QueueDueRows :many
--- The oldest due queue rows of the perspectives this instance runs, skipping pairs that
--- another instance has locked or that are backing off after a failure.
+-- The oldest due queue rows of the perspectives this instance runs, skipping pairs that it
+-- is working on, that another instance has locked, or that are backing off after a failure.
 SELECT q.stream_id, q.perspective_name
 FROM wh_perspective_events q
 WHERE q.next_attempt_at <= now()
   AND q.perspective_name = ANY(@perspective_names::text[])
+  -- pairs this instance is working on already, as 'stream_id/perspective_name'
+  AND (q.stream_id::text || '/' || q.perspective_name) <> ALL (@busy_pairs::text[])
   AND NOT EXISTS (
       SELECT 1 FROM wh_perspective_cursors c
       WHERE c.stream_id = q.stream_id

@@ -20,8 +20,6 @@ func (w *Worker) ProcessPair(ctx context.Context, stream uuid.UUID, perspective 
 	w.process(ctx, pairKey{Stream: stream, Perspective: perspective})
 }
 
-// Cycle runs one poll-and-process cycle.
-func (w *Worker) Cycle(ctx context.Context) bool { return w.cycle(ctx) }
 
 // HeldLocks is the number of stream locks the worker records as held.
 func (w *Worker) HeldLocks() int {

@@ -412,3 +412,31 @@ func TestAppendWakesIdleWorker(t *testing.T) {
 	require.NoError(t, worker.Append(ctx, testDB.Pool, more...))
 	require.Equal(t, expectedLedger(t, more), waitModel(t, ctx, name, other, 2))
 }
+
+// A long rewind occupies one of the instance's slots; other pairs go on meanwhile.
+func TestOtherStreamsProceedDuringLongRewind(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := uniqueName("isolation")
+	gated := newGated(name)
+	startWorker(t, worker.Config{Perspectives: []worker.Perspective{gated}, Locker: newLocker(t, locker.Options{})})
+
+	slow := uuid.New()
+	ids := newIDs(t, 4)
+	all := events(slow, ids)
+	require.NoError(t, worker.Append(ctx, testDB.Pool, all[1:]...))
+	waitModel(t, ctx, name, slow, 3)
+	entered, release := gated.arm(ids[2])
+	defer release()
+	require.NoError(t, worker.Append(ctx, testDB.Pool, all[0]))
+	<-entered // the rewind of slow is stuck mid-replay
+
+	for range 3 {
+		other := uuid.New()
+		evs := events(other, newIDs(t, 5))
+		require.NoError(t, worker.Append(ctx, testDB.Pool, evs...))
+		require.Equal(t, expectedLedger(t, evs), waitModel(t, ctx, name, other, 5), "applied while the rewind is stuck")
+	}
+	release()
+	require.Equal(t, expectedLedger(t, all), waitModel(t, ctx, name, slow, 4))
+}

@@ -43,6 +43,11 @@ type Worker struct {
 	contendedMu sync.Mutex
 	contended   map[pairKey]time.Time // first refused acquire of a pair still contended
 
+	slots      chan struct{}   // one token per pair being processed (Concurrency)
+	inflightMu sync.Mutex
+	inflight   map[pairKey]bool // pairs being processed now: not claimed again meanwhile
+	jobs       sync.WaitGroup   // the goroutines processing pairs
+
 	mu      sync.Mutex
 	started bool
 	stopped bool
@@ -79,10 +84,12 @@ func newWorker(store Store, cfg Config) (*Worker, error) {
 		held:   make(map[pairKey]struct{}),
 
 		contended: make(map[pairKey]time.Time),
+		inflight:  make(map[pairKey]bool),
 	}
 	if w.tel, err = newTelemetry(cfg.MeterProvider, cfg.TracerProvider); err != nil {
 		return nil, err
 	}
+	w.slots = make(chan struct{}, cfg.Concurrency)
 	for _, p := range cfg.Perspectives {
 		w.persp[p.Name()] = p
 		w.names = append(w.names, p.Name())
@@ -191,7 +198,10 @@ func (w *Worker) Notify() {
 	}
 }
 
+// loop polls when woken (a notification, a finished pair) or every PollInterval, and
+// dispatches due pairs to the free slots.
 func (w *Worker) loop(ctx context.Context) {
+	defer w.jobs.Wait() // the pairs in flight end with ctx
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	for {
@@ -201,8 +211,7 @@ func (w *Worker) loop(ctx context.Context) {
 		case <-timer.C:
 		case <-w.wake:
 		}
-		busy := w.cycle(ctx)
-		if busy {
+		if w.dispatch(ctx) {
 			timer.Reset(0)
 		} else {
 			timer.Reset(w.cfg.PollInterval)
@@ -235,9 +244,14 @@ func (w *Worker) listen(ctx context.Context) {
 	}
 }
 
-// cycle polls the queue once and processes every due pair, up to Concurrency at a time.
-// It reports whether the poll was full (more work is likely waiting).
-func (w *Worker) cycle(ctx context.Context) bool {
+// dispatch polls the queue once, skipping the pairs in flight, and starts processing each
+// due pair in a free slot (Concurrency). It never waits for a pair to finish, so one long
+// rewind occupies one slot while the other slots go on; a finishing pair wakes the loop to
+// poll again. It reports whether to poll again at once (the poll was full and slots are free).
+func (w *Worker) dispatch(ctx context.Context) bool {
+	if len(w.slots) == cap(w.slots) {
+		return false
+	}
 	pairs, rows, err := w.claim(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
@@ -245,24 +259,40 @@ func (w *Worker) cycle(ctx context.Context) bool {
 		}
 		return false
 	}
-	sem := make(chan struct{}, w.cfg.Concurrency)
-	var wg sync.WaitGroup
 	for _, k := range pairs {
 		select {
-		case sem <- struct{}{}:
-		case <-ctx.Done():
+		case w.slots <- struct{}{}:
+		default:
+			return false // no free slot: the rest is claimed again when one frees
 		}
-		if ctx.Err() != nil {
-			break
-		}
-		wg.Add(1)
+		w.inflightMu.Lock()
+		w.inflight[k] = true
+		w.inflightMu.Unlock()
+		w.jobs.Add(1)
 		go func() {
-			defer func() { <-sem; wg.Done() }()
+			defer func() {
+				w.inflightMu.Lock()
+				delete(w.inflight, k)
+				w.inflightMu.Unlock()
+				<-w.slots
+				w.jobs.Done()
+				w.Notify()
+			}()
 			w.process(ctx, k)
 		}()
 	}
-	wg.Wait()
-	return ctx.Err() == nil && rows >= w.cfg.BatchSize
+	return rows >= w.cfg.BatchSize && len(w.slots) < cap(w.slots)
+}
+
+// busyPairs lists the pairs in flight as 'stream/perspective', for the claim to skip.
+func (w *Worker) busyPairs() []string {
+	w.inflightMu.Lock()
+	defer w.inflightMu.Unlock()
+	out := make([]string, 0, len(w.inflight))
+	for k := range w.inflight {
+		out = append(out, k.Stream.String()+"/"+k.Perspective)
+	}
+	return out
 }
 
 // claim reads up to BatchSize due queue rows, oldest first, and returns their distinct
@@ -277,6 +307,7 @@ func (w *Worker) claim(ctx context.Context) ([]pairKey, int, error) {
 		due, err = q.QueueDueRows(ctx, db.QueueDueRowsParams{
 			InstanceID:       w.cfg.InstanceID,
 			PerspectiveNames: w.names,
+			BusyPairs:        w.busyPairs(),
 			RowLimit:         int32(w.cfg.BatchSize),
 		})
 		return err
