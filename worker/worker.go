@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -47,6 +48,7 @@ type Worker struct {
 	inflightMu sync.Mutex
 	inflight   map[pairKey]bool // pairs being processed now: not claimed again meanwhile
 	jobs       sync.WaitGroup   // the goroutines processing pairs
+	backlog    atomic.Bool      // the last poll left due pairs unclaimed (full, or no free slot)
 
 	mu      sync.Mutex
 	started bool
@@ -246,11 +248,15 @@ func (w *Worker) listen(ctx context.Context) {
 
 // dispatch polls the queue once, skipping the pairs in flight, and starts processing each
 // due pair in a free slot (Concurrency). It never waits for a pair to finish, so one long
-// rewind occupies one slot while the other slots go on; a finishing pair wakes the loop to
-// poll again. It reports whether to poll again at once (the poll was full and slots are free).
+// rewind occupies one slot while the other slots go on; when the poll left work behind, a
+// finishing pair wakes the loop to poll again. It reports whether to poll again at once
+// (the poll was full and slots are free).
 func (w *Worker) dispatch(ctx context.Context) bool {
+	// Until the poll below says otherwise, a finishing pair must wake the loop: set before
+	// looking at the slots, so a slot freed in between is not missed.
+	w.backlog.Store(true)
 	if len(w.slots) == cap(w.slots) {
-		return false
+		return false // every slot busy: poll when one frees
 	}
 	pairs, rows, err := w.claim(ctx)
 	if err != nil {
@@ -259,10 +265,12 @@ func (w *Worker) dispatch(ctx context.Context) bool {
 		}
 		return false
 	}
+	w.backlog.Store(rows >= w.cfg.BatchSize)
 	for _, k := range pairs {
 		select {
 		case w.slots <- struct{}{}:
 		default:
+			w.backlog.Store(true)
 			return false // no free slot: the rest is claimed again when one frees
 		}
 		w.inflightMu.Lock()
@@ -276,7 +284,9 @@ func (w *Worker) dispatch(ctx context.Context) bool {
 				w.inflightMu.Unlock()
 				<-w.slots
 				w.jobs.Done()
-				w.Notify()
+				if w.backlog.Load() {
+					w.Notify() // a slot is free for what the last poll left behind
+				}
 			}()
 			w.process(ctx, k)
 		}()
