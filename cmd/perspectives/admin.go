@@ -16,11 +16,7 @@ import (
 )
 
 func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs, dbURL := flags("migrate", "migrate [--database-url URL]", stderr)
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	pool, err := connect(ctx, *dbURL)
+	pool, err := parseAndConnect(ctx, "migrate", args, stderr)
 	if err != nil {
 		return err
 	}
@@ -33,11 +29,7 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 }
 
 func runLocks(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs, dbURL := flags("locks", "locks [--database-url URL]", stderr)
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	pool, err := connect(ctx, *dbURL)
+	pool, err := parseAndConnect(ctx, "locks", args, stderr)
 	if err != nil {
 		return err
 	}
@@ -63,11 +55,7 @@ func runLocks(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 }
 
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs, dbURL := flags("status", "status [--database-url URL]", stderr)
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	pool, err := connect(ctx, *dbURL)
+	pool, err := parseAndConnect(ctx, "status", args, stderr)
 	if err != nil {
 		return err
 	}

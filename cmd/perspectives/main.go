@@ -126,6 +126,16 @@ func parse(fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
+// parseAndConnect parses the flags of a command that takes only --database-url and
+// connects to its database.
+func parseAndConnect(ctx context.Context, name string, args []string, stderr io.Writer) (*pgxpool.Pool, error) {
+	fs, dbURL := flags(name, name+" [--database-url URL]", stderr)
+	if err := parse(fs, args); err != nil {
+		return nil, err
+	}
+	return connect(ctx, *dbURL)
+}
+
 // connect opens a pool and checks that the database answers.
 func connect(ctx context.Context, dbURL string) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(dbURL)
