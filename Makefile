@@ -8,7 +8,7 @@ export DATABASE_URL
 SQLC        := cd tools && go tool sqlc -f ../sqlc.yaml
 STATICCHECK := go tool -modfile=tools/go.mod staticcheck
 
-.PHONY: help generate verify test test-long bench demo db reliability
+.PHONY: help generate verify test bench demo db reliability
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-10s %s\n", $$1, $$2}'
