@@ -1,7 +1,6 @@
 package worker
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -19,8 +18,6 @@ type normalResult struct {
 	applied        int       // events applied and committed
 	rewindFrom     uuid.UUID // a queued event older than the cursor: rewind from it
 	needsBootstrap bool      // the pair has a model but no snapshot
-	busy           bool      // another transaction is applying the pair
-	lockedByOther  bool      // another instance holds the stream lock
 }
 
 // applyNormal applies the pair's queued events, in ID order, in one short transaction that
@@ -35,15 +32,13 @@ func (w *Worker) applyNormal(ctx context.Context, k pairKey, persp Perspective) 
 		res, applyErr = normalResult{}, nil
 		cur, err := w.lockPairNoWait(ctx, q, k)
 		if errors.Is(err, errBusy) {
-			res.busy = true
-			return nil
+			return nil // another transaction is applying the pair
 		}
 		if err != nil {
 			return err
 		}
 		if cur.StreamLockInstanceID.Valid && cur.LockLive && cur.StreamLockInstanceID.UUID != w.cfg.InstanceID {
-			res.lockedByOther = true
-			return nil
+			return nil // another instance holds the stream lock: its events stay queued
 		}
 		queued, err := q.QueueEventsForPair(ctx, db.QueueEventsForPairParams{
 			StreamID: k.Stream, PerspectiveName: k.Perspective, RowLimit: int32(w.cfg.BatchSize),
@@ -51,7 +46,7 @@ func (w *Worker) applyNormal(ctx context.Context, k pairKey, persp Perspective) 
 		if err != nil || len(queued) == 0 {
 			return err
 		}
-		if cur.LastEventID.Valid && bytes.Compare(queued[0].EventID[:], cur.LastEventID.UUID[:]) <= 0 {
+		if cur.LastEventID.Valid && !less(cur.LastEventID.UUID, queued[0].EventID) {
 			res.rewindFrom = queued[0].EventID
 			return nil
 		}

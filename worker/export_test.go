@@ -20,7 +20,6 @@ func (w *Worker) ProcessPair(ctx context.Context, stream uuid.UUID, perspective 
 	w.process(ctx, pairKey{Stream: stream, Perspective: perspective})
 }
 
-
 // HeldLocks is the number of stream locks the worker records as held.
 func (w *Worker) HeldLocks() int {
 	w.heldMu.Lock()

@@ -76,7 +76,7 @@ func purgePair(ctx context.Context, store Store, k pairKey, instance uuid.UUID, 
 		if err != nil {
 			return fmt.Errorf("lock cursor: %w", err)
 		}
-		if fenced && !(cur.StreamLockInstanceID.Valid && cur.StreamLockInstanceID.UUID == instance && cur.LockLive) {
+		if fenced && !holdsLock(cur, instance) {
 			return ErrLockLost
 		}
 		if _, err := q.ModelDelete(ctx, db.ModelDeleteParams{StreamID: k.Stream, PerspectiveName: k.Perspective}); err != nil {

@@ -181,7 +181,7 @@ func (w *Worker) runRewind(ctx context.Context, k pairKey, persp Perspective) (r
 		if err != nil {
 			return fmt.Errorf("lock cursor: %w", err)
 		}
-		if w.locker != nil && !(now.StreamLockInstanceID.Valid && now.StreamLockInstanceID.UUID == w.cfg.InstanceID && now.LockLive) {
+		if w.locker != nil && !holdsLock(now, w.cfg.InstanceID) {
 			return ErrLockLost
 		}
 		if now.Version != cur.Version {
@@ -206,4 +206,11 @@ func (w *Worker) runRewind(ctx context.Context, k pairKey, persp Perspective) (r
 	return st, nil
 }
 
+// less orders event IDs as PostgreSQL orders uuid values (byte-wise).
 func less(a, b uuid.UUID) bool { return bytes.Compare(a[:], b[:]) < 0 }
+
+// holdsLock is the fencing check: instance holds an unexpired stream lock on the locked
+// cursor row (expiry judged by the database clock when the row was read).
+func holdsLock(cur db.CursorLockRow, instance uuid.UUID) bool {
+	return cur.StreamLockInstanceID.Valid && cur.StreamLockInstanceID.UUID == instance && cur.LockLive
+}

@@ -44,7 +44,7 @@ type Worker struct {
 	contendedMu sync.Mutex
 	contended   map[pairKey]time.Time // first refused acquire of a pair still contended
 
-	slots      chan struct{}   // one token per pair being processed (Concurrency)
+	slots      chan struct{} // one token per pair being processed (Concurrency)
 	inflightMu sync.Mutex
 	inflight   map[pairKey]bool // pairs being processed now: not claimed again meanwhile
 	jobs       sync.WaitGroup   // the goroutines processing pairs
