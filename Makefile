@@ -17,7 +17,9 @@ generate: ## regenerate db/ with sqlc and mocks/ with moq
 	$(SQLC) generate
 	go generate ./...
 
-verify: generate ## check generated code is current, go.mod tidy, go vet and staticcheck clean
+verify: generate ## check generated code is current, gofmt, go.mod tidy, go vet and staticcheck clean
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
+	  if [ -n "$$unformatted" ]; then echo "not gofmt-ed: $$unformatted"; exit 1; fi
 	git diff --exit-code -- db mocks
 	@untracked=$$(git ls-files --others --exclude-standard -- db mocks); \
 	  if [ -n "$$untracked" ]; then echo "untracked generated files: $$untracked"; exit 1; fi
