@@ -7,9 +7,94 @@ package db
 
 import (
 	"context"
+	"time"
 
 	"github.com/google/uuid"
 )
+
+const cursorsEnsure = `-- name: CursorsEnsure :many
+INSERT INTO wh_perspective_cursors (stream_id, perspective_name)
+SELECT unnest($1::uuid[]), unnest($2::text[])
+ON CONFLICT (stream_id, perspective_name) DO NOTHING
+RETURNING stream_id, perspective_name
+`
+
+type CursorsEnsureParams struct {
+	StreamIds        []uuid.UUID
+	PerspectiveNames []string
+}
+
+type CursorsEnsureRow struct {
+	StreamID        uuid.UUID
+	PerspectiveName string
+}
+
+// Creates the missing cursor rows of the given pairs and returns the pairs it created.
+// An existing row, even one locked by another transaction, is left alone without waiting.
+func (q *Queries) CursorsEnsure(ctx context.Context, arg CursorsEnsureParams) ([]CursorsEnsureRow, error) {
+	rows, err := q.db.Query(ctx, cursorsEnsure, arg.StreamIds, arg.PerspectiveNames)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []CursorsEnsureRow{}
+	for rows.Next() {
+		var i CursorsEnsureRow
+		if err := rows.Scan(&i.StreamID, &i.PerspectiveName); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const modelsGet = `-- name: ModelsGet :many
+SELECT m.stream_id, m.perspective_name, m.model, m.last_event_id
+FROM (SELECT unnest($1::uuid[]) AS stream_id, unnest($2::text[]) AS perspective_name) p
+JOIN wh_perspective_models m
+  ON m.stream_id = p.stream_id AND m.perspective_name = p.perspective_name
+`
+
+type ModelsGetParams struct {
+	StreamIds        []uuid.UUID
+	PerspectiveNames []string
+}
+
+type ModelsGetRow struct {
+	StreamID        uuid.UUID
+	PerspectiveName string
+	Model           []byte
+	LastEventID     uuid.UUID
+}
+
+// The models of the given pairs (pairs without a model have no row).
+func (q *Queries) ModelsGet(ctx context.Context, arg ModelsGetParams) ([]ModelsGetRow, error) {
+	rows, err := q.db.Query(ctx, modelsGet, arg.StreamIds, arg.PerspectiveNames)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []ModelsGetRow{}
+	for rows.Next() {
+		var i ModelsGetRow
+		if err := rows.Scan(
+			&i.StreamID,
+			&i.PerspectiveName,
+			&i.Model,
+			&i.LastEventID,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
 
 const pairApplyCommit = `-- name: PairApplyCommit :one
 WITH model AS (
@@ -120,4 +205,201 @@ func (q *Queries) PairLockForApply(ctx context.Context, arg PairLockForApplyPara
 		&i.HasSnapshot,
 	)
 	return i, err
+}
+
+const pairsApplyCommit = `-- name: PairsApplyCommit :one
+WITH input AS (
+    SELECT unnest($1::uuid[]) AS stream_id,
+           unnest($2::text[]) AS perspective_name,
+           unnest($3::jsonb[]) AS model,
+           unnest($4::uuid[]) AS last_event_id,
+           unnest($5::int[]) AS since_snapshot
+), model AS (
+    INSERT INTO wh_perspective_models (stream_id, perspective_name, model, last_event_id)
+    SELECT i.stream_id, i.perspective_name, i.model, i.last_event_id FROM input i
+    ON CONFLICT (stream_id, perspective_name) DO UPDATE
+    SET model = EXCLUDED.model,
+        last_event_id = EXCLUDED.last_event_id,
+        updated_at = now()
+), cursor_rows AS (
+    UPDATE wh_perspective_cursors c
+    SET last_event_id = i.last_event_id,
+        version = c.version + 1,
+        events_since_snapshot = i.since_snapshot,
+        status = 'ok',
+        last_error = NULL,
+        attempts = 0,
+        next_attempt_at = NULL,
+        updated_at = now()
+    FROM input i
+    WHERE c.stream_id = i.stream_id AND c.perspective_name = i.perspective_name
+), applied AS (
+    DELETE FROM wh_perspective_events q
+    USING (
+        SELECT unnest($6::uuid[]) AS stream_id,
+               unnest($7::text[]) AS perspective_name,
+               unnest($8::uuid[]) AS event_id
+    ) d
+    WHERE q.stream_id = d.stream_id
+      AND q.perspective_name = d.perspective_name
+      AND q.event_id = d.event_id
+    RETURNING 1
+)
+SELECT count(*)::bigint AS deleted FROM applied
+`
+
+type PairsApplyCommitParams struct {
+	StreamIds               []uuid.UUID
+	PerspectiveNames        []string
+	Models                  [][]byte
+	LastEventIds            []uuid.UUID
+	EventsSinceSnapshot     []int32
+	AppliedStreamIds        []uuid.UUID
+	AppliedPerspectiveNames []string
+	AppliedEventIds         []uuid.UUID
+}
+
+// PairApplyCommit for many pairs: pair i's model is models[i] at last_event_ids[i] with
+// events_since_snapshot[i]; the applied queue rows are given as three parallel arrays
+// (applied_stream_ids, applied_perspective_names, applied_event_ids). Returns how many queue
+// rows were deleted.
+func (q *Queries) PairsApplyCommit(ctx context.Context, arg PairsApplyCommitParams) (int64, error) {
+	row := q.db.QueryRow(ctx, pairsApplyCommit,
+		arg.StreamIds,
+		arg.PerspectiveNames,
+		arg.Models,
+		arg.LastEventIds,
+		arg.EventsSinceSnapshot,
+		arg.AppliedStreamIds,
+		arg.AppliedPerspectiveNames,
+		arg.AppliedEventIds,
+	)
+	var deleted int64
+	err := row.Scan(&deleted)
+	return deleted, err
+}
+
+const pairsLockForApply = `-- name: PairsLockForApply :many
+
+SELECT c.stream_id,
+       c.perspective_name,
+       c.last_event_id,
+       c.events_since_snapshot,
+       c.stream_lock_instance_id,
+       COALESCE(c.stream_lock_expiry > clock_timestamp(), false)::bool AS lock_live,
+       EXISTS (
+           SELECT 1 FROM wh_perspective_snapshots s
+           WHERE s.stream_id = c.stream_id AND s.perspective_name = c.perspective_name
+       )::bool AS has_snapshot
+FROM (SELECT unnest($1::uuid[]) AS stream_id, unnest($2::text[]) AS perspective_name) p
+JOIN wh_perspective_cursors c
+  ON c.stream_id = p.stream_id AND c.perspective_name = p.perspective_name
+FOR UPDATE OF c SKIP LOCKED
+`
+
+type PairsLockForApplyParams struct {
+	StreamIds        []uuid.UUID
+	PerspectiveNames []string
+}
+
+type PairsLockForApplyRow struct {
+	StreamID             uuid.UUID
+	PerspectiveName      string
+	LastEventID          uuid.NullUUID
+	EventsSinceSnapshot  int32
+	StreamLockInstanceID uuid.NullUUID
+	LockLive             bool
+	HasSnapshot          bool
+}
+
+// The group path: the same statements for many pairs at once, so that one transaction of a
+// handful of round trips applies a whole group (Config.GroupSize pairs). The pairs are
+// passed as two parallel arrays, stream_ids[i] with perspective_names[i].
+// Locks the cursor rows of the given pairs, skipping those another transaction holds (and
+// those without a cursor row: see CursorsEnsure). Returns each locked cursor and whether
+// the pair has any snapshot. As with PairLockForApply, models are read by a later
+// statement.
+func (q *Queries) PairsLockForApply(ctx context.Context, arg PairsLockForApplyParams) ([]PairsLockForApplyRow, error) {
+	rows, err := q.db.Query(ctx, pairsLockForApply, arg.StreamIds, arg.PerspectiveNames)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []PairsLockForApplyRow{}
+	for rows.Next() {
+		var i PairsLockForApplyRow
+		if err := rows.Scan(
+			&i.StreamID,
+			&i.PerspectiveName,
+			&i.LastEventID,
+			&i.EventsSinceSnapshot,
+			&i.StreamLockInstanceID,
+			&i.LockLive,
+			&i.HasSnapshot,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const queueEventsForPairs = `-- name: QueueEventsForPairs :many
+SELECT q.stream_id, q.perspective_name, q.event_id, e.event_type, e.data, e.created_at
+FROM (SELECT unnest($1::uuid[]) AS stream_id, unnest($2::text[]) AS perspective_name) p
+CROSS JOIN LATERAL (
+    SELECT qe.stream_id, qe.perspective_name, qe.event_id
+    FROM wh_perspective_events qe
+    WHERE qe.stream_id = p.stream_id AND qe.perspective_name = p.perspective_name
+    ORDER BY qe.event_id
+    LIMIT $3
+) q
+JOIN wh_event_store e ON e.event_id = q.event_id
+`
+
+type QueueEventsForPairsParams struct {
+	StreamIds        []uuid.UUID
+	PerspectiveNames []string
+	PerPairLimit     int32
+}
+
+type QueueEventsForPairsRow struct {
+	StreamID        uuid.UUID
+	PerspectiveName string
+	EventID         uuid.UUID
+	EventType       string
+	Data            []byte
+	CreatedAt       time.Time
+}
+
+// The queued events of the given pairs with their data: at most per_pair_limit per pair,
+// the lowest event IDs of each.
+func (q *Queries) QueueEventsForPairs(ctx context.Context, arg QueueEventsForPairsParams) ([]QueueEventsForPairsRow, error) {
+	rows, err := q.db.Query(ctx, queueEventsForPairs, arg.StreamIds, arg.PerspectiveNames, arg.PerPairLimit)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []QueueEventsForPairsRow{}
+	for rows.Next() {
+		var i QueueEventsForPairsRow
+		if err := rows.Scan(
+			&i.StreamID,
+			&i.PerspectiveName,
+			&i.EventID,
+			&i.EventType,
+			&i.Data,
+			&i.CreatedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }

@@ -198,3 +198,65 @@ func (q *Queries) SnapshotsDeleteFrom(ctx context.Context, arg SnapshotsDeleteFr
 	}
 	return result.RowsAffected(), nil
 }
+
+const snapshotsInsertMany = `-- name: SnapshotsInsertMany :exec
+INSERT INTO wh_perspective_snapshots (stream_id, perspective_name, snapshot_event_id, model)
+SELECT unnest($1::uuid[]), unnest($2::text[]),
+       unnest($3::uuid[]), unnest($4::jsonb[])
+ON CONFLICT (stream_id, perspective_name, snapshot_event_id) DO UPDATE
+SET model = EXCLUDED.model
+`
+
+type SnapshotsInsertManyParams struct {
+	StreamIds        []uuid.UUID
+	PerspectiveNames []string
+	SnapshotEventIds []uuid.UUID
+	Models           [][]byte
+}
+
+// SnapshotInsert for many snapshots, given as parallel arrays.
+func (q *Queries) SnapshotsInsertMany(ctx context.Context, arg SnapshotsInsertManyParams) error {
+	_, err := q.db.Exec(ctx, snapshotsInsertMany,
+		arg.StreamIds,
+		arg.PerspectiveNames,
+		arg.SnapshotEventIds,
+		arg.Models,
+	)
+	return err
+}
+
+const snapshotsPrune = `-- name: SnapshotsPrune :execrows
+DELETE FROM wh_perspective_snapshots s
+USING (
+    SELECT r.stream_id, r.perspective_name, r.snapshot_event_id,
+           row_number() OVER w AS pos,
+           count(*) OVER (PARTITION BY r.stream_id, r.perspective_name) AS total
+    FROM wh_perspective_snapshots r
+    JOIN (SELECT unnest($1::uuid[]) AS stream_id, unnest($2::text[]) AS perspective_name) p
+      ON r.stream_id = p.stream_id AND r.perspective_name = p.perspective_name
+    WINDOW w AS (PARTITION BY r.stream_id, r.perspective_name ORDER BY r.snapshot_event_id DESC)
+) ranked
+WHERE s.stream_id = ranked.stream_id
+  AND s.perspective_name = ranked.perspective_name
+  AND s.snapshot_event_id = ranked.snapshot_event_id
+  AND ranked.pos >= GREATEST($3::int, 2)
+  AND ($3::int = 1 OR ranked.pos < ranked.total)
+`
+
+type SnapshotsPruneParams struct {
+	StreamIds        []uuid.UUID
+	PerspectiveNames []string
+	MaxPerStream     int32
+}
+
+// Applies the retention of the given pairs' snapshots (Snapshots.MaxPerStream): of each
+// pair's snapshots, newest first, it keeps the first max_per_stream-1 and the last (the
+// oldest, so that a very late event still finds a restore point), or only the first when
+// max_per_stream is 1.
+func (q *Queries) SnapshotsPrune(ctx context.Context, arg SnapshotsPruneParams) (int64, error) {
+	result, err := q.db.Exec(ctx, snapshotsPrune, arg.StreamIds, arg.PerspectiveNames, arg.MaxPerStream)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}

@@ -25,6 +25,9 @@ type Querier interface {
 	// Records a failure and schedules the retry with exponential backoff; returns the retry time.
 	CursorMarkFailed(ctx context.Context, arg CursorMarkFailedParams) (CursorMarkFailedRow, error)
 	CursorReset(ctx context.Context, arg CursorResetParams) error
+	// Creates the missing cursor rows of the given pairs and returns the pairs it created.
+	// An existing row, even one locked by another transaction, is left alone without waiting.
+	CursorsEnsure(ctx context.Context, arg CursorsEnsureParams) ([]CursorsEnsureRow, error)
 	CursorsFailed(ctx context.Context) ([]CursorsFailedRow, error)
 	EventCount(ctx context.Context) (int64, error)
 	// Stores the events, enqueues one row per (event, registered perspective) and makes sure
@@ -36,6 +39,8 @@ type Querier interface {
 	EventsReplayPage(ctx context.Context, arg EventsReplayPageParams) ([]WhEventStore, error)
 	ModelDelete(ctx context.Context, arg ModelDeleteParams) (int64, error)
 	ModelGet(ctx context.Context, arg ModelGetParams) (ModelGetRow, error)
+	// The models of the given pairs (pairs without a model have no row).
+	ModelsGet(ctx context.Context, arg ModelsGetParams) ([]ModelsGetRow, error)
 	// Stores the model at last_event_id, advances the cursor (bumping its version) and deletes
 	// the applied queue rows, in one statement. Returns how many queue rows were deleted.
 	PairApplyCommit(ctx context.Context, arg PairApplyCommitParams) (int64, error)
@@ -50,6 +55,19 @@ type Querier interface {
 	// could predate the cursor it came with (a rewind that committed meanwhile keeps the cursor
 	// position but changes the model).
 	PairLockForApply(ctx context.Context, arg PairLockForApplyParams) (PairLockForApplyRow, error)
+	// PairApplyCommit for many pairs: pair i's model is models[i] at last_event_ids[i] with
+	// events_since_snapshot[i]; the applied queue rows are given as three parallel arrays
+	// (applied_stream_ids, applied_perspective_names, applied_event_ids). Returns how many queue
+	// rows were deleted.
+	PairsApplyCommit(ctx context.Context, arg PairsApplyCommitParams) (int64, error)
+	// The group path: the same statements for many pairs at once, so that one transaction of a
+	// handful of round trips applies a whole group (Config.GroupSize pairs). The pairs are
+	// passed as two parallel arrays, stream_ids[i] with perspective_names[i].
+	// Locks the cursor rows of the given pairs, skipping those another transaction holds (and
+	// those without a cursor row: see CursorsEnsure). Returns each locked cursor and whether
+	// the pair has any snapshot. As with PairLockForApply, models are read by a later
+	// statement.
+	PairsLockForApply(ctx context.Context, arg PairsLockForApplyParams) ([]PairsLockForApplyRow, error)
 	// Enqueues every stored event for a newly registered perspective, and creates the cursor
 	// row of each of its pairs.
 	PerspectiveEnqueueBacklog(ctx context.Context, perspectiveName string) (int64, error)
@@ -61,13 +79,19 @@ type Querier interface {
 	QueueCountFor(ctx context.Context, arg QueueCountForParams) (int64, error)
 	// Queue depth per perspective, and the age of its oldest row on the database clock.
 	QueueDepth(ctx context.Context) ([]QueueDepthRow, error)
-	// The oldest due queue rows of the perspectives this instance runs, skipping pairs that it
-	// is working on, that another instance has locked, or that are backing off after a failure.
-	QueueDueRows(ctx context.Context, arg QueueDueRowsParams) ([]QueueDueRowsRow, error)
+	// The pairs with due queue rows, oldest row first, of the perspectives this instance runs,
+	// skipping pairs that it is working on, that another instance has locked, or that are
+	// backing off after a failure; at most pair_limit pairs, each once.
+	// A loose index scan: each step is one probe of the due index for the next due row of a
+	// pair not returned yet, so the cost grows with the pairs returned, not with their rows.
+	QueueDuePairs(ctx context.Context, arg QueueDuePairsParams) ([]QueueDuePairsRow, error)
 	// Enqueues every stored event of one stream for one perspective (rebuild).
 	QueueEnqueueStream(ctx context.Context, arg QueueEnqueueStreamParams) (int64, error)
 	// The queued events of one pair with their data, in event-ID order.
 	QueueEventsForPair(ctx context.Context, arg QueueEventsForPairParams) ([]QueueEventsForPairRow, error)
+	// The queued events of the given pairs with their data: at most per_pair_limit per pair,
+	// the lowest event IDs of each.
+	QueueEventsForPairs(ctx context.Context, arg QueueEventsForPairsParams) ([]QueueEventsForPairsRow, error)
 	QueueIDsForPair(ctx context.Context, arg QueueIDsForPairParams) ([]uuid.UUID, error)
 	// Subscribes the session to the notification AppendLock queues.
 	QueueListen(ctx context.Context) error
@@ -87,6 +111,13 @@ type Querier interface {
 	SnapshotsDeleteAll(ctx context.Context, arg SnapshotsDeleteAllParams) (int64, error)
 	// Drops the snapshots at or after an event (a late event invalidated them).
 	SnapshotsDeleteFrom(ctx context.Context, arg SnapshotsDeleteFromParams) (int64, error)
+	// SnapshotInsert for many snapshots, given as parallel arrays.
+	SnapshotsInsertMany(ctx context.Context, arg SnapshotsInsertManyParams) error
+	// Applies the retention of the given pairs' snapshots (Snapshots.MaxPerStream): of each
+	// pair's snapshots, newest first, it keeps the first max_per_stream-1 and the last (the
+	// oldest, so that a very late event still finds a restore point), or only the first when
+	// max_per_stream is 1.
+	SnapshotsPrune(ctx context.Context, arg SnapshotsPruneParams) (int64, error)
 	StreamIDs(ctx context.Context) ([]uuid.UUID, error)
 	// Stream locks live on the cursor row of a (stream, perspective) pair.
 	// Every expiry is set and compared with the database clock; no client time is used.

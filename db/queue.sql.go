@@ -78,52 +78,73 @@ func (q *Queries) QueueDepth(ctx context.Context) ([]QueueDepthRow, error) {
 	return items, nil
 }
 
-const queueDueRows = `-- name: QueueDueRows :many
-SELECT q.stream_id, q.perspective_name
-FROM wh_perspective_events q
-WHERE q.next_attempt_at <= now()
-  AND q.perspective_name = ANY($1::text[])
-  -- pairs this instance is working on already, as 'stream_id/perspective_name'
-  AND (q.stream_id::text || '/' || q.perspective_name) <> ALL ($2::text[])
-  AND NOT EXISTS (
-      SELECT 1 FROM wh_perspective_cursors c
-      WHERE c.stream_id = q.stream_id
-        AND c.perspective_name = q.perspective_name
-        AND ((c.stream_lock_instance_id <> $3::uuid AND c.stream_lock_expiry > clock_timestamp())
-             OR c.next_attempt_at > now())
-  )
-ORDER BY q.next_attempt_at, q.stream_id, q.perspective_name, q.event_id
-LIMIT $4
+const queueDuePairs = `-- name: QueueDuePairs :many
+WITH RECURSIVE due AS (
+    -- The start: before every row; busy_pairs counts as returned already.
+    SELECT '-infinity'::timestamptz AS next_attempt_at,
+           '00000000-0000-0000-0000-000000000000'::uuid AS stream_id,
+           ''::text AS perspective_name,
+           -- pairs returned or in work, as 'stream_id/perspective_name'
+           $2::text[] AS seen
+    UNION ALL
+    SELECT n.next_attempt_at, n.stream_id, n.perspective_name,
+           d.seen || (n.stream_id::text || '/' || n.perspective_name)
+    FROM due d
+    CROSS JOIN LATERAL (
+        SELECT q.next_attempt_at, q.stream_id, q.perspective_name
+        FROM wh_perspective_events q
+        WHERE (q.next_attempt_at, q.stream_id, q.perspective_name) > (d.next_attempt_at, d.stream_id, d.perspective_name)
+          AND q.next_attempt_at <= now()
+          AND q.perspective_name = ANY($3::text[])
+          AND (q.stream_id::text || '/' || q.perspective_name) <> ALL (d.seen)
+          AND NOT EXISTS (
+              SELECT 1 FROM wh_perspective_cursors c
+              WHERE c.stream_id = q.stream_id
+                AND c.perspective_name = q.perspective_name
+                AND ((c.stream_lock_instance_id <> $4::uuid AND c.stream_lock_expiry > clock_timestamp())
+                     OR c.next_attempt_at > now())
+          )
+        ORDER BY q.next_attempt_at, q.stream_id, q.perspective_name, q.event_id
+        LIMIT 1
+    ) n
+)
+SELECT due.stream_id, due.perspective_name
+FROM due
+WHERE due.perspective_name <> ''
+LIMIT $1
 `
 
-type QueueDueRowsParams struct {
-	PerspectiveNames []string
+type QueueDuePairsParams struct {
+	PairLimit        int32
 	BusyPairs        []string
+	PerspectiveNames []string
 	InstanceID       uuid.UUID
-	RowLimit         int32
 }
 
-type QueueDueRowsRow struct {
+type QueueDuePairsRow struct {
 	StreamID        uuid.UUID
 	PerspectiveName string
 }
 
-// The oldest due queue rows of the perspectives this instance runs, skipping pairs that it
-// is working on, that another instance has locked, or that are backing off after a failure.
-func (q *Queries) QueueDueRows(ctx context.Context, arg QueueDueRowsParams) ([]QueueDueRowsRow, error) {
-	rows, err := q.db.Query(ctx, queueDueRows,
-		arg.PerspectiveNames,
+// The pairs with due queue rows, oldest row first, of the perspectives this instance runs,
+// skipping pairs that it is working on, that another instance has locked, or that are
+// backing off after a failure; at most pair_limit pairs, each once.
+// A loose index scan: each step is one probe of the due index for the next due row of a
+// pair not returned yet, so the cost grows with the pairs returned, not with their rows.
+func (q *Queries) QueueDuePairs(ctx context.Context, arg QueueDuePairsParams) ([]QueueDuePairsRow, error) {
+	rows, err := q.db.Query(ctx, queueDuePairs,
+		arg.PairLimit,
 		arg.BusyPairs,
+		arg.PerspectiveNames,
 		arg.InstanceID,
-		arg.RowLimit,
 	)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	items := []QueueDueRowsRow{}
+	items := []QueueDuePairsRow{}
 	for rows.Next() {
-		var i QueueDueRowsRow
+		var i QueueDuePairsRow
 		if err := rows.Scan(&i.StreamID, &i.PerspectiveName); err != nil {
 			return nil, err
 		}

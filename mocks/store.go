@@ -39,6 +39,9 @@ var _ worker.Store = &StoreMock{}
 //			CursorResetFunc: func(ctx context.Context, arg db.CursorResetParams) error {
 //				panic("mock out the CursorReset method")
 //			},
+//			CursorsEnsureFunc: func(ctx context.Context, arg db.CursorsEnsureParams) ([]db.CursorsEnsureRow, error) {
+//				panic("mock out the CursorsEnsure method")
+//			},
 //			CursorsFailedFunc: func(ctx context.Context) ([]db.CursorsFailedRow, error) {
 //				panic("mock out the CursorsFailed method")
 //			},
@@ -66,11 +69,20 @@ var _ worker.Store = &StoreMock{}
 //			ModelGetFunc: func(ctx context.Context, arg db.ModelGetParams) (db.ModelGetRow, error) {
 //				panic("mock out the ModelGet method")
 //			},
+//			ModelsGetFunc: func(ctx context.Context, arg db.ModelsGetParams) ([]db.ModelsGetRow, error) {
+//				panic("mock out the ModelsGet method")
+//			},
 //			PairApplyCommitFunc: func(ctx context.Context, arg db.PairApplyCommitParams) (int64, error) {
 //				panic("mock out the PairApplyCommit method")
 //			},
 //			PairLockForApplyFunc: func(ctx context.Context, arg db.PairLockForApplyParams) (db.PairLockForApplyRow, error) {
 //				panic("mock out the PairLockForApply method")
+//			},
+//			PairsApplyCommitFunc: func(ctx context.Context, arg db.PairsApplyCommitParams) (int64, error) {
+//				panic("mock out the PairsApplyCommit method")
+//			},
+//			PairsLockForApplyFunc: func(ctx context.Context, arg db.PairsLockForApplyParams) ([]db.PairsLockForApplyRow, error) {
+//				panic("mock out the PairsLockForApply method")
 //			},
 //			PerspectiveEnqueueBacklogFunc: func(ctx context.Context, perspectiveName string) (int64, error) {
 //				panic("mock out the PerspectiveEnqueueBacklog method")
@@ -93,14 +105,17 @@ var _ worker.Store = &StoreMock{}
 //			QueueDepthFunc: func(ctx context.Context) ([]db.QueueDepthRow, error) {
 //				panic("mock out the QueueDepth method")
 //			},
-//			QueueDueRowsFunc: func(ctx context.Context, arg db.QueueDueRowsParams) ([]db.QueueDueRowsRow, error) {
-//				panic("mock out the QueueDueRows method")
+//			QueueDuePairsFunc: func(ctx context.Context, arg db.QueueDuePairsParams) ([]db.QueueDuePairsRow, error) {
+//				panic("mock out the QueueDuePairs method")
 //			},
 //			QueueEnqueueStreamFunc: func(ctx context.Context, arg db.QueueEnqueueStreamParams) (int64, error) {
 //				panic("mock out the QueueEnqueueStream method")
 //			},
 //			QueueEventsForPairFunc: func(ctx context.Context, arg db.QueueEventsForPairParams) ([]db.QueueEventsForPairRow, error) {
 //				panic("mock out the QueueEventsForPair method")
+//			},
+//			QueueEventsForPairsFunc: func(ctx context.Context, arg db.QueueEventsForPairsParams) ([]db.QueueEventsForPairsRow, error) {
+//				panic("mock out the QueueEventsForPairs method")
 //			},
 //			QueueIDsForPairFunc: func(ctx context.Context, arg db.QueueIDsForPairParams) ([]uuid.UUID, error) {
 //				panic("mock out the QueueIDsForPair method")
@@ -134,6 +149,12 @@ var _ worker.Store = &StoreMock{}
 //			},
 //			SnapshotsDeleteFromFunc: func(ctx context.Context, arg db.SnapshotsDeleteFromParams) (int64, error) {
 //				panic("mock out the SnapshotsDeleteFrom method")
+//			},
+//			SnapshotsInsertManyFunc: func(ctx context.Context, arg db.SnapshotsInsertManyParams) error {
+//				panic("mock out the SnapshotsInsertMany method")
+//			},
+//			SnapshotsPruneFunc: func(ctx context.Context, arg db.SnapshotsPruneParams) (int64, error) {
+//				panic("mock out the SnapshotsPrune method")
 //			},
 //			StreamIDsFunc: func(ctx context.Context) ([]uuid.UUID, error) {
 //				panic("mock out the StreamIDs method")
@@ -181,6 +202,9 @@ type StoreMock struct {
 	// CursorResetFunc mocks the CursorReset method.
 	CursorResetFunc func(ctx context.Context, arg db.CursorResetParams) error
 
+	// CursorsEnsureFunc mocks the CursorsEnsure method.
+	CursorsEnsureFunc func(ctx context.Context, arg db.CursorsEnsureParams) ([]db.CursorsEnsureRow, error)
+
 	// CursorsFailedFunc mocks the CursorsFailed method.
 	CursorsFailedFunc func(ctx context.Context) ([]db.CursorsFailedRow, error)
 
@@ -208,11 +232,20 @@ type StoreMock struct {
 	// ModelGetFunc mocks the ModelGet method.
 	ModelGetFunc func(ctx context.Context, arg db.ModelGetParams) (db.ModelGetRow, error)
 
+	// ModelsGetFunc mocks the ModelsGet method.
+	ModelsGetFunc func(ctx context.Context, arg db.ModelsGetParams) ([]db.ModelsGetRow, error)
+
 	// PairApplyCommitFunc mocks the PairApplyCommit method.
 	PairApplyCommitFunc func(ctx context.Context, arg db.PairApplyCommitParams) (int64, error)
 
 	// PairLockForApplyFunc mocks the PairLockForApply method.
 	PairLockForApplyFunc func(ctx context.Context, arg db.PairLockForApplyParams) (db.PairLockForApplyRow, error)
+
+	// PairsApplyCommitFunc mocks the PairsApplyCommit method.
+	PairsApplyCommitFunc func(ctx context.Context, arg db.PairsApplyCommitParams) (int64, error)
+
+	// PairsLockForApplyFunc mocks the PairsLockForApply method.
+	PairsLockForApplyFunc func(ctx context.Context, arg db.PairsLockForApplyParams) ([]db.PairsLockForApplyRow, error)
 
 	// PerspectiveEnqueueBacklogFunc mocks the PerspectiveEnqueueBacklog method.
 	PerspectiveEnqueueBacklogFunc func(ctx context.Context, perspectiveName string) (int64, error)
@@ -235,14 +268,17 @@ type StoreMock struct {
 	// QueueDepthFunc mocks the QueueDepth method.
 	QueueDepthFunc func(ctx context.Context) ([]db.QueueDepthRow, error)
 
-	// QueueDueRowsFunc mocks the QueueDueRows method.
-	QueueDueRowsFunc func(ctx context.Context, arg db.QueueDueRowsParams) ([]db.QueueDueRowsRow, error)
+	// QueueDuePairsFunc mocks the QueueDuePairs method.
+	QueueDuePairsFunc func(ctx context.Context, arg db.QueueDuePairsParams) ([]db.QueueDuePairsRow, error)
 
 	// QueueEnqueueStreamFunc mocks the QueueEnqueueStream method.
 	QueueEnqueueStreamFunc func(ctx context.Context, arg db.QueueEnqueueStreamParams) (int64, error)
 
 	// QueueEventsForPairFunc mocks the QueueEventsForPair method.
 	QueueEventsForPairFunc func(ctx context.Context, arg db.QueueEventsForPairParams) ([]db.QueueEventsForPairRow, error)
+
+	// QueueEventsForPairsFunc mocks the QueueEventsForPairs method.
+	QueueEventsForPairsFunc func(ctx context.Context, arg db.QueueEventsForPairsParams) ([]db.QueueEventsForPairsRow, error)
 
 	// QueueIDsForPairFunc mocks the QueueIDsForPair method.
 	QueueIDsForPairFunc func(ctx context.Context, arg db.QueueIDsForPairParams) ([]uuid.UUID, error)
@@ -276,6 +312,12 @@ type StoreMock struct {
 
 	// SnapshotsDeleteFromFunc mocks the SnapshotsDeleteFrom method.
 	SnapshotsDeleteFromFunc func(ctx context.Context, arg db.SnapshotsDeleteFromParams) (int64, error)
+
+	// SnapshotsInsertManyFunc mocks the SnapshotsInsertMany method.
+	SnapshotsInsertManyFunc func(ctx context.Context, arg db.SnapshotsInsertManyParams) error
+
+	// SnapshotsPruneFunc mocks the SnapshotsPrune method.
+	SnapshotsPruneFunc func(ctx context.Context, arg db.SnapshotsPruneParams) (int64, error)
 
 	// StreamIDsFunc mocks the StreamIDs method.
 	StreamIDsFunc func(ctx context.Context) ([]uuid.UUID, error)
@@ -340,6 +382,13 @@ type StoreMock struct {
 			// Arg is the arg argument value.
 			Arg db.CursorResetParams
 		}
+		// CursorsEnsure holds details about calls to the CursorsEnsure method.
+		CursorsEnsure []struct {
+			// Ctx is the ctx argument value.
+			Ctx context.Context
+			// Arg is the arg argument value.
+			Arg db.CursorsEnsureParams
+		}
 		// CursorsFailed holds details about calls to the CursorsFailed method.
 		CursorsFailed []struct {
 			// Ctx is the ctx argument value.
@@ -399,6 +448,13 @@ type StoreMock struct {
 			// Arg is the arg argument value.
 			Arg db.ModelGetParams
 		}
+		// ModelsGet holds details about calls to the ModelsGet method.
+		ModelsGet []struct {
+			// Ctx is the ctx argument value.
+			Ctx context.Context
+			// Arg is the arg argument value.
+			Arg db.ModelsGetParams
+		}
 		// PairApplyCommit holds details about calls to the PairApplyCommit method.
 		PairApplyCommit []struct {
 			// Ctx is the ctx argument value.
@@ -412,6 +468,20 @@ type StoreMock struct {
 			Ctx context.Context
 			// Arg is the arg argument value.
 			Arg db.PairLockForApplyParams
+		}
+		// PairsApplyCommit holds details about calls to the PairsApplyCommit method.
+		PairsApplyCommit []struct {
+			// Ctx is the ctx argument value.
+			Ctx context.Context
+			// Arg is the arg argument value.
+			Arg db.PairsApplyCommitParams
+		}
+		// PairsLockForApply holds details about calls to the PairsLockForApply method.
+		PairsLockForApply []struct {
+			// Ctx is the ctx argument value.
+			Ctx context.Context
+			// Arg is the arg argument value.
+			Arg db.PairsLockForApplyParams
 		}
 		// PerspectiveEnqueueBacklog holds details about calls to the PerspectiveEnqueueBacklog method.
 		PerspectiveEnqueueBacklog []struct {
@@ -456,12 +526,12 @@ type StoreMock struct {
 			// Ctx is the ctx argument value.
 			Ctx context.Context
 		}
-		// QueueDueRows holds details about calls to the QueueDueRows method.
-		QueueDueRows []struct {
+		// QueueDuePairs holds details about calls to the QueueDuePairs method.
+		QueueDuePairs []struct {
 			// Ctx is the ctx argument value.
 			Ctx context.Context
 			// Arg is the arg argument value.
-			Arg db.QueueDueRowsParams
+			Arg db.QueueDuePairsParams
 		}
 		// QueueEnqueueStream holds details about calls to the QueueEnqueueStream method.
 		QueueEnqueueStream []struct {
@@ -476,6 +546,13 @@ type StoreMock struct {
 			Ctx context.Context
 			// Arg is the arg argument value.
 			Arg db.QueueEventsForPairParams
+		}
+		// QueueEventsForPairs holds details about calls to the QueueEventsForPairs method.
+		QueueEventsForPairs []struct {
+			// Ctx is the ctx argument value.
+			Ctx context.Context
+			// Arg is the arg argument value.
+			Arg db.QueueEventsForPairsParams
 		}
 		// QueueIDsForPair holds details about calls to the QueueIDsForPair method.
 		QueueIDsForPair []struct {
@@ -548,6 +625,20 @@ type StoreMock struct {
 			// Arg is the arg argument value.
 			Arg db.SnapshotsDeleteFromParams
 		}
+		// SnapshotsInsertMany holds details about calls to the SnapshotsInsertMany method.
+		SnapshotsInsertMany []struct {
+			// Ctx is the ctx argument value.
+			Ctx context.Context
+			// Arg is the arg argument value.
+			Arg db.SnapshotsInsertManyParams
+		}
+		// SnapshotsPrune holds details about calls to the SnapshotsPrune method.
+		SnapshotsPrune []struct {
+			// Ctx is the ctx argument value.
+			Ctx context.Context
+			// Arg is the arg argument value.
+			Arg db.SnapshotsPruneParams
+		}
 		// StreamIDs holds details about calls to the StreamIDs method.
 		StreamIDs []struct {
 			// Ctx is the ctx argument value.
@@ -600,6 +691,7 @@ type StoreMock struct {
 	lockCursorLock                sync.RWMutex
 	lockCursorMarkFailed          sync.RWMutex
 	lockCursorReset               sync.RWMutex
+	lockCursorsEnsure             sync.RWMutex
 	lockCursorsFailed             sync.RWMutex
 	lockEventCount                sync.RWMutex
 	lockEventsAppend              sync.RWMutex
@@ -609,8 +701,11 @@ type StoreMock struct {
 	lockListen                    sync.RWMutex
 	lockModelDelete               sync.RWMutex
 	lockModelGet                  sync.RWMutex
+	lockModelsGet                 sync.RWMutex
 	lockPairApplyCommit           sync.RWMutex
 	lockPairLockForApply          sync.RWMutex
+	lockPairsApplyCommit          sync.RWMutex
+	lockPairsLockForApply         sync.RWMutex
 	lockPerspectiveEnqueueBacklog sync.RWMutex
 	lockPerspectiveExists         sync.RWMutex
 	lockPerspectiveList           sync.RWMutex
@@ -618,9 +713,10 @@ type StoreMock struct {
 	lockQueueCount                sync.RWMutex
 	lockQueueCountFor             sync.RWMutex
 	lockQueueDepth                sync.RWMutex
-	lockQueueDueRows              sync.RWMutex
+	lockQueueDuePairs             sync.RWMutex
 	lockQueueEnqueueStream        sync.RWMutex
 	lockQueueEventsForPair        sync.RWMutex
+	lockQueueEventsForPairs       sync.RWMutex
 	lockQueueIDsForPair           sync.RWMutex
 	lockQueueListen               sync.RWMutex
 	lockQueueMarkFailed           sync.RWMutex
@@ -632,6 +728,8 @@ type StoreMock struct {
 	lockSnapshotsDelete           sync.RWMutex
 	lockSnapshotsDeleteAll        sync.RWMutex
 	lockSnapshotsDeleteFrom       sync.RWMutex
+	lockSnapshotsInsertMany       sync.RWMutex
+	lockSnapshotsPrune            sync.RWMutex
 	lockStreamIDs                 sync.RWMutex
 	lockStreamLockAcquire         sync.RWMutex
 	lockStreamLockForceRelease    sync.RWMutex
@@ -850,6 +948,42 @@ func (mock *StoreMock) CursorResetCalls() []struct {
 	mock.lockCursorReset.RLock()
 	calls = mock.calls.CursorReset
 	mock.lockCursorReset.RUnlock()
+	return calls
+}
+
+// CursorsEnsure calls CursorsEnsureFunc.
+func (mock *StoreMock) CursorsEnsure(ctx context.Context, arg db.CursorsEnsureParams) ([]db.CursorsEnsureRow, error) {
+	if mock.CursorsEnsureFunc == nil {
+		panic("StoreMock.CursorsEnsureFunc: method is nil but Store.CursorsEnsure was just called")
+	}
+	callInfo := struct {
+		Ctx context.Context
+		Arg db.CursorsEnsureParams
+	}{
+		Ctx: ctx,
+		Arg: arg,
+	}
+	mock.lockCursorsEnsure.Lock()
+	mock.calls.CursorsEnsure = append(mock.calls.CursorsEnsure, callInfo)
+	mock.lockCursorsEnsure.Unlock()
+	return mock.CursorsEnsureFunc(ctx, arg)
+}
+
+// CursorsEnsureCalls gets all the calls that were made to CursorsEnsure.
+// Check the length with:
+//
+//	len(mockedStore.CursorsEnsureCalls())
+func (mock *StoreMock) CursorsEnsureCalls() []struct {
+	Ctx context.Context
+	Arg db.CursorsEnsureParams
+} {
+	var calls []struct {
+		Ctx context.Context
+		Arg db.CursorsEnsureParams
+	}
+	mock.lockCursorsEnsure.RLock()
+	calls = mock.calls.CursorsEnsure
+	mock.lockCursorsEnsure.RUnlock()
 	return calls
 }
 
@@ -1169,6 +1303,42 @@ func (mock *StoreMock) ModelGetCalls() []struct {
 	return calls
 }
 
+// ModelsGet calls ModelsGetFunc.
+func (mock *StoreMock) ModelsGet(ctx context.Context, arg db.ModelsGetParams) ([]db.ModelsGetRow, error) {
+	if mock.ModelsGetFunc == nil {
+		panic("StoreMock.ModelsGetFunc: method is nil but Store.ModelsGet was just called")
+	}
+	callInfo := struct {
+		Ctx context.Context
+		Arg db.ModelsGetParams
+	}{
+		Ctx: ctx,
+		Arg: arg,
+	}
+	mock.lockModelsGet.Lock()
+	mock.calls.ModelsGet = append(mock.calls.ModelsGet, callInfo)
+	mock.lockModelsGet.Unlock()
+	return mock.ModelsGetFunc(ctx, arg)
+}
+
+// ModelsGetCalls gets all the calls that were made to ModelsGet.
+// Check the length with:
+//
+//	len(mockedStore.ModelsGetCalls())
+func (mock *StoreMock) ModelsGetCalls() []struct {
+	Ctx context.Context
+	Arg db.ModelsGetParams
+} {
+	var calls []struct {
+		Ctx context.Context
+		Arg db.ModelsGetParams
+	}
+	mock.lockModelsGet.RLock()
+	calls = mock.calls.ModelsGet
+	mock.lockModelsGet.RUnlock()
+	return calls
+}
+
 // PairApplyCommit calls PairApplyCommitFunc.
 func (mock *StoreMock) PairApplyCommit(ctx context.Context, arg db.PairApplyCommitParams) (int64, error) {
 	if mock.PairApplyCommitFunc == nil {
@@ -1238,6 +1408,78 @@ func (mock *StoreMock) PairLockForApplyCalls() []struct {
 	mock.lockPairLockForApply.RLock()
 	calls = mock.calls.PairLockForApply
 	mock.lockPairLockForApply.RUnlock()
+	return calls
+}
+
+// PairsApplyCommit calls PairsApplyCommitFunc.
+func (mock *StoreMock) PairsApplyCommit(ctx context.Context, arg db.PairsApplyCommitParams) (int64, error) {
+	if mock.PairsApplyCommitFunc == nil {
+		panic("StoreMock.PairsApplyCommitFunc: method is nil but Store.PairsApplyCommit was just called")
+	}
+	callInfo := struct {
+		Ctx context.Context
+		Arg db.PairsApplyCommitParams
+	}{
+		Ctx: ctx,
+		Arg: arg,
+	}
+	mock.lockPairsApplyCommit.Lock()
+	mock.calls.PairsApplyCommit = append(mock.calls.PairsApplyCommit, callInfo)
+	mock.lockPairsApplyCommit.Unlock()
+	return mock.PairsApplyCommitFunc(ctx, arg)
+}
+
+// PairsApplyCommitCalls gets all the calls that were made to PairsApplyCommit.
+// Check the length with:
+//
+//	len(mockedStore.PairsApplyCommitCalls())
+func (mock *StoreMock) PairsApplyCommitCalls() []struct {
+	Ctx context.Context
+	Arg db.PairsApplyCommitParams
+} {
+	var calls []struct {
+		Ctx context.Context
+		Arg db.PairsApplyCommitParams
+	}
+	mock.lockPairsApplyCommit.RLock()
+	calls = mock.calls.PairsApplyCommit
+	mock.lockPairsApplyCommit.RUnlock()
+	return calls
+}
+
+// PairsLockForApply calls PairsLockForApplyFunc.
+func (mock *StoreMock) PairsLockForApply(ctx context.Context, arg db.PairsLockForApplyParams) ([]db.PairsLockForApplyRow, error) {
+	if mock.PairsLockForApplyFunc == nil {
+		panic("StoreMock.PairsLockForApplyFunc: method is nil but Store.PairsLockForApply was just called")
+	}
+	callInfo := struct {
+		Ctx context.Context
+		Arg db.PairsLockForApplyParams
+	}{
+		Ctx: ctx,
+		Arg: arg,
+	}
+	mock.lockPairsLockForApply.Lock()
+	mock.calls.PairsLockForApply = append(mock.calls.PairsLockForApply, callInfo)
+	mock.lockPairsLockForApply.Unlock()
+	return mock.PairsLockForApplyFunc(ctx, arg)
+}
+
+// PairsLockForApplyCalls gets all the calls that were made to PairsLockForApply.
+// Check the length with:
+//
+//	len(mockedStore.PairsLockForApplyCalls())
+func (mock *StoreMock) PairsLockForApplyCalls() []struct {
+	Ctx context.Context
+	Arg db.PairsLockForApplyParams
+} {
+	var calls []struct {
+		Ctx context.Context
+		Arg db.PairsLockForApplyParams
+	}
+	mock.lockPairsLockForApply.RLock()
+	calls = mock.calls.PairsLockForApply
+	mock.lockPairsLockForApply.RUnlock()
 	return calls
 }
 
@@ -1481,39 +1723,39 @@ func (mock *StoreMock) QueueDepthCalls() []struct {
 	return calls
 }
 
-// QueueDueRows calls QueueDueRowsFunc.
-func (mock *StoreMock) QueueDueRows(ctx context.Context, arg db.QueueDueRowsParams) ([]db.QueueDueRowsRow, error) {
-	if mock.QueueDueRowsFunc == nil {
-		panic("StoreMock.QueueDueRowsFunc: method is nil but Store.QueueDueRows was just called")
+// QueueDuePairs calls QueueDuePairsFunc.
+func (mock *StoreMock) QueueDuePairs(ctx context.Context, arg db.QueueDuePairsParams) ([]db.QueueDuePairsRow, error) {
+	if mock.QueueDuePairsFunc == nil {
+		panic("StoreMock.QueueDuePairsFunc: method is nil but Store.QueueDuePairs was just called")
 	}
 	callInfo := struct {
 		Ctx context.Context
-		Arg db.QueueDueRowsParams
+		Arg db.QueueDuePairsParams
 	}{
 		Ctx: ctx,
 		Arg: arg,
 	}
-	mock.lockQueueDueRows.Lock()
-	mock.calls.QueueDueRows = append(mock.calls.QueueDueRows, callInfo)
-	mock.lockQueueDueRows.Unlock()
-	return mock.QueueDueRowsFunc(ctx, arg)
+	mock.lockQueueDuePairs.Lock()
+	mock.calls.QueueDuePairs = append(mock.calls.QueueDuePairs, callInfo)
+	mock.lockQueueDuePairs.Unlock()
+	return mock.QueueDuePairsFunc(ctx, arg)
 }
 
-// QueueDueRowsCalls gets all the calls that were made to QueueDueRows.
+// QueueDuePairsCalls gets all the calls that were made to QueueDuePairs.
 // Check the length with:
 //
-//	len(mockedStore.QueueDueRowsCalls())
-func (mock *StoreMock) QueueDueRowsCalls() []struct {
+//	len(mockedStore.QueueDuePairsCalls())
+func (mock *StoreMock) QueueDuePairsCalls() []struct {
 	Ctx context.Context
-	Arg db.QueueDueRowsParams
+	Arg db.QueueDuePairsParams
 } {
 	var calls []struct {
 		Ctx context.Context
-		Arg db.QueueDueRowsParams
+		Arg db.QueueDuePairsParams
 	}
-	mock.lockQueueDueRows.RLock()
-	calls = mock.calls.QueueDueRows
-	mock.lockQueueDueRows.RUnlock()
+	mock.lockQueueDuePairs.RLock()
+	calls = mock.calls.QueueDuePairs
+	mock.lockQueueDuePairs.RUnlock()
 	return calls
 }
 
@@ -1586,6 +1828,42 @@ func (mock *StoreMock) QueueEventsForPairCalls() []struct {
 	mock.lockQueueEventsForPair.RLock()
 	calls = mock.calls.QueueEventsForPair
 	mock.lockQueueEventsForPair.RUnlock()
+	return calls
+}
+
+// QueueEventsForPairs calls QueueEventsForPairsFunc.
+func (mock *StoreMock) QueueEventsForPairs(ctx context.Context, arg db.QueueEventsForPairsParams) ([]db.QueueEventsForPairsRow, error) {
+	if mock.QueueEventsForPairsFunc == nil {
+		panic("StoreMock.QueueEventsForPairsFunc: method is nil but Store.QueueEventsForPairs was just called")
+	}
+	callInfo := struct {
+		Ctx context.Context
+		Arg db.QueueEventsForPairsParams
+	}{
+		Ctx: ctx,
+		Arg: arg,
+	}
+	mock.lockQueueEventsForPairs.Lock()
+	mock.calls.QueueEventsForPairs = append(mock.calls.QueueEventsForPairs, callInfo)
+	mock.lockQueueEventsForPairs.Unlock()
+	return mock.QueueEventsForPairsFunc(ctx, arg)
+}
+
+// QueueEventsForPairsCalls gets all the calls that were made to QueueEventsForPairs.
+// Check the length with:
+//
+//	len(mockedStore.QueueEventsForPairsCalls())
+func (mock *StoreMock) QueueEventsForPairsCalls() []struct {
+	Ctx context.Context
+	Arg db.QueueEventsForPairsParams
+} {
+	var calls []struct {
+		Ctx context.Context
+		Arg db.QueueEventsForPairsParams
+	}
+	mock.lockQueueEventsForPairs.RLock()
+	calls = mock.calls.QueueEventsForPairs
+	mock.lockQueueEventsForPairs.RUnlock()
 	return calls
 }
 
@@ -1970,6 +2248,78 @@ func (mock *StoreMock) SnapshotsDeleteFromCalls() []struct {
 	mock.lockSnapshotsDeleteFrom.RLock()
 	calls = mock.calls.SnapshotsDeleteFrom
 	mock.lockSnapshotsDeleteFrom.RUnlock()
+	return calls
+}
+
+// SnapshotsInsertMany calls SnapshotsInsertManyFunc.
+func (mock *StoreMock) SnapshotsInsertMany(ctx context.Context, arg db.SnapshotsInsertManyParams) error {
+	if mock.SnapshotsInsertManyFunc == nil {
+		panic("StoreMock.SnapshotsInsertManyFunc: method is nil but Store.SnapshotsInsertMany was just called")
+	}
+	callInfo := struct {
+		Ctx context.Context
+		Arg db.SnapshotsInsertManyParams
+	}{
+		Ctx: ctx,
+		Arg: arg,
+	}
+	mock.lockSnapshotsInsertMany.Lock()
+	mock.calls.SnapshotsInsertMany = append(mock.calls.SnapshotsInsertMany, callInfo)
+	mock.lockSnapshotsInsertMany.Unlock()
+	return mock.SnapshotsInsertManyFunc(ctx, arg)
+}
+
+// SnapshotsInsertManyCalls gets all the calls that were made to SnapshotsInsertMany.
+// Check the length with:
+//
+//	len(mockedStore.SnapshotsInsertManyCalls())
+func (mock *StoreMock) SnapshotsInsertManyCalls() []struct {
+	Ctx context.Context
+	Arg db.SnapshotsInsertManyParams
+} {
+	var calls []struct {
+		Ctx context.Context
+		Arg db.SnapshotsInsertManyParams
+	}
+	mock.lockSnapshotsInsertMany.RLock()
+	calls = mock.calls.SnapshotsInsertMany
+	mock.lockSnapshotsInsertMany.RUnlock()
+	return calls
+}
+
+// SnapshotsPrune calls SnapshotsPruneFunc.
+func (mock *StoreMock) SnapshotsPrune(ctx context.Context, arg db.SnapshotsPruneParams) (int64, error) {
+	if mock.SnapshotsPruneFunc == nil {
+		panic("StoreMock.SnapshotsPruneFunc: method is nil but Store.SnapshotsPrune was just called")
+	}
+	callInfo := struct {
+		Ctx context.Context
+		Arg db.SnapshotsPruneParams
+	}{
+		Ctx: ctx,
+		Arg: arg,
+	}
+	mock.lockSnapshotsPrune.Lock()
+	mock.calls.SnapshotsPrune = append(mock.calls.SnapshotsPrune, callInfo)
+	mock.lockSnapshotsPrune.Unlock()
+	return mock.SnapshotsPruneFunc(ctx, arg)
+}
+
+// SnapshotsPruneCalls gets all the calls that were made to SnapshotsPrune.
+// Check the length with:
+//
+//	len(mockedStore.SnapshotsPruneCalls())
+func (mock *StoreMock) SnapshotsPruneCalls() []struct {
+	Ctx context.Context
+	Arg db.SnapshotsPruneParams
+} {
+	var calls []struct {
+		Ctx context.Context
+		Arg db.SnapshotsPruneParams
+	}
+	mock.lockSnapshotsPrune.RLock()
+	calls = mock.calls.SnapshotsPrune
+	mock.lockSnapshotsPrune.RUnlock()
 	return calls
 }
 

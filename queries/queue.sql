@@ -4,24 +4,45 @@
 -- index in order and stopping at the limit.
 SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true);
 
--- name: QueueDueRows :many
--- The oldest due queue rows of the perspectives this instance runs, skipping pairs that it
--- is working on, that another instance has locked, or that are backing off after a failure.
-SELECT q.stream_id, q.perspective_name
-FROM wh_perspective_events q
-WHERE q.next_attempt_at <= now()
-  AND q.perspective_name = ANY(@perspective_names::text[])
-  -- pairs this instance is working on already, as 'stream_id/perspective_name'
-  AND (q.stream_id::text || '/' || q.perspective_name) <> ALL (@busy_pairs::text[])
-  AND NOT EXISTS (
-      SELECT 1 FROM wh_perspective_cursors c
-      WHERE c.stream_id = q.stream_id
-        AND c.perspective_name = q.perspective_name
-        AND ((c.stream_lock_instance_id <> @instance_id::uuid AND c.stream_lock_expiry > clock_timestamp())
-             OR c.next_attempt_at > now())
-  )
-ORDER BY q.next_attempt_at, q.stream_id, q.perspective_name, q.event_id
-LIMIT @row_limit;
+-- name: QueueDuePairs :many
+-- The pairs with due queue rows, oldest row first, of the perspectives this instance runs,
+-- skipping pairs that it is working on, that another instance has locked, or that are
+-- backing off after a failure; at most pair_limit pairs, each once.
+-- A loose index scan: each step is one probe of the due index for the next due row of a
+-- pair not returned yet, so the cost grows with the pairs returned, not with their rows.
+WITH RECURSIVE due AS (
+    -- The start: before every row; busy_pairs counts as returned already.
+    SELECT '-infinity'::timestamptz AS next_attempt_at,
+           '00000000-0000-0000-0000-000000000000'::uuid AS stream_id,
+           ''::text AS perspective_name,
+           -- pairs returned or in work, as 'stream_id/perspective_name'
+           @busy_pairs::text[] AS seen
+    UNION ALL
+    SELECT n.next_attempt_at, n.stream_id, n.perspective_name,
+           d.seen || (n.stream_id::text || '/' || n.perspective_name)
+    FROM due d
+    CROSS JOIN LATERAL (
+        SELECT q.next_attempt_at, q.stream_id, q.perspective_name
+        FROM wh_perspective_events q
+        WHERE (q.next_attempt_at, q.stream_id, q.perspective_name) > (d.next_attempt_at, d.stream_id, d.perspective_name)
+          AND q.next_attempt_at <= now()
+          AND q.perspective_name = ANY(@perspective_names::text[])
+          AND (q.stream_id::text || '/' || q.perspective_name) <> ALL (d.seen)
+          AND NOT EXISTS (
+              SELECT 1 FROM wh_perspective_cursors c
+              WHERE c.stream_id = q.stream_id
+                AND c.perspective_name = q.perspective_name
+                AND ((c.stream_lock_instance_id <> @instance_id::uuid AND c.stream_lock_expiry > clock_timestamp())
+                     OR c.next_attempt_at > now())
+          )
+        ORDER BY q.next_attempt_at, q.stream_id, q.perspective_name, q.event_id
+        LIMIT 1
+    ) n
+)
+SELECT due.stream_id, due.perspective_name
+FROM due
+WHERE due.perspective_name <> ''
+LIMIT @pair_limit;
 
 -- name: QueueEventsForPair :many
 -- The queued events of one pair with their data, in event-ID order.

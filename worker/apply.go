@@ -68,28 +68,17 @@ func (w *Worker) applyNormal(ctx context.Context, k pairKey, persp Perspective) 
 			model = json.RawMessage(m.Model)
 		}
 
-		counter := int(cur.EventsSinceSnapshot)
-		applied := make([]uuid.UUID, 0, len(queued))
-		var snaps []snapshot
-		for _, qe := range queued {
-			ev := Event{ID: qe.EventID, StreamID: k.Stream, Type: qe.EventType, Data: json.RawMessage(qe.Data), CreatedAt: qe.CreatedAt}
-			next, err := w.applyOne(ctx, persp, model, ev)
-			if err != nil {
-				applyErr = fmt.Errorf("apply event %s (%s): %w", ev.ID, ev.Type, err)
-				break
-			}
-			model = next
-			applied = append(applied, ev.ID)
-			counter++
-			if !w.cfg.Snapshots.Disabled && counter >= w.cfg.Snapshots.EveryNEvents {
-				snaps = append(snaps, snapshot{eventID: ev.ID, model: model})
-				counter = 0
-			}
+		events := make([]Event, len(queued))
+		for i, qe := range queued {
+			events[i] = Event{ID: qe.EventID, StreamID: k.Stream, Type: qe.EventType, Data: json.RawMessage(qe.Data), CreatedAt: qe.CreatedAt}
 		}
+		f := w.fold(ctx, persp, model, int(cur.EventsSinceSnapshot), events)
+		applied := f.applied
+		applyErr = f.err
 		if len(applied) > 0 {
 			deleted, err := q.PairApplyCommit(ctx, db.PairApplyCommitParams{
-				StreamID: k.Stream, PerspectiveName: k.Perspective, Model: []byte(model),
-				LastEventID: applied[len(applied)-1], EventsSinceSnapshot: int32(counter), EventIds: applied,
+				StreamID: k.Stream, PerspectiveName: k.Perspective, Model: []byte(f.model),
+				LastEventID: applied[len(applied)-1], EventsSinceSnapshot: int32(f.since), EventIds: applied,
 			})
 			if err != nil {
 				return fmt.Errorf("write model: %w", err)
@@ -97,7 +86,7 @@ func (w *Worker) applyNormal(ctx context.Context, k pairKey, persp Perspective) 
 			if int(deleted) != len(applied) {
 				return fmt.Errorf("deleted %d queue rows for %d applied events", deleted, len(applied))
 			}
-			if err := w.writeSnapshots(ctx, q, k, snaps); err != nil {
+			if err := w.writeSnapshots(ctx, q, k, f.snaps); err != nil {
 				return err
 			}
 			res.applied = len(applied)
@@ -144,6 +133,37 @@ func (w *Worker) lockPairNoWait(ctx context.Context, q db.Querier, k pairKey) (d
 		return cur, errBusy
 	}
 	return cur, err
+}
+
+// folded is the outcome of applying a pair's queued events in order.
+type folded struct {
+	model   json.RawMessage // the model after the applied events
+	applied []uuid.UUID     // the events applied, in order
+	snaps   []snapshot      // the snapshots due among them
+	since   int             // events since the last snapshot, after the applied ones
+	err     error           // the Apply failure that ended the fold (its event and later ones not applied)
+}
+
+// fold applies events (in ID order) to model, taking a snapshot each time
+// Snapshots.EveryNEvents events have been applied since the last one (since of them before
+// the first event). The first event whose Apply fails ends it.
+func (w *Worker) fold(ctx context.Context, persp Perspective, model json.RawMessage, since int, events []Event) folded {
+	f := folded{model: model, since: since, applied: make([]uuid.UUID, 0, len(events))}
+	for _, ev := range events {
+		next, err := w.applyOne(ctx, persp, f.model, ev)
+		if err != nil {
+			f.err = fmt.Errorf("apply event %s (%s): %w", ev.ID, ev.Type, err)
+			break
+		}
+		f.model = next
+		f.applied = append(f.applied, ev.ID)
+		f.since++
+		if !w.cfg.Snapshots.Disabled && f.since >= w.cfg.Snapshots.EveryNEvents {
+			f.snaps = append(f.snaps, snapshot{eventID: ev.ID, model: f.model})
+			f.since = 0
+		}
+	}
+	return f
 }
 
 // applyOne runs the perspective's Apply, turning a panic or an invalid model into an error.

@@ -126,7 +126,7 @@ func BenchmarkIsolation(b *testing.B) {
 				watch := func() {
 					if rewound.IsZero() && m.counter(b, "perspectives.rewind.completed") > done0 {
 						rewound = time.Now()
-						claimsDuring = tracer.take()["QueueDueRows"].n
+						claimsDuring = tracer.take()["QueueDuePairs"].n
 					}
 				}
 				rate := isoDrain(b, m, watch)
@@ -151,7 +151,7 @@ func BenchmarkIsolation(b *testing.B) {
 	b.ReportMetric(medianOf(during)/medianOf(normal), "during/normal")
 	b.ReportMetric(medianOf(covered), "rewind-covers-drain")
 	b.ReportMetric(medianOf(rewindMS), "rewind-ms")
-	// Polls of the queue (QueueDueRows) the worker made while the rewind replayed.
+	// Polls of the queue (QueueDuePairs) the worker made while the rewind replayed.
 	b.ReportMetric(medianOf(claims), "claims-during-rewind")
 	// 1 when a goroutine profile taken as the replay starts shows the worker's loop
 	// waiting in cycle for the batch's goroutines (sync.WaitGroup.Wait).

@@ -27,6 +27,8 @@ const (
 	MaxBatchSize                = 10000
 	DefaultConcurrency          = 4
 	MaxConcurrency              = 64
+	DefaultGroupSize            = 50
+	MaxGroupSize                = 1000
 )
 
 // SnapshotOptions control the restore points that make rewinds cheap.
@@ -51,7 +53,7 @@ type Config struct {
 	LockOptions  locker.Options // zero: the locker's own options (locker.Postgres), else defaults (30s, 10s); validated
 	Snapshots    SnapshotOptions
 	PollInterval time.Duration // default 1s; how often the queue is polled when idle
-	BatchSize    int           // default 100, at most 10000: queued rows considered per poll and applied per transaction
+	BatchSize    int           // default 100, at most 10000: queued events of one pair applied per transaction
 	Logger       *slog.Logger  // nil: slog.Default()
 
 	// RetryBackoff is the first delay before a failed (stream, perspective) is retried;
@@ -73,6 +75,11 @@ type Config struct {
 	// Concurrency is how many (stream, perspective) pairs one instance processes at once.
 	// Default 4, at most 64. Each takes a pool connection while it works.
 	Concurrency int
+	// GroupSize is how many (stream, perspective) pairs the normal path applies in one
+	// transaction: a handful of statements and one commit for the whole group. A poll claims
+	// up to GroupSize pairs per free Concurrency slot. Default 50, at most 1000; 1 applies
+	// each pair in a transaction of its own.
+	GroupSize int
 }
 
 func invalid(format string, args ...any) error {
@@ -161,6 +168,12 @@ func (cfg Config) resolve() (Config, error) {
 	}
 	if cfg.Concurrency == 0 {
 		cfg.Concurrency = DefaultConcurrency
+	}
+	if cfg.GroupSize < 0 || cfg.GroupSize > MaxGroupSize {
+		return cfg, invalid("GroupSize must be between 1 and %d, got %d", MaxGroupSize, cfg.GroupSize)
+	}
+	if cfg.GroupSize == 0 {
+		cfg.GroupSize = DefaultGroupSize
 	}
 	if cfg.InstanceID == uuid.Nil {
 		id, err := uuid.NewV7()

@@ -33,28 +33,51 @@ func newCoordinator() *coordinator {
 // lock waits for the pair and returns the function that releases it. It gives up with the
 // context's error when ctx ends first.
 func (c *coordinator) lock(ctx context.Context, k pairKey) (func(), error) {
-	c.mu.Lock()
-	e := c.entries[k]
-	if e == nil {
-		e = &coordEntry{sem: make(chan struct{}, 1)}
-		c.entries[k] = e
-	}
-	e.refs++
-	c.mu.Unlock()
-
+	e := c.ref(k)
 	select {
 	case e.sem <- struct{}{}:
 	case <-ctx.Done():
 		c.unref(k, e)
 		return nil, ctx.Err()
 	}
+	return c.releaser(k, e), nil
+}
+
+// tryLock takes the pair when it is free, without waiting: it returns the function that
+// releases it, or false when another goroutine holds the pair.
+func (c *coordinator) tryLock(k pairKey) (func(), bool) {
+	e := c.ref(k)
+	select {
+	case e.sem <- struct{}{}:
+		return c.releaser(k, e), true
+	default:
+		c.unref(k, e)
+		return nil, false
+	}
+}
+
+// ref returns k's entry, created when missing, counting the caller in.
+func (c *coordinator) ref(k pairKey) *coordEntry {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := c.entries[k]
+	if e == nil {
+		e = &coordEntry{sem: make(chan struct{}, 1)}
+		c.entries[k] = e
+	}
+	e.refs++
+	return e
+}
+
+// releaser is the idempotent release of a held entry.
+func (c *coordinator) releaser(k pairKey, e *coordEntry) func() {
 	var once sync.Once
 	return func() {
 		once.Do(func() {
 			<-e.sem
 			c.unref(k, e)
 		})
-	}, nil
+	}
 }
 
 func (c *coordinator) unref(k pairKey, e *coordEntry) {

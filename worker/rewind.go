@@ -209,6 +209,9 @@ func (w *Worker) runRewind(ctx context.Context, k pairKey, persp Perspective) (r
 // less orders event IDs as PostgreSQL orders uuid values (byte-wise).
 func less(a, b uuid.UUID) bool { return bytes.Compare(a[:], b[:]) < 0 }
 
+// compareIDs orders event IDs as PostgreSQL orders uuid values (bytewise).
+func compareIDs(a, b uuid.UUID) int { return bytes.Compare(a[:], b[:]) }
+
 // holdsLock is the fencing check: instance holds an unexpired stream lock on the locked
 // cursor row (expiry judged by the database clock when the row was read).
 func holdsLock(cur db.CursorLockRow, instance uuid.UUID) bool {

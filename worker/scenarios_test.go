@@ -147,7 +147,10 @@ func TestEventsArrivingDuringRewindAreAppliedAfter(t *testing.T) {
 	release()
 
 	require.Equal(t, expectedLedger(t, all), waitModel(t, ctx, name, stream, len(all)))
-	require.GreaterOrEqual(t, logs.count("rewind completed"), 2, "the event that arrived during the rewind needs its own pass")
+	// The log line follows the commit that waitModel saw.
+	eventually(t, 20*time.Second, "the event that arrived during the rewind needs its own pass", func() bool {
+		return logs.count("rewind completed") >= 2
+	})
 }
 
 // poisonPerspective fails on events of type "poison".
@@ -336,6 +339,8 @@ func TestNewValidatesConfig(t *testing.T) {
 		{"lock options differ from the locker's", worker.Config{Perspectives: []worker.Perspective{p}, Locker: newLocker(t, locker.Options{LockTimeout: 5 * time.Second, KeepAliveInterval: time.Second}), LockOptions: locker.Options{LockTimeout: 30 * time.Second}}, "LockOptions (LockTimeout 30s, KeepAliveInterval 10s) differ from the locker's (LockTimeout 5s, KeepAliveInterval 1s)", worker.ErrInvalidConfig},
 		{"negative concurrency", worker.Config{Perspectives: []worker.Perspective{p}, Concurrency: -1}, "Concurrency must be between 1 and 64, got -1", worker.ErrInvalidConfig},
 		{"huge concurrency", worker.Config{Perspectives: []worker.Perspective{p}, Concurrency: 65}, "Concurrency must be between 1 and 64, got 65", worker.ErrInvalidConfig},
+		{"negative group size", worker.Config{Perspectives: []worker.Perspective{p}, GroupSize: -1}, "GroupSize must be between 1 and 1000, got -1", worker.ErrInvalidConfig},
+		{"huge group size", worker.Config{Perspectives: []worker.Perspective{p}, GroupSize: 1001}, "GroupSize must be between 1 and 1000, got 1001", worker.ErrInvalidConfig},
 		{"backoff order", worker.Config{Perspectives: []worker.Perspective{p}, RetryBackoff: time.Minute, MaxRetryBackoff: time.Second}, "MaxRetryBackoff (1s) must not be less than RetryBackoff (1m0s)", worker.ErrInvalidConfig},
 	}
 	for _, tc := range cases {

@@ -92,7 +92,7 @@ var drainRound int
 // registered; the worker only drains), for the default configuration, Concurrency 1, 2 and
 // 8, BatchSize 1000, and the hand-written baseline. Each iteration is one round of every
 // variant; the figures are events/s per variant and worker/baseline, and where the time
-// goes: statements and commits per stream, streams per claim (QueueDueRows), statements in
+// goes: statements and commits per stream, streams per claim (QueueDuePairs), statements in
 // flight on average (time inside statements / wall time), and the CPU cores used by the
 // server processes of the test database and by this process.
 //
@@ -141,7 +141,7 @@ func BenchmarkWorkerDrain(b *testing.B) {
 			add(v.name, "inflight", busy.Seconds()/el.Seconds())
 			add(v.name, "pg-cores", pgCPU/el.Seconds())
 			add(v.name, "go-cores", goCPU/el.Seconds())
-			if c := st["QueueDueRows"].n; c > 0 {
+			if c := st["QueueDuePairs"].n; c > 0 {
 				add(v.name, "streams/claim", float64(drainStreams)/float64(c))
 			}
 			if verbose {

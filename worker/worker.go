@@ -246,27 +246,31 @@ func (w *Worker) listen(ctx context.Context) {
 	}
 }
 
-// dispatch polls the queue once, skipping the pairs in flight, and starts processing each
-// due pair in a free slot (Concurrency). It never waits for a pair to finish, so one long
-// rewind occupies one slot while the other slots go on; when the poll left work behind, a
-// finishing pair wakes the loop to poll again. It reports whether to poll again at once
-// (the poll was full and slots are free).
+// dispatch polls the queue once, skipping the pairs in flight, and hands the due pairs to
+// the free slots (Concurrency), in groups of at most GroupSize pairs that each apply in one
+// transaction. It never waits for a group to finish, so one long rewind occupies one slot
+// while the other slots go on; when the poll left work behind, a finishing group wakes the
+// loop to poll again. It reports whether to poll again at once (the poll was full and
+// slots are free).
 func (w *Worker) dispatch(ctx context.Context) bool {
-	// Until the poll below says otherwise, a finishing pair must wake the loop: set before
+	// Until the poll below says otherwise, a finishing group must wake the loop: set before
 	// looking at the slots, so a slot freed in between is not missed.
 	w.backlog.Store(true)
-	if len(w.slots) == cap(w.slots) {
+	free := cap(w.slots) - len(w.slots)
+	if free <= 0 {
 		return false // every slot busy: poll when one frees
 	}
-	pairs, rows, err := w.claim(ctx)
+	limit := free * w.cfg.GroupSize
+	pairs, err := w.claim(ctx, limit)
 	if err != nil {
 		if ctx.Err() == nil {
 			w.log.Error("poll queue failed", slog.Any("error", err))
 		}
 		return false
 	}
-	w.backlog.Store(rows >= w.cfg.BatchSize)
-	for _, k := range pairs {
+	full := len(pairs) >= limit
+	w.backlog.Store(full)
+	for _, group := range splitGroups(pairs, free) {
 		select {
 		case w.slots <- struct{}{}:
 		default:
@@ -274,24 +278,49 @@ func (w *Worker) dispatch(ctx context.Context) bool {
 			return false // no free slot: the rest is claimed again when one frees
 		}
 		w.inflightMu.Lock()
-		w.inflight[k] = true
+		for _, k := range group {
+			w.inflight[k] = true
+		}
 		w.inflightMu.Unlock()
 		w.jobs.Add(1)
 		go func() {
 			defer func() {
-				w.inflightMu.Lock()
-				delete(w.inflight, k)
-				w.inflightMu.Unlock()
+				for _, k := range group {
+					w.finished(k) // idempotent: after a panic too
+				}
 				<-w.slots
 				w.jobs.Done()
 				if w.backlog.Load() {
 					w.Notify() // a slot is free for what the last poll left behind
 				}
 			}()
-			w.process(ctx, k)
+			w.processGroup(ctx, group, w.finished)
 		}()
 	}
-	return rows >= w.cfg.BatchSize && len(w.slots) < cap(w.slots)
+	return full && len(w.slots) < cap(w.slots)
+}
+
+// splitGroups divides pairs into at most n groups of nearly equal size, in order.
+func splitGroups(pairs []pairKey, n int) [][]pairKey {
+	if len(pairs) == 0 || n <= 0 {
+		return nil
+	}
+	n = min(n, len(pairs))
+	size := (len(pairs) + n - 1) / n
+	groups := make([][]pairKey, 0, n)
+	for len(pairs) > 0 {
+		m := min(size, len(pairs))
+		groups = append(groups, pairs[:m:m])
+		pairs = pairs[m:]
+	}
+	return groups
+}
+
+// finished marks k as no longer in flight, so that the claim may take it again.
+func (w *Worker) finished(k pairKey) {
+	w.inflightMu.Lock()
+	delete(w.inflight, k)
+	w.inflightMu.Unlock()
 }
 
 // busyPairs lists the pairs in flight as 'stream/perspective', for the claim to skip.
@@ -305,36 +334,22 @@ func (w *Worker) busyPairs() []string {
 	return out
 }
 
-// claim reads up to BatchSize due queue rows, oldest first, and returns their distinct
-// pairs in that order with the number of rows read.
-func (w *Worker) claim(ctx context.Context) ([]pairKey, int, error) {
-	var due []db.QueueDueRowsRow
-	err := w.store.InTx(ctx, func(q db.Querier) error {
-		if err := q.QueuePlannerHints(ctx); err != nil {
-			return err
-		}
-		var err error
-		due, err = q.QueueDueRows(ctx, db.QueueDueRowsParams{
-			InstanceID:       w.cfg.InstanceID,
-			PerspectiveNames: w.names,
-			BusyPairs:        w.busyPairs(),
-			RowLimit:         int32(w.cfg.BatchSize),
-		})
-		return err
+// claim returns up to limit due pairs, each once, the pair with the oldest due row first.
+func (w *Worker) claim(ctx context.Context, limit int) ([]pairKey, error) {
+	due, err := w.store.QueueDuePairs(ctx, db.QueueDuePairsParams{
+		InstanceID:       w.cfg.InstanceID,
+		PerspectiveNames: w.names,
+		BusyPairs:        w.busyPairs(),
+		PairLimit:        int32(limit),
 	})
 	if err != nil {
-		return nil, 0, err
+		return nil, err
 	}
-	seen := make(map[pairKey]bool, len(due))
-	pairs := make([]pairKey, 0, len(due))
-	for _, r := range due {
-		k := pairKey{Stream: r.StreamID, Perspective: r.PerspectiveName}
-		if !seen[k] {
-			seen[k] = true
-			pairs = append(pairs, k)
-		}
+	pairs := make([]pairKey, len(due))
+	for i, r := range due {
+		pairs[i] = pairKey{Stream: r.StreamID, Perspective: r.PerspectiveName}
 	}
-	return pairs, len(due), nil
+	return pairs, nil
 }
 
 // process runs one pair's work under the apply coordinator, isolating its failures.
@@ -348,8 +363,12 @@ func (w *Worker) process(ctx context.Context, k pairKey) {
 		return
 	}
 	defer release()
-	err = w.guard(k, func() error { return w.processPair(ctx, k, persp) })
-	if err != nil {
+	w.runPair(ctx, k, func() error { return w.processPair(ctx, k, persp) })
+}
+
+// runPair runs fn, work on k, recording its error or panic as k's failure.
+func (w *Worker) runPair(ctx context.Context, k pairKey, fn func() error) {
+	if err := w.guard(k, fn); err != nil {
 		w.fail(ctx, k, err)
 	}
 }
@@ -367,11 +386,18 @@ func (w *Worker) guard(k pairKey, fn func() error) (err error) {
 	return fn()
 }
 
+// processPair runs the normal path for k alone, and what it finds necessary.
 func (w *Worker) processPair(ctx context.Context, k pairKey, persp Perspective) error {
 	res, err := w.applyNormal(ctx, k, persp)
 	if err != nil {
 		return err
 	}
+	return w.continuePair(ctx, k, persp, res)
+}
+
+// continuePair runs what the normal path found necessary: a rewind, or a bootstrap and the
+// normal path again.
+func (w *Worker) continuePair(ctx context.Context, k pairKey, persp Perspective, res normalResult) error {
 	switch {
 	case res.rewindFrom != uuid.Nil:
 		return w.rewind(ctx, k, persp, res.rewindFrom)
