@@ -97,10 +97,6 @@ type Querier interface {
 	QueueListen(ctx context.Context) error
 	// Records a failure on every queued row of the pair and pushes them back.
 	QueueMarkFailed(ctx context.Context, arg QueueMarkFailedParams) (int64, error)
-	// Run in the claim's transaction: the queue's contents change faster than its statistics,
-	// and a stale estimate makes the planner sort every due row instead of reading the due
-	// index in order and stopping at the limit.
-	QueuePlannerHints(ctx context.Context) error
 	RegisterLock(ctx context.Context) error
 	// Snapshot positions of one pair, newest first.
 	SnapshotIDs(ctx context.Context, arg SnapshotIDsParams) ([]uuid.UUID, error)

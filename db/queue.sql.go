@@ -287,15 +287,3 @@ func (q *Queries) QueueMarkFailed(ctx context.Context, arg QueueMarkFailedParams
 	}
 	return result.RowsAffected(), nil
 }
-
-const queuePlannerHints = `-- name: QueuePlannerHints :exec
-SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true)
-`
-
-// Run in the claim's transaction: the queue's contents change faster than its statistics,
-// and a stale estimate makes the planner sort every due row instead of reading the due
-// index in order and stopping at the limit.
-func (q *Queries) QueuePlannerHints(ctx context.Context) error {
-	_, err := q.db.Exec(ctx, queuePlannerHints)
-	return err
-}

@@ -126,9 +126,6 @@ var _ worker.Store = &StoreMock{}
 //			QueueMarkFailedFunc: func(ctx context.Context, arg db.QueueMarkFailedParams) (int64, error) {
 //				panic("mock out the QueueMarkFailed method")
 //			},
-//			QueuePlannerHintsFunc: func(ctx context.Context) error {
-//				panic("mock out the QueuePlannerHints method")
-//			},
 //			RegisterLockFunc: func(ctx context.Context) error {
 //				panic("mock out the RegisterLock method")
 //			},
@@ -288,9 +285,6 @@ type StoreMock struct {
 
 	// QueueMarkFailedFunc mocks the QueueMarkFailed method.
 	QueueMarkFailedFunc func(ctx context.Context, arg db.QueueMarkFailedParams) (int64, error)
-
-	// QueuePlannerHintsFunc mocks the QueuePlannerHints method.
-	QueuePlannerHintsFunc func(ctx context.Context) error
 
 	// RegisterLockFunc mocks the RegisterLock method.
 	RegisterLockFunc func(ctx context.Context) error
@@ -573,11 +567,6 @@ type StoreMock struct {
 			// Arg is the arg argument value.
 			Arg db.QueueMarkFailedParams
 		}
-		// QueuePlannerHints holds details about calls to the QueuePlannerHints method.
-		QueuePlannerHints []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-		}
 		// RegisterLock holds details about calls to the RegisterLock method.
 		RegisterLock []struct {
 			// Ctx is the ctx argument value.
@@ -720,7 +709,6 @@ type StoreMock struct {
 	lockQueueIDsForPair           sync.RWMutex
 	lockQueueListen               sync.RWMutex
 	lockQueueMarkFailed           sync.RWMutex
-	lockQueuePlannerHints         sync.RWMutex
 	lockRegisterLock              sync.RWMutex
 	lockSnapshotIDs               sync.RWMutex
 	lockSnapshotInsert            sync.RWMutex
@@ -1968,38 +1956,6 @@ func (mock *StoreMock) QueueMarkFailedCalls() []struct {
 	mock.lockQueueMarkFailed.RLock()
 	calls = mock.calls.QueueMarkFailed
 	mock.lockQueueMarkFailed.RUnlock()
-	return calls
-}
-
-// QueuePlannerHints calls QueuePlannerHintsFunc.
-func (mock *StoreMock) QueuePlannerHints(ctx context.Context) error {
-	if mock.QueuePlannerHintsFunc == nil {
-		panic("StoreMock.QueuePlannerHintsFunc: method is nil but Store.QueuePlannerHints was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-	}{
-		Ctx: ctx,
-	}
-	mock.lockQueuePlannerHints.Lock()
-	mock.calls.QueuePlannerHints = append(mock.calls.QueuePlannerHints, callInfo)
-	mock.lockQueuePlannerHints.Unlock()
-	return mock.QueuePlannerHintsFunc(ctx)
-}
-
-// QueuePlannerHintsCalls gets all the calls that were made to QueuePlannerHints.
-// Check the length with:
-//
-//	len(mockedStore.QueuePlannerHintsCalls())
-func (mock *StoreMock) QueuePlannerHintsCalls() []struct {
-	Ctx context.Context
-} {
-	var calls []struct {
-		Ctx context.Context
-	}
-	mock.lockQueuePlannerHints.RLock()
-	calls = mock.calls.QueuePlannerHints
-	mock.lockQueuePlannerHints.RUnlock()
 	return calls
 }
 

@@ -1,9 +1,3 @@
--- name: QueuePlannerHints :exec
--- Run in the claim's transaction: the queue's contents change faster than its statistics,
--- and a stale estimate makes the planner sort every due row instead of reading the due
--- index in order and stopping at the limit.
-SELECT set_config('enable_bitmapscan', 'off', true), set_config('enable_sort', 'off', true);
-
 -- name: QueueDuePairs :many
 -- The pairs with due queue rows, oldest row first, of the perspectives this instance runs,
 -- skipping pairs that it is working on, that another instance has locked, or that are

@@ -53,3 +53,15 @@ func (k *KeepAlive) Stop() { k.ka.stop() }
 
 // SnapshotsToDrop exposes the retention rule.
 var SnapshotsToDrop = snapshotsToDrop
+
+// ProcessGroup runs the pairs (stream, perspective) of streams as one group, exactly as a
+// dispatched slot would, and returns the streams in the order their work finished.
+func (w *Worker) ProcessGroup(ctx context.Context, perspective string, streams ...uuid.UUID) []uuid.UUID {
+	keys := make([]pairKey, len(streams))
+	for i, s := range streams {
+		keys[i] = pairKey{Stream: s, Perspective: perspective}
+	}
+	var order []uuid.UUID
+	w.processGroup(ctx, keys, func(k pairKey) { order = append(order, k.Stream) })
+	return order
+}
