@@ -13,7 +13,6 @@ import (
 )
 
 const streamLockAcquire = `-- name: StreamLockAcquire :one
-
 WITH prev AS (
     SELECT stream_lock_instance_id AS holder
     FROM wh_perspective_cursors
@@ -44,11 +43,6 @@ type StreamLockAcquireParams struct {
 	Reason             string
 }
 
-// Stream locks live on the cursor row of a (stream, perspective) pair.
-// Every expiry is set and compared with the database clock; no client time is used.
-// clock_timestamp(), not now(): now() is fixed when the transaction starts, so a statement
-// that waited for the row lock would otherwise compare with a stale time (reviving a lock
-// that lapsed during the wait, or granting a lease that already ran out).
 // Takes the lock when the pair is unlocked, its lock has expired, or the caller already
 // holds it (reason and expiry are then overwritten). Creates the cursor row if it is missing.
 // A row is returned only when the caller now holds the lock; took_over says that it
@@ -65,6 +59,55 @@ func (q *Queries) StreamLockAcquire(ctx context.Context, arg StreamLockAcquirePa
 	var took_over bool
 	err := row.Scan(&took_over)
 	return took_over, err
+}
+
+const streamLockAcquireFree = `-- name: StreamLockAcquireFree :execrows
+
+INSERT INTO wh_perspective_cursors AS c (
+    stream_id, perspective_name, stream_lock_instance_id, stream_lock_expiry, stream_lock_reason
+) VALUES (
+    $1, $2, $3::uuid,
+    clock_timestamp() + make_interval(secs => $4::float8), $5::text
+)
+ON CONFLICT (stream_id, perspective_name) DO UPDATE
+SET stream_lock_instance_id = EXCLUDED.stream_lock_instance_id,
+    stream_lock_expiry      = clock_timestamp() + make_interval(secs => $4::float8),
+    stream_lock_reason      = EXCLUDED.stream_lock_reason
+WHERE c.stream_lock_instance_id IS NULL
+   OR c.stream_lock_instance_id = EXCLUDED.stream_lock_instance_id
+`
+
+type StreamLockAcquireFreeParams struct {
+	StreamID           uuid.UUID
+	PerspectiveName    string
+	InstanceID         uuid.UUID
+	LockTimeoutSeconds float64
+	Reason             string
+}
+
+// Stream locks live on the cursor row of a (stream, perspective) pair.
+// Every expiry is set and compared with the database clock; no client time is used.
+// clock_timestamp(), not now(): now() is fixed when the transaction starts, so a statement
+// that waited for the row lock would otherwise compare with a stale time (reviving a lock
+// that lapsed during the wait, or granting a lease that already ran out).
+// Acquire's common case without the look-up of the previous holder: the pair is unlocked
+// (its cursor row is created when missing) or already held by the caller (reason and
+// expiry are then overwritten); no takeover is possible. When it takes nothing,
+// StreamLockAcquire decides (a lock of another instance, expired or not). An upsert, not a
+// plain UPDATE: ON CONFLICT locks the row before computing the expiry, so a statement that
+// waited for the row still grants a full lease.
+func (q *Queries) StreamLockAcquireFree(ctx context.Context, arg StreamLockAcquireFreeParams) (int64, error) {
+	result, err := q.db.Exec(ctx, streamLockAcquireFree,
+		arg.StreamID,
+		arg.PerspectiveName,
+		arg.InstanceID,
+		arg.LockTimeoutSeconds,
+		arg.Reason,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
 
 const streamLockForceRelease = `-- name: StreamLockForceRelease :execrows

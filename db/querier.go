@@ -115,17 +115,24 @@ type Querier interface {
 	// max_per_stream is 1.
 	SnapshotsPrune(ctx context.Context, arg SnapshotsPruneParams) (int64, error)
 	StreamIDs(ctx context.Context) ([]uuid.UUID, error)
-	// Stream locks live on the cursor row of a (stream, perspective) pair.
-	// Every expiry is set and compared with the database clock; no client time is used.
-	// clock_timestamp(), not now(): now() is fixed when the transaction starts, so a statement
-	// that waited for the row lock would otherwise compare with a stale time (reviving a lock
-	// that lapsed during the wait, or granting a lease that already ran out).
 	// Takes the lock when the pair is unlocked, its lock has expired, or the caller already
 	// holds it (reason and expiry are then overwritten). Creates the cursor row if it is missing.
 	// A row is returned only when the caller now holds the lock; took_over says that it
 	// replaced another instance's (expired) lock — as seen when the statement began, which is
 	// exact unless another writer changed the row meanwhile (it is reported for metrics only).
 	StreamLockAcquire(ctx context.Context, arg StreamLockAcquireParams) (bool, error)
+	// Stream locks live on the cursor row of a (stream, perspective) pair.
+	// Every expiry is set and compared with the database clock; no client time is used.
+	// clock_timestamp(), not now(): now() is fixed when the transaction starts, so a statement
+	// that waited for the row lock would otherwise compare with a stale time (reviving a lock
+	// that lapsed during the wait, or granting a lease that already ran out).
+	// Acquire's common case without the look-up of the previous holder: the pair is unlocked
+	// (its cursor row is created when missing) or already held by the caller (reason and
+	// expiry are then overwritten); no takeover is possible. When it takes nothing,
+	// StreamLockAcquire decides (a lock of another instance, expired or not). An upsert, not a
+	// plain UPDATE: ON CONFLICT locks the row before computing the expiry, so a statement that
+	// waited for the row still grants a full lease.
+	StreamLockAcquireFree(ctx context.Context, arg StreamLockAcquireFreeParams) (int64, error)
 	// Clears the lock whoever holds it (operator action).
 	StreamLockForceRelease(ctx context.Context, arg StreamLockForceReleaseParams) (int64, error)
 	// The unexpired lock on one pair, with the time left on the database clock.

@@ -15,6 +15,7 @@ import (
 
 // queries is the part of db.Querier the Postgres locker uses.
 type queries interface {
+	StreamLockAcquireFree(ctx context.Context, arg db.StreamLockAcquireFreeParams) (int64, error)
 	StreamLockAcquire(ctx context.Context, arg db.StreamLockAcquireParams) (bool, error)
 	StreamLockRenew(ctx context.Context, arg db.StreamLockRenewParams) (int64, error)
 	StreamLockRelease(ctx context.Context, arg db.StreamLockReleaseParams) (int64, error)
@@ -23,8 +24,9 @@ type queries interface {
 	StreamLockList(ctx context.Context) ([]db.StreamLockListRow, error)
 }
 
-// Postgres is the Locker kept on wh_perspective_cursors. Each operation is one atomic
-// statement; expiry is set and compared with the database's now().
+// Postgres is the Locker kept on wh_perspective_cursors. Each operation is atomic (one
+// statement; Acquire tries a cheaper one first); expiry is set and compared with the
+// database clock.
 type Postgres struct {
 	q    queries
 	opts Options
@@ -69,6 +71,20 @@ func (p *Postgres) Acquire(ctx context.Context, streamID uuid.UUID, perspectiveN
 	}
 	if err := validateReason(reason); err != nil {
 		return AcquireResult{}, fmt.Errorf("locker: acquire: %w", err)
+	}
+	// Most acquires find the pair unlocked: one statement with no takeover to report.
+	n, err := p.q.StreamLockAcquireFree(ctx, db.StreamLockAcquireFreeParams{
+		StreamID:           streamID,
+		PerspectiveName:    perspectiveName,
+		InstanceID:         instanceID,
+		LockTimeoutSeconds: p.timeoutSeconds(),
+		Reason:             string(reason),
+	})
+	if err != nil {
+		return AcquireResult{}, fmt.Errorf("locker: acquire: %w", err)
+	}
+	if n == 1 {
+		return AcquireResult{Acquired: true}, nil
 	}
 	tookOver, err := p.q.StreamLockAcquire(ctx, db.StreamLockAcquireParams{
 		StreamID:           streamID,

@@ -159,6 +159,9 @@ var _ worker.Store = &StoreMock{}
 //			StreamLockAcquireFunc: func(ctx context.Context, arg db.StreamLockAcquireParams) (bool, error) {
 //				panic("mock out the StreamLockAcquire method")
 //			},
+//			StreamLockAcquireFreeFunc: func(ctx context.Context, arg db.StreamLockAcquireFreeParams) (int64, error) {
+//				panic("mock out the StreamLockAcquireFree method")
+//			},
 //			StreamLockForceReleaseFunc: func(ctx context.Context, arg db.StreamLockForceReleaseParams) (int64, error) {
 //				panic("mock out the StreamLockForceRelease method")
 //			},
@@ -318,6 +321,9 @@ type StoreMock struct {
 
 	// StreamLockAcquireFunc mocks the StreamLockAcquire method.
 	StreamLockAcquireFunc func(ctx context.Context, arg db.StreamLockAcquireParams) (bool, error)
+
+	// StreamLockAcquireFreeFunc mocks the StreamLockAcquireFree method.
+	StreamLockAcquireFreeFunc func(ctx context.Context, arg db.StreamLockAcquireFreeParams) (int64, error)
 
 	// StreamLockForceReleaseFunc mocks the StreamLockForceRelease method.
 	StreamLockForceReleaseFunc func(ctx context.Context, arg db.StreamLockForceReleaseParams) (int64, error)
@@ -640,6 +646,13 @@ type StoreMock struct {
 			// Arg is the arg argument value.
 			Arg db.StreamLockAcquireParams
 		}
+		// StreamLockAcquireFree holds details about calls to the StreamLockAcquireFree method.
+		StreamLockAcquireFree []struct {
+			// Ctx is the ctx argument value.
+			Ctx context.Context
+			// Arg is the arg argument value.
+			Arg db.StreamLockAcquireFreeParams
+		}
 		// StreamLockForceRelease holds details about calls to the StreamLockForceRelease method.
 		StreamLockForceRelease []struct {
 			// Ctx is the ctx argument value.
@@ -720,6 +733,7 @@ type StoreMock struct {
 	lockSnapshotsPrune            sync.RWMutex
 	lockStreamIDs                 sync.RWMutex
 	lockStreamLockAcquire         sync.RWMutex
+	lockStreamLockAcquireFree     sync.RWMutex
 	lockStreamLockForceRelease    sync.RWMutex
 	lockStreamLockGet             sync.RWMutex
 	lockStreamLockList            sync.RWMutex
@@ -2344,6 +2358,42 @@ func (mock *StoreMock) StreamLockAcquireCalls() []struct {
 	mock.lockStreamLockAcquire.RLock()
 	calls = mock.calls.StreamLockAcquire
 	mock.lockStreamLockAcquire.RUnlock()
+	return calls
+}
+
+// StreamLockAcquireFree calls StreamLockAcquireFreeFunc.
+func (mock *StoreMock) StreamLockAcquireFree(ctx context.Context, arg db.StreamLockAcquireFreeParams) (int64, error) {
+	if mock.StreamLockAcquireFreeFunc == nil {
+		panic("StoreMock.StreamLockAcquireFreeFunc: method is nil but Store.StreamLockAcquireFree was just called")
+	}
+	callInfo := struct {
+		Ctx context.Context
+		Arg db.StreamLockAcquireFreeParams
+	}{
+		Ctx: ctx,
+		Arg: arg,
+	}
+	mock.lockStreamLockAcquireFree.Lock()
+	mock.calls.StreamLockAcquireFree = append(mock.calls.StreamLockAcquireFree, callInfo)
+	mock.lockStreamLockAcquireFree.Unlock()
+	return mock.StreamLockAcquireFreeFunc(ctx, arg)
+}
+
+// StreamLockAcquireFreeCalls gets all the calls that were made to StreamLockAcquireFree.
+// Check the length with:
+//
+//	len(mockedStore.StreamLockAcquireFreeCalls())
+func (mock *StoreMock) StreamLockAcquireFreeCalls() []struct {
+	Ctx context.Context
+	Arg db.StreamLockAcquireFreeParams
+} {
+	var calls []struct {
+		Ctx context.Context
+		Arg db.StreamLockAcquireFreeParams
+	}
+	mock.lockStreamLockAcquireFree.RLock()
+	calls = mock.calls.StreamLockAcquireFree
+	mock.lockStreamLockAcquireFree.RUnlock()
 	return calls
 }
 

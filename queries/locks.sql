@@ -4,6 +4,26 @@
 -- that waited for the row lock would otherwise compare with a stale time (reviving a lock
 -- that lapsed during the wait, or granting a lease that already ran out).
 
+-- name: StreamLockAcquireFree :execrows
+-- Acquire's common case without the look-up of the previous holder: the pair is unlocked
+-- (its cursor row is created when missing) or already held by the caller (reason and
+-- expiry are then overwritten); no takeover is possible. When it takes nothing,
+-- StreamLockAcquire decides (a lock of another instance, expired or not). An upsert, not a
+-- plain UPDATE: ON CONFLICT locks the row before computing the expiry, so a statement that
+-- waited for the row still grants a full lease.
+INSERT INTO wh_perspective_cursors AS c (
+    stream_id, perspective_name, stream_lock_instance_id, stream_lock_expiry, stream_lock_reason
+) VALUES (
+    @stream_id, @perspective_name, @instance_id::uuid,
+    clock_timestamp() + make_interval(secs => @lock_timeout_seconds::float8), @reason::text
+)
+ON CONFLICT (stream_id, perspective_name) DO UPDATE
+SET stream_lock_instance_id = EXCLUDED.stream_lock_instance_id,
+    stream_lock_expiry      = clock_timestamp() + make_interval(secs => @lock_timeout_seconds::float8),
+    stream_lock_reason      = EXCLUDED.stream_lock_reason
+WHERE c.stream_lock_instance_id IS NULL
+   OR c.stream_lock_instance_id = EXCLUDED.stream_lock_instance_id;
+
 -- name: StreamLockAcquire :one
 -- Takes the lock when the pair is unlocked, its lock has expired, or the caller already
 -- holds it (reason and expiry are then overwritten). Creates the cursor row if it is missing.
