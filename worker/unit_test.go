@@ -4,7 +4,8 @@ package worker_test
 // isolation) against the moq mocks in mocks/: no database. The StoreMock is wired to a
 // small in-memory model of the tables (utFake) so that each test states its starting rows
 // and checks both the calls the worker made and the rows it left behind. Transactions are
-// modelled: InTx runs fn on the same mock and restores the rows when fn returns an error.
+// modelled: InTx runs fn on the same mock and restores the rows when fn returns an error
+// or panics.
 
 import (
 	"bytes"
@@ -138,11 +139,20 @@ type utPair struct {
 	attempts int32
 	status   string
 	lastErr  *string
+	nextAt   time.Time // next_attempt_at; zero is NULL
 	lockInst uuid.NullUUID
 	lockLive bool
 	model    *db.ModelGetRow
 	snaps    map[uuid.UUID][]byte
 	queue    map[uuid.UUID]bool
+	qFail    map[uuid.UUID]utQueueFail // the failure columns of the queue rows that have any
+}
+
+// utQueueFail is what QueueMarkFailed writes on a queue row.
+type utQueueFail struct {
+	attempts int32
+	lastErr  *string
+	nextAt   time.Time
 }
 
 func (p *utPair) clone() *utPair {
@@ -159,7 +169,34 @@ func (p *utPair) clone() *utPair {
 	for k, v := range p.queue {
 		c.queue[k] = v
 	}
+	c.qFail = make(map[uuid.UUID]utQueueFail, len(p.qFail))
+	for k, v := range p.qFail {
+		c.qFail[k] = v
+	}
 	return &c
+}
+
+// dequeue deletes the queue rows ids and returns how many existed.
+func (p *utPair) dequeue(ids []uuid.UUID) int64 {
+	var n int64
+	for _, id := range ids {
+		if p.queue[id] {
+			delete(p.queue, id)
+			delete(p.qFail, id)
+			n++
+		}
+	}
+	return n
+}
+
+// commit is the cursor part of PairApplyCommit and PairsApplyCommit: the model at last,
+// the cursor (when its row exists) advanced and cleared of any failure.
+func (p *utPair) commit(model []byte, last uuid.UUID, since int32) {
+	p.model = &db.ModelGetRow{Model: slices.Clone(model), LastEventID: last}
+	if p.cursor {
+		p.last, p.since, p.version = uuid.NullUUID{UUID: last, Valid: true}, since, p.version+1
+		p.status, p.lastErr, p.attempts, p.nextAt = "ok", nil, 0, time.Time{}
+	}
 }
 
 func (p *utPair) lockRow() db.CursorLockRow {
@@ -225,7 +262,7 @@ func (f *utFake) p(stream uuid.UUID, name string) *utPair {
 	k := utKey{stream, name}
 	p := f.pairs[k]
 	if p == nil {
-		p = &utPair{status: "ok", snaps: map[uuid.UUID][]byte{}, queue: map[uuid.UUID]bool{}}
+		p = &utPair{status: "ok", snaps: map[uuid.UUID][]byte{}, queue: map[uuid.UUID]bool{}, qFail: map[uuid.UUID]utQueueFail{}}
 		f.pairs[k] = p
 	}
 	return p
@@ -363,13 +400,21 @@ func (f *utFake) wireStore() {
 		f.mu.Lock()
 		saved := f.clonePairs()
 		f.mu.Unlock()
-		if err := fn(s); err != nil {
+		committed := false
+		defer func() {
+			if committed {
+				return
+			}
+			// An error or a panic: roll back (pgx.BeginFunc rolls back on both).
 			f.mu.Lock()
 			f.pairs = saved
 			f.rollbacks++
 			f.mu.Unlock()
+		}()
+		if err := fn(s); err != nil {
 			return err
 		}
+		committed = true
 		f.mu.Lock()
 		f.commits++
 		f.mu.Unlock()
@@ -427,10 +472,8 @@ func (f *utFake) wireStore() {
 		}
 		p.status, p.lastErr = "failed", a.LastError
 		p.attempts++
-		return db.CursorMarkFailedRow{
-			Attempts:      p.attempts,
-			NextAttemptAt: time.Now().Add(time.Duration(a.BackoffSeconds * float64(time.Second))),
-		}, nil
+		p.nextAt = time.Now().Add(time.Duration(a.BackoffSeconds * float64(time.Second)))
+		return db.CursorMarkFailedRow{Attempts: p.attempts, NextAttemptAt: p.nextAt}, nil
 	}
 	s.CursorResetFunc = func(ctx context.Context, a db.CursorResetParams) error {
 		unlock, err := lock(ctx)
@@ -441,7 +484,7 @@ func (f *utFake) wireStore() {
 		p := f.p(a.StreamID, a.PerspectiveName)
 		if p.cursor {
 			p.last, p.since, p.version = uuid.NullUUID{}, 0, p.version+1
-			p.status, p.lastErr, p.attempts = "ok", nil, 0
+			p.status, p.lastErr, p.attempts, p.nextAt = "ok", nil, 0, time.Time{}
 		}
 		return nil
 	}
@@ -472,19 +515,8 @@ func (f *utFake) wireStore() {
 		}
 		defer unlock()
 		p := f.p(a.StreamID, a.PerspectiveName)
-		p.model = &db.ModelGetRow{Model: slices.Clone(a.Model), LastEventID: a.LastEventID}
-		if p.cursor {
-			p.last, p.since, p.version = uuid.NullUUID{UUID: a.LastEventID, Valid: true}, a.EventsSinceSnapshot, p.version+1
-			p.status, p.lastErr, p.attempts = "ok", nil, 0
-		}
-		var n int64
-		for _, id := range a.EventIds {
-			if p.queue[id] {
-				delete(p.queue, id)
-				n++
-			}
-		}
-		return n, nil
+		p.commit(a.Model, a.LastEventID, a.EventsSinceSnapshot)
+		return p.dequeue(a.EventIds), nil
 	}
 
 	// Models.
@@ -545,7 +577,12 @@ func (f *utFake) wireStore() {
 			return 0, err
 		}
 		defer unlock()
-		return int64(len(f.p(a.StreamID, a.PerspectiveName).queue)), nil
+		p := f.p(a.StreamID, a.PerspectiveName)
+		for id := range p.queue {
+			q := p.qFail[id]
+			p.qFail[id] = utQueueFail{attempts: q.attempts + 1, lastErr: a.LastError, nextAt: a.NextAttemptAt}
+		}
+		return int64(len(p.queue)), nil
 	}
 
 	// Snapshots.
@@ -633,6 +670,200 @@ func (f *utFake) wireStore() {
 		return n, nil
 	}
 
+	// The group path's statements: the pairs come as parallel arrays, as in the SQL.
+	s.PairsLockForApplyFunc = func(ctx context.Context, a db.PairsLockForApplyParams) ([]db.PairsLockForApplyRow, error) {
+		keys, err := utKeys(a.StreamIds, a.PerspectiveNames)
+		if err != nil {
+			return nil, err
+		}
+		unlock, err := lock(ctx)
+		if err != nil {
+			return nil, err
+		}
+		defer unlock()
+		// Row locks are not modelled (as in PairLockForApply): only a missing cursor row
+		// leaves a pair out.
+		out := []db.PairsLockForApplyRow{}
+		for _, k := range keys {
+			p := f.p(k.stream, k.name)
+			if !p.cursor {
+				continue
+			}
+			r := p.lockRow()
+			out = append(out, db.PairsLockForApplyRow{
+				StreamID: k.stream, PerspectiveName: k.name, LastEventID: r.LastEventID,
+				EventsSinceSnapshot: r.EventsSinceSnapshot, StreamLockInstanceID: r.StreamLockInstanceID,
+				LockLive: r.LockLive, HasSnapshot: len(p.snaps) > 0,
+			})
+		}
+		return out, nil
+	}
+	s.CursorsEnsureFunc = func(ctx context.Context, a db.CursorsEnsureParams) ([]db.CursorsEnsureRow, error) {
+		keys, err := utKeys(a.StreamIds, a.PerspectiveNames)
+		if err != nil {
+			return nil, err
+		}
+		unlock, err := lock(ctx)
+		if err != nil {
+			return nil, err
+		}
+		defer unlock()
+		out := []db.CursorsEnsureRow{}
+		for _, k := range keys {
+			if p := f.p(k.stream, k.name); !p.cursor {
+				p.cursor = true
+				out = append(out, db.CursorsEnsureRow{StreamID: k.stream, PerspectiveName: k.name})
+			}
+		}
+		return out, nil
+	}
+	s.QueueEventsForPairsFunc = func(ctx context.Context, a db.QueueEventsForPairsParams) ([]db.QueueEventsForPairsRow, error) {
+		keys, err := utKeys(a.StreamIds, a.PerspectiveNames)
+		if err != nil {
+			return nil, err
+		}
+		unlock, err := lock(ctx)
+		if err != nil {
+			return nil, err
+		}
+		defer unlock()
+		out := []db.QueueEventsForPairsRow{}
+		for _, k := range keys {
+			ids := f.p(k.stream, k.name).queued()
+			for _, id := range ids[:min(len(ids), max(int(a.PerPairLimit), 0))] {
+				e, ok := f.byID[id]
+				if !ok {
+					continue // the join with the event store drops it
+				}
+				out = append(out, db.QueueEventsForPairsRow{
+					StreamID: k.stream, PerspectiveName: k.name, EventID: id,
+					EventType: e.EventType, Data: e.Data, CreatedAt: e.CreatedAt,
+				})
+			}
+		}
+		// The SQL promises no order across pairs: hand them back interleaved, newest first.
+		slices.SortStableFunc(out, func(x, y db.QueueEventsForPairsRow) int { return bytes.Compare(y.EventID[:], x.EventID[:]) })
+		return out, nil
+	}
+	s.ModelsGetFunc = func(ctx context.Context, a db.ModelsGetParams) ([]db.ModelsGetRow, error) {
+		keys, err := utKeys(a.StreamIds, a.PerspectiveNames)
+		if err != nil {
+			return nil, err
+		}
+		unlock, err := lock(ctx)
+		if err != nil {
+			return nil, err
+		}
+		defer unlock()
+		out := []db.ModelsGetRow{}
+		for _, k := range keys {
+			if m := f.p(k.stream, k.name).model; m != nil {
+				out = append(out, db.ModelsGetRow{
+					StreamID: k.stream, PerspectiveName: k.name, Model: slices.Clone(m.Model), LastEventID: m.LastEventID,
+				})
+			}
+		}
+		return out, nil
+	}
+	s.PairsApplyCommitFunc = func(ctx context.Context, a db.PairsApplyCommitParams) (int64, error) {
+		keys, err := utKeys(a.StreamIds, a.PerspectiveNames)
+		if err != nil {
+			return 0, err
+		}
+		if len(a.Models) != len(keys) || len(a.LastEventIds) != len(keys) || len(a.EventsSinceSnapshot) != len(keys) {
+			return 0, fmt.Errorf("fake PairsApplyCommit: %d pairs but %d models, %d last event IDs, %d counters",
+				len(keys), len(a.Models), len(a.LastEventIds), len(a.EventsSinceSnapshot))
+		}
+		if err := utDistinct(keys); err != nil {
+			return 0, fmt.Errorf("fake PairsApplyCommit: ON CONFLICT DO UPDATE command cannot affect row a second time: %w", err)
+		}
+		applied, err := utKeys(a.AppliedStreamIds, a.AppliedPerspectiveNames)
+		if err != nil {
+			return 0, err
+		}
+		if len(a.AppliedEventIds) != len(applied) {
+			return 0, fmt.Errorf("fake PairsApplyCommit: %d applied pairs but %d applied event IDs", len(applied), len(a.AppliedEventIds))
+		}
+		unlock, err := lock(ctx)
+		if err != nil {
+			return 0, err
+		}
+		defer unlock()
+		for i, k := range keys {
+			f.p(k.stream, k.name).commit(a.Models[i], a.LastEventIds[i], a.EventsSinceSnapshot[i])
+		}
+		var n int64
+		for i, k := range applied {
+			n += f.p(k.stream, k.name).dequeue(a.AppliedEventIds[i : i+1])
+		}
+		return n, nil
+	}
+	s.SnapshotsInsertManyFunc = func(ctx context.Context, a db.SnapshotsInsertManyParams) error {
+		keys, err := utKeys(a.StreamIds, a.PerspectiveNames)
+		if err != nil {
+			return err
+		}
+		if len(a.SnapshotEventIds) != len(keys) || len(a.Models) != len(keys) {
+			return fmt.Errorf("fake SnapshotsInsertMany: %d pairs but %d snapshot IDs, %d models", len(keys), len(a.SnapshotEventIds), len(a.Models))
+		}
+		seen := make(map[utKey]map[uuid.UUID]bool, len(keys))
+		for i, k := range keys {
+			if seen[k] == nil {
+				seen[k] = map[uuid.UUID]bool{}
+			}
+			if seen[k][a.SnapshotEventIds[i]] {
+				return fmt.Errorf("fake SnapshotsInsertMany: ON CONFLICT DO UPDATE command cannot affect row a second time (%s at %s)", k.stream, a.SnapshotEventIds[i])
+			}
+			seen[k][a.SnapshotEventIds[i]] = true
+		}
+		unlock, err := lock(ctx)
+		if err != nil {
+			return err
+		}
+		defer unlock()
+		for i, k := range keys {
+			f.p(k.stream, k.name).snaps[a.SnapshotEventIds[i]] = slices.Clone(a.Models[i])
+		}
+		return nil
+	}
+	s.SnapshotsPruneFunc = func(ctx context.Context, a db.SnapshotsPruneParams) (int64, error) {
+		keys, err := utKeys(a.StreamIds, a.PerspectiveNames)
+		if err != nil {
+			return 0, err
+		}
+		unlock, err := lock(ctx)
+		if err != nil {
+			return 0, err
+		}
+		defer unlock()
+		// Per pair, newest first, the row at position pos (from 1) of total goes when
+		// pos >= max(max_per_stream, 2) and (max_per_stream = 1 or pos < total).
+		maxPer := int(a.MaxPerStream)
+		var n int64
+		done := map[utKey]bool{}
+		for _, k := range keys {
+			if done[k] {
+				continue
+			}
+			done[k] = true
+			p := f.p(k.stream, k.name)
+			ids := make([]uuid.UUID, 0, len(p.snaps))
+			for id := range p.snaps {
+				ids = append(ids, id)
+			}
+			ids = utSorted(ids)
+			slices.Reverse(ids)
+			for i, id := range ids {
+				pos := i + 1
+				if pos >= max(maxPer, 2) && (maxPer == 1 || pos < len(ids)) {
+					delete(p.snaps, id)
+					n++
+				}
+			}
+		}
+		return n, nil
+	}
+
 	// Events.
 	s.EventsReplayPageFunc = func(ctx context.Context, a db.EventsReplayPageParams) ([]db.WhEventStore, error) {
 		unlock, err := lock(ctx)
@@ -651,6 +882,31 @@ func (f *utFake) wireStore() {
 		}
 		return out, nil
 	}
+}
+
+// utKeys zips the parallel arrays of a group statement. Arrays of different lengths are an
+// error here (unnest would pad the shorter with NULLs).
+func utKeys(streams []uuid.UUID, names []string) ([]utKey, error) {
+	if len(streams) != len(names) {
+		return nil, fmt.Errorf("fake: %d stream IDs but %d perspective names", len(streams), len(names))
+	}
+	keys := make([]utKey, len(streams))
+	for i := range streams {
+		keys[i] = utKey{streams[i], names[i]}
+	}
+	return keys, nil
+}
+
+// utDistinct reports a pair given twice.
+func utDistinct(keys []utKey) error {
+	seen := make(map[utKey]bool, len(keys))
+	for _, k := range keys {
+		if seen[k] {
+			return fmt.Errorf("pair %s/%s given twice", k.stream, k.name)
+		}
+		seen[k] = true
+	}
+	return nil
 }
 
 // wireLocker makes the LockerMock act on the lock columns of the fake cursor rows, as the
