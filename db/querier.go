@@ -82,8 +82,10 @@ type Querier interface {
 	// The pairs with due queue rows, oldest row first, of the perspectives this instance runs,
 	// skipping pairs that it is working on, that another instance has locked, or that are
 	// backing off after a failure; at most pair_limit pairs, each once.
-	// A loose index scan: each step is one probe of the due index for the next due row of a
-	// pair not returned yet, so the cost grows with the pairs returned, not with their rows.
+	// A loose index scan: each step is one probe of the due index for the first row after the
+	// previous step's (next_attempt_at, stream, perspective) group, so a step passes a whole
+	// group (all the rows one Append queued for a pair) at once, and the cost grows with the
+	// groups passed, not with their rows. The pair is then judged once per group.
 	QueueDuePairs(ctx context.Context, arg QueueDuePairsParams) ([]QueueDuePairsRow, error)
 	// Enqueues every stored event of one stream for one perspective (rebuild).
 	QueueEnqueueStream(ctx context.Context, arg QueueEnqueueStreamParams) (int64, error)

@@ -80,45 +80,52 @@ func (q *Queries) QueueDepth(ctx context.Context) ([]QueueDepthRow, error) {
 
 const queueDuePairs = `-- name: QueueDuePairs :many
 WITH RECURSIVE due AS (
-    -- The start: before every row; busy_pairs counts as returned already.
+    -- The start: before every row.
     SELECT '-infinity'::timestamptz AS next_attempt_at,
            '00000000-0000-0000-0000-000000000000'::uuid AS stream_id,
            ''::text AS perspective_name,
-           -- pairs returned or in work, as 'stream_id/perspective_name'
-           $2::text[] AS seen
+           '{}'::text[] AS returned, -- pairs returned so far, as 'stream_id/perspective_name'
+           false AS ok
     UNION ALL
     SELECT n.next_attempt_at, n.stream_id, n.perspective_name,
-           d.seen || (n.stream_id::text || '/' || n.perspective_name)
+           CASE WHEN n.ok THEN d.returned || n.pair ELSE d.returned END,
+           n.ok
     FROM due d
     CROSS JOIN LATERAL (
-        SELECT q.next_attempt_at, q.stream_id, q.perspective_name
-        FROM wh_perspective_events q
-        WHERE (q.next_attempt_at, q.stream_id, q.perspective_name) > (d.next_attempt_at, d.stream_id, d.perspective_name)
-          AND q.next_attempt_at <= now()
-          AND q.perspective_name = ANY($3::text[])
-          AND (q.stream_id::text || '/' || q.perspective_name) <> ALL (d.seen)
-          AND NOT EXISTS (
-              SELECT 1 FROM wh_perspective_cursors c
-              WHERE c.stream_id = q.stream_id
-                AND c.perspective_name = q.perspective_name
-                AND ((c.stream_lock_instance_id <> $4::uuid AND c.stream_lock_expiry > clock_timestamp())
-                     OR c.next_attempt_at > now())
-          )
-        ORDER BY q.next_attempt_at, q.stream_id, q.perspective_name, q.event_id
-        LIMIT 1
+        SELECT g.next_attempt_at, g.stream_id, g.perspective_name, g.pair,
+               (g.pair <> ALL (d.returned)
+                -- pairs this instance is working on, as 'stream_id/perspective_name'
+                AND g.pair <> ALL ($2::text[])
+                AND NOT EXISTS (
+                    SELECT 1 FROM wh_perspective_cursors c
+                    WHERE c.stream_id = g.stream_id
+                      AND c.perspective_name = g.perspective_name
+                      AND ((c.stream_lock_instance_id <> $3::uuid AND c.stream_lock_expiry > clock_timestamp())
+                           OR c.next_attempt_at > now())
+                )) AS ok
+        FROM (
+            SELECT q.next_attempt_at, q.stream_id, q.perspective_name,
+                   q.stream_id::text || '/' || q.perspective_name AS pair
+            FROM wh_perspective_events q
+            WHERE (q.next_attempt_at, q.stream_id, q.perspective_name) > (d.next_attempt_at, d.stream_id, d.perspective_name)
+              AND q.next_attempt_at <= now()
+              AND q.perspective_name = ANY($4::text[])
+            ORDER BY q.next_attempt_at, q.stream_id, q.perspective_name, q.event_id
+            LIMIT 1
+        ) g
     ) n
 )
 SELECT due.stream_id, due.perspective_name
 FROM due
-WHERE due.perspective_name <> ''
+WHERE due.ok
 LIMIT $1
 `
 
 type QueueDuePairsParams struct {
 	PairLimit        int32
 	BusyPairs        []string
-	PerspectiveNames []string
 	InstanceID       uuid.UUID
+	PerspectiveNames []string
 }
 
 type QueueDuePairsRow struct {
@@ -129,14 +136,16 @@ type QueueDuePairsRow struct {
 // The pairs with due queue rows, oldest row first, of the perspectives this instance runs,
 // skipping pairs that it is working on, that another instance has locked, or that are
 // backing off after a failure; at most pair_limit pairs, each once.
-// A loose index scan: each step is one probe of the due index for the next due row of a
-// pair not returned yet, so the cost grows with the pairs returned, not with their rows.
+// A loose index scan: each step is one probe of the due index for the first row after the
+// previous step's (next_attempt_at, stream, perspective) group, so a step passes a whole
+// group (all the rows one Append queued for a pair) at once, and the cost grows with the
+// groups passed, not with their rows. The pair is then judged once per group.
 func (q *Queries) QueueDuePairs(ctx context.Context, arg QueueDuePairsParams) ([]QueueDuePairsRow, error) {
 	rows, err := q.db.Query(ctx, queueDuePairs,
 		arg.PairLimit,
 		arg.BusyPairs,
-		arg.PerspectiveNames,
 		arg.InstanceID,
+		arg.PerspectiveNames,
 	)
 	if err != nil {
 		return nil, err
