@@ -65,3 +65,6 @@ func (w *Worker) ProcessGroup(ctx context.Context, perspective string, streams .
 	w.processGroup(ctx, keys, func(k pairKey) { order = append(order, k.Stream) })
 	return order
 }
+
+// ClaimExclusions is what the next claim would skip (and consumes the one-claim skips).
+func (w *Worker) ClaimExclusions() []string { return w.claimExclusions() }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"maps"
 	"runtime/debug"
 	"slices"
 
@@ -27,6 +28,7 @@ type groupOutcome struct {
 	failed  map[pairKey]error        // an Apply failure, recorded with backoff (the events before it applied)
 	follow  map[pairKey]normalResult // a rewind or a bootstrap to run next
 	single  []pairKey                // to process again alone (see applyGroup)
+	held    []pairKey                // cursor row held by another transaction: skipped
 }
 
 // pairWork is one pair's part of a group transaction.
@@ -82,6 +84,7 @@ func (w *Worker) processGroup(ctx context.Context, keys []pairKey, finished func
 			}
 		default:
 			w.reportGroup(ctx, out)
+			w.skipNextClaim(out.held)
 			single := make(map[pairKey]bool, len(out.single))
 			for _, k := range out.single {
 				single[k] = true
@@ -132,7 +135,8 @@ func (w *Worker) applyGroup(ctx context.Context, keys []pairKey) (groupOutcome, 
 	var out groupOutcome
 	err := w.store.InTx(ctx, func(q db.Querier) error {
 		out = groupOutcome{applied: map[pairKey]int{}, failed: map[pairKey]error{}, follow: map[pairKey]normalResult{}}
-		work, err := w.lockGroup(ctx, q, keys)
+		work, held, err := w.lockGroup(ctx, q, keys)
+		out.held = held
 		if err != nil || len(work) == 0 {
 			return err
 		}
@@ -250,13 +254,13 @@ func (w *Worker) applyGroup(ctx context.Context, keys []pairKey) (groupOutcome, 
 }
 
 // lockGroup locks the cursor rows of keys (creating the missing ones) and returns the pairs
-// this transaction may apply: not held by another transaction, and not locked by another
-// instance.
-func (w *Worker) lockGroup(ctx context.Context, q db.Querier, keys []pairKey) ([]*pairWork, error) {
+// this transaction may apply (not locked by another instance), and the pairs whose row
+// another transaction holds.
+func (w *Worker) lockGroup(ctx context.Context, q db.Querier, keys []pairKey) (work []*pairWork, held []pairKey, err error) {
 	streams, names := keyArrays(keys)
 	rows, err := q.PairsLockForApply(ctx, db.PairsLockForApplyParams{StreamIds: streams, PerspectiveNames: names})
 	if err != nil {
-		return nil, fmt.Errorf("lock cursors: %w", err)
+		return nil, nil, fmt.Errorf("lock cursors: %w", err)
 	}
 	if len(rows) < len(keys) {
 		// A pair missing is held by another transaction, or has no cursor row (Append and
@@ -274,29 +278,34 @@ func (w *Worker) lockGroup(ctx context.Context, q db.Querier, keys []pairKey) ([
 		streams, names := keyArrays(missing)
 		created, err := q.CursorsEnsure(ctx, db.CursorsEnsureParams{StreamIds: streams, PerspectiveNames: names})
 		if err != nil {
-			return nil, fmt.Errorf("create cursors: %w", err)
+			return nil, nil, fmt.Errorf("create cursors: %w", err)
+		}
+		fresh := make(map[pairKey]bool, len(created))
+		for _, c := range created {
+			fresh[pairKey{Stream: c.StreamID, Perspective: c.PerspectiveName}] = true
+		}
+		for _, k := range missing {
+			if !fresh[k] {
+				held = append(held, k)
+			}
 		}
 		if len(created) > 0 {
-			var fresh []pairKey
-			for _, c := range created {
-				fresh = append(fresh, pairKey{Stream: c.StreamID, Perspective: c.PerspectiveName})
-			}
-			streams, names := keyArrays(fresh)
+			streams, names := keyArrays(slices.Collect(maps.Keys(fresh)))
 			more, err := q.PairsLockForApply(ctx, db.PairsLockForApplyParams{StreamIds: streams, PerspectiveNames: names})
 			if err != nil {
-				return nil, fmt.Errorf("lock cursors: %w", err)
+				return nil, nil, fmt.Errorf("lock cursors: %w", err)
 			}
 			rows = append(rows, more...)
 		}
 	}
-	work := make([]*pairWork, 0, len(rows))
+	work = make([]*pairWork, 0, len(rows))
 	for _, r := range rows {
 		if r.StreamLockInstanceID.Valid && r.LockLive && r.StreamLockInstanceID.UUID != w.cfg.InstanceID {
 			continue // another instance holds the stream lock: its events stay queued
 		}
 		work = append(work, &pairWork{k: pairKey{Stream: r.StreamID, Perspective: r.PerspectiveName}, cur: r})
 	}
-	return work, nil
+	return work, held, nil
 }
 
 // readGroupEvents reads the queued events of work (after the row locks), at most BatchSize

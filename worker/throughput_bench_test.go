@@ -71,9 +71,10 @@ const (
 
 // drainVariant is one way of draining the backlog.
 type drainVariant struct {
-	name string // metric prefix
-	cfg  worker.Config
-	base bool // the hand-written baseline instead of the worker
+	name      string // metric prefix
+	cfg       worker.Config
+	base      bool // the hand-written baseline instead of the worker
+	instances int  // workers draining together (0: one)
 }
 
 var drainVariants = []drainVariant{
@@ -83,6 +84,7 @@ var drainVariants = []drainVariant{
 	{name: "c2", cfg: worker.Config{Concurrency: 2}},
 	{name: "c8", cfg: worker.Config{Concurrency: 8}},
 	{name: "b1000", cfg: worker.Config{BatchSize: 1000}},
+	{name: "x2", cfg: worker.Config{Concurrency: 2}, instances: 2}, // two instances, 2 slots each
 }
 
 var drainRound int
@@ -130,7 +132,7 @@ func BenchmarkWorkerDrain(b *testing.B) {
 			if v.base {
 				el = drainBaseline(b, ctx, pool)
 			} else {
-				el = drainWorker(b, ctx, pool, v.cfg)
+				el = drainWorker(b, ctx, pool, v.cfg, max(v.instances, 1))
 			}
 			pgCPU, goCPU := cpu.stop(b)
 			st := tracer.take()
@@ -199,25 +201,34 @@ func drainReset(b *testing.B, ctx context.Context) {
 	}
 }
 
-// drainWorker starts one worker and returns the time until it has applied every event
-// (its events.applied counter, which counts committed applications).
-func drainWorker(b *testing.B, ctx context.Context, pool *pgxpool.Pool, cfg worker.Config) time.Duration {
+// drainWorker starts n workers (instances with their own IDs) and returns the time until
+// they have applied every event (their events.applied counter, which counts committed
+// applications).
+func drainWorker(b *testing.B, ctx context.Context, pool *pgxpool.Pool, cfg worker.Config, n int) time.Duration {
 	m := newBenchMetrics()
 	cfg.Perspectives = []worker.Perspective{sumPerspective(drainName)}
-	cfg.MeterProvider = m.mp
+	cfg.MeterProvider = m.mp // shared: the counter sums every instance's applications
 	cfg.PollInterval = 10 * time.Millisecond
 	cfg.Logger = quietLogger()
-	w, err := worker.New(pool, cfg)
-	require.NoError(b, err)
+	ws := make([]*worker.Worker, n)
+	for i := range ws {
+		w, err := worker.New(pool, cfg)
+		require.NoError(b, err)
+		ws[i] = w
+	}
 	b.StartTimer()
 	start := time.Now()
-	require.NoError(b, w.Start(ctx))
+	for _, w := range ws {
+		require.NoError(b, w.Start(ctx))
+	}
 	benchWait(b, 5*time.Minute, 2*time.Millisecond, "the drain", func() bool {
 		return m.counter(b, "perspectives.events.applied") >= drainEvents
 	})
 	el := time.Since(start)
 	b.StopTimer()
-	benchStop(b, w)
+	for _, w := range ws {
+		benchStop(b, w)
+	}
 	var left int
 	require.NoError(b, testDB.Pool.QueryRow(ctx, `SELECT count(*) FROM wh_perspective_events`).Scan(&left))
 	require.Zero(b, left, "queue rows left after the drain")

@@ -663,3 +663,37 @@ func TestUnitGroupInconsistentModelGoesToSinglePath(t *testing.T) {
 		})
 	}
 }
+
+// ---------------------------------------------------------------------------------------
+// A pair whose cursor row another transaction holds (SKIP LOCKED passes it over) is left
+// alone, and kept out of the next claim only, so that the instance turns to other pairs.
+
+func TestUnitGroupPairHeldByAnotherTransactionSkippedForOneClaim(t *testing.T) {
+	t.Parallel()
+	f := newUTFake(t)
+	held, heldIDs := f.freshPair(2)
+	free, freeIDs := f.freshPair(1)
+	lock := f.store.PairsLockForApplyFunc
+	f.store.PairsLockForApplyFunc = func(ctx context.Context, a db.PairsLockForApplyParams) ([]db.PairsLockForApplyRow, error) {
+		rows, err := lock(ctx, a)
+		// The row of held is locked elsewhere: FOR UPDATE SKIP LOCKED does not return it.
+		return slices.DeleteFunc(rows, func(r db.PairsLockForApplyRow) bool { return r.StreamID == held }), err
+	}
+	w := f.worker(true, nil)
+
+	order := w.ProcessGroup(context.Background(), utName, held, free)
+
+	assert.Equal(t, []uuid.UUID{held, free}, order, "the held pair is done at once: nothing to wait for")
+	ce := f.store.CursorsEnsureCalls()
+	require.Len(t, ce, 1)
+	assert.Equal(t, []uuid.UUID{held}, ce[0].Arg.StreamIds, "a missing row could be a missing cursor")
+	pc := f.store.PairsApplyCommitCalls()
+	require.Len(t, pc, 1)
+	assert.Equal(t, map[uuid.UUID][]uuid.UUID{free: freeIDs}, utCommitted(t, pc[0].Arg), "only the free pair is written")
+	assert.ElementsMatch(t, heldIDs, f.pair(held).queued(), "the held pair's events stay queued")
+	assert.Nil(t, f.pair(held).model)
+	assert.Empty(t, f.store.PairLockForApplyCalls(), "no single-path retry of a held pair")
+
+	assert.Equal(t, []string{held.String() + "/" + utName}, w.ClaimExclusions(), "kept out of the next claim")
+	assert.Empty(t, w.ClaimExclusions(), "and only the next one")
+}

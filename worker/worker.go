@@ -47,6 +47,7 @@ type Worker struct {
 	slots      chan struct{} // one token per pair being processed (Concurrency)
 	inflightMu sync.Mutex
 	inflight   map[pairKey]bool // pairs being processed now: not claimed again meanwhile
+	skip       []pairKey        // pairs found held by another transaction: not claimed by the next claim
 	jobs       sync.WaitGroup   // the goroutines processing pairs
 	backlog    atomic.Bool      // the last poll left due pairs unclaimed (full, or no free slot)
 
@@ -323,14 +324,33 @@ func (w *Worker) finished(k pairKey) {
 	w.inflightMu.Unlock()
 }
 
-// busyPairs lists the pairs in flight as 'stream/perspective', for the claim to skip.
-func (w *Worker) busyPairs() []string {
+// skipNextClaim keeps keys, pairs whose cursor row another transaction held (another
+// instance applying them, most likely), out of the next claim only, so that this instance
+// turns to other pairs instead of claiming the same ones again while that transaction runs.
+func (w *Worker) skipNextClaim(keys []pairKey) {
+	if len(keys) == 0 {
+		return
+	}
+	w.inflightMu.Lock()
+	w.skip = append(w.skip, keys...)
+	w.inflightMu.Unlock()
+}
+
+// claimExclusions lists the pairs the claim must skip, as 'stream/perspective': those in
+// flight, and those noted by skipNextClaim since the last claim (which it forgets).
+func (w *Worker) claimExclusions() []string {
 	w.inflightMu.Lock()
 	defer w.inflightMu.Unlock()
-	out := make([]string, 0, len(w.inflight))
+	out := make([]string, 0, len(w.inflight)+len(w.skip))
 	for k := range w.inflight {
 		out = append(out, k.Stream.String()+"/"+k.Perspective)
 	}
+	for _, k := range w.skip {
+		if !w.inflight[k] {
+			out = append(out, k.Stream.String()+"/"+k.Perspective)
+		}
+	}
+	w.skip = w.skip[:0]
 	return out
 }
 
@@ -339,7 +359,7 @@ func (w *Worker) claim(ctx context.Context, limit int) ([]pairKey, error) {
 	due, err := w.store.QueueDuePairs(ctx, db.QueueDuePairsParams{
 		InstanceID:       w.cfg.InstanceID,
 		PerspectiveNames: w.names,
-		BusyPairs:        w.busyPairs(),
+		BusyPairs:        w.claimExclusions(),
 		PairLimit:        int32(limit),
 	})
 	if err != nil {
