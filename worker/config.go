@@ -72,8 +72,9 @@ type Config struct {
 	// sessions (LISTEN needs one). Default false: each committed Append wakes idle workers
 	// at once, and polling remains the fallback.
 	PollOnly bool
-	// Concurrency is how many (stream, perspective) pairs one instance processes at once.
-	// Default 4, at most 64. Each takes a pool connection while it works.
+	// Concurrency is how many groups of pairs (see GroupSize) one instance processes at
+	// once; a long rewind holds one while the others go on. Default 4, at most 64. Each
+	// takes a pool connection while it works.
 	Concurrency int
 	// GroupSize is how many (stream, perspective) pairs the normal path applies in one
 	// transaction: a handful of statements and one commit for the whole group. A poll claims

@@ -45,7 +45,7 @@ type pairWork struct {
 // its work is over, so that the claim may take it again while the rest of the group goes on.
 func (w *Worker) processGroup(ctx context.Context, keys []pairKey, finished func(pairKey)) {
 	releases := make(map[pairKey]func(), len(keys))
-	var mine, held []pairKey
+	var mine, waiting []pairKey // taken here; held by another goroutine of this process
 	for _, k := range keys {
 		if w.persp[k.Perspective] == nil {
 			finished(k)
@@ -55,7 +55,7 @@ func (w *Worker) processGroup(ctx context.Context, keys []pairKey, finished func
 			releases[k] = release
 			mine = append(mine, k)
 		} else {
-			held = append(held, k)
+			waiting = append(waiting, k)
 		}
 	}
 	done := func(k pairKey) {
@@ -69,7 +69,7 @@ func (w *Worker) processGroup(ctx context.Context, keys []pairKey, finished func
 			for _, k := range mine {
 				done(k)
 			}
-			for _, k := range held {
+			for _, k := range waiting {
 				finished(k)
 			}
 			return
@@ -108,7 +108,7 @@ func (w *Worker) processGroup(ctx context.Context, keys []pairKey, finished func
 			}
 		}
 	}
-	for _, k := range held {
+	for _, k := range waiting {
 		w.process(ctx, k)
 		finished(k)
 	}

@@ -44,11 +44,11 @@ type Worker struct {
 	contendedMu sync.Mutex
 	contended   map[pairKey]time.Time // first refused acquire of a pair still contended
 
-	slots      chan struct{} // one token per pair being processed (Concurrency)
+	slots      chan struct{} // one token per group being processed (Concurrency)
 	inflightMu sync.Mutex
 	inflight   map[pairKey]bool // pairs being processed now: not claimed again meanwhile
 	skip       []pairKey        // pairs found held by another transaction: not claimed by the next claim
-	jobs       sync.WaitGroup   // the goroutines processing pairs
+	jobs       sync.WaitGroup   // the goroutines processing groups
 	backlog    atomic.Bool      // the last poll left due pairs unclaimed (full, or no free slot)
 
 	mu      sync.Mutex
