@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -55,14 +56,37 @@ func (k *KeepAlive) Stop() { k.ka.stop() }
 var SnapshotsToDrop = snapshotsToDrop
 
 // ProcessGroup runs the pairs (stream, perspective) of streams as one group, exactly as a
-// dispatched slot would, and returns the streams in the order their work finished.
+// dispatched slot would while every other slot is busy (so its follow-ups run in turn, in
+// its own slot), and returns the streams in the order their work finished.
 func (w *Worker) ProcessGroup(ctx context.Context, perspective string, streams ...uuid.UUID) []uuid.UUID {
+	for range cap(w.slots) {
+		w.slots <- struct{}{}
+	}
+	defer func() {
+		for range cap(w.slots) {
+			<-w.slots
+		}
+	}()
+	return w.ProcessGroupWithFreeSlots(ctx, perspective, streams...)
+}
+
+// ProcessGroupWithFreeSlots is ProcessGroup with the worker's free slots left free for
+// the group's follow-ups to take; it returns when every follow-up is done.
+func (w *Worker) ProcessGroupWithFreeSlots(ctx context.Context, perspective string, streams ...uuid.UUID) []uuid.UUID {
 	keys := make([]pairKey, len(streams))
 	for i, s := range streams {
 		keys[i] = pairKey{Stream: s, Perspective: perspective}
 	}
+	var mu sync.Mutex
 	var order []uuid.UUID
-	w.processGroup(ctx, keys, func(k pairKey) { order = append(order, k.Stream) })
+	w.jobs.Add(1) // the group's own job, as dispatch counts it
+	w.processGroup(ctx, keys, func(k pairKey) {
+		mu.Lock()
+		defer mu.Unlock()
+		order = append(order, k.Stream)
+	})
+	w.jobs.Done()
+	w.jobs.Wait()
 	return order
 }
 

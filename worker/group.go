@@ -97,7 +97,7 @@ func (w *Worker) processGroup(ctx context.Context, keys []pairKey, finished func
 				}
 				done(k)
 			}
-			for _, k := range rest {
+			w.runFollowUps(rest, func(k pairKey) {
 				persp := w.persp[k.Perspective]
 				if res, ok := out.follow[k]; ok {
 					w.runPair(ctx, k, func() error { return w.continuePair(ctx, k, persp, res) })
@@ -105,12 +105,31 @@ func (w *Worker) processGroup(ctx context.Context, keys []pairKey, finished func
 					w.runPair(ctx, k, func() error { return w.processPair(ctx, k, persp) })
 				}
 				done(k)
-			}
+			})
 		}
 	}
 	for _, k := range waiting {
 		w.process(ctx, k)
 		finished(k)
+	}
+}
+
+// runFollowUps runs run for each of keys, the pairs a group left to the single-pair path
+// (rewinds, bootstraps). Each but the last takes a free Concurrency slot of its own when
+// there is one, so that several rewinds of one group run side by side, as they would had
+// the pairs been claimed apart; without a free slot it runs in the group's own slot. It
+// returns when the keys it ran itself are done.
+func (w *Worker) runFollowUps(keys []pairKey, run func(pairKey)) {
+	for i, k := range keys {
+		if i < len(keys)-1 && w.trySlot() {
+			w.jobs.Add(1) // the group's own job is counted: never from zero
+			go func() {
+				defer w.releaseSlot()
+				run(k)
+			}()
+			continue
+		}
+		run(k)
 	}
 }
 

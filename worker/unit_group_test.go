@@ -697,3 +697,57 @@ func TestUnitGroupPairHeldByAnotherTransactionSkippedForOneClaim(t *testing.T) {
 	assert.Equal(t, []string{held.String() + "/" + utName}, w.ClaimExclusions(), "kept out of the next claim")
 	assert.Empty(t, w.ClaimExclusions(), "and only the next one")
 }
+
+// ---------------------------------------------------------------------------------------
+// The rewinds a group leaves behind take free slots of their own and run side by side; with
+// every other slot busy they run one after the other in the group's slot.
+
+func TestUnitGroupFollowUpsTakeFreeSlots(t *testing.T) {
+	for _, free := range []bool{true, false} {
+		t.Run(fmt.Sprintf("free slots %v", free), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f := newUTFake(t)
+				late := []lateScenario{f.lateScenario(), f.lateScenario(), f.lateScenario()}
+				w := f.worker(true, nil) // Concurrency 4
+				gate := make(chan struct{})
+				var replaying, most atomic.Int32
+				replay := f.store.EventsReplayPageFunc
+				f.store.EventsReplayPageFunc = func(ctx context.Context, a db.EventsReplayPageParams) ([]db.WhEventStore, error) {
+					n := replaying.Add(1)
+					defer replaying.Add(-1)
+					for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+					}
+					<-gate
+					return replay(ctx, a)
+				}
+				streams := []uuid.UUID{late[0].stream, late[1].stream, late[2].stream}
+				done := make(chan []uuid.UUID, 1)
+				go func() {
+					if free {
+						done <- w.ProcessGroupWithFreeSlots(context.Background(), utName, streams...)
+					} else {
+						done <- w.ProcessGroup(context.Background(), utName, streams...)
+					}
+				}()
+				synctest.Wait() // every rewind that could start waits at the gate
+				inFlight := replaying.Load()
+				close(gate)
+				order := <-done
+
+				if free {
+					assert.EqualValues(t, 3, inFlight, "two rewinds in slots of their own, one in the group's")
+				} else {
+					assert.EqualValues(t, 1, inFlight, "one rewind at a time in the group's slot")
+					assert.Equal(t, streams, order)
+				}
+				assert.EqualValues(t, inFlight, most.Load())
+				assert.ElementsMatch(t, streams, order, "every pair finished once")
+				for _, s := range late {
+					assert.Equal(t, utSeqTo(6), utModelSeq(t, f.pair(s.stream)), "rewound with the late event")
+					assert.Empty(t, f.pair(s.stream).queue)
+				}
+				assert.Zero(t, w.HeldLocks(), "every stream lock released")
+			})
+		})
+	}
+}

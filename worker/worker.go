@@ -272,9 +272,7 @@ func (w *Worker) dispatch(ctx context.Context) bool {
 	full := len(pairs) >= limit
 	w.backlog.Store(full)
 	for _, group := range splitGroups(pairs, free) {
-		select {
-		case w.slots <- struct{}{}:
-		default:
+		if !w.trySlot() { // a group's follow-up may have taken one meanwhile
 			w.backlog.Store(true)
 			return false // no free slot: the rest is claimed again when one frees
 		}
@@ -285,20 +283,31 @@ func (w *Worker) dispatch(ctx context.Context) bool {
 		w.inflightMu.Unlock()
 		w.jobs.Add(1)
 		go func() {
-			defer func() {
-				for _, k := range group {
-					w.finished(k) // idempotent: after a panic too
-				}
-				<-w.slots
-				w.jobs.Done()
-				if w.backlog.Load() {
-					w.Notify() // a slot is free for what the last poll left behind
-				}
-			}()
-			w.processGroup(ctx, group, w.finished)
+			defer w.releaseSlot()
+			w.processGroup(ctx, group, w.finished) // finishes every pair, some in follow-up jobs
 		}()
 	}
 	return full && len(w.slots) < cap(w.slots)
+}
+
+// trySlot takes a free Concurrency slot, if there is one.
+func (w *Worker) trySlot() bool {
+	select {
+	case w.slots <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+// releaseSlot frees a slot taken for a job counted in w.jobs, and wakes the loop when the
+// last poll left work behind.
+func (w *Worker) releaseSlot() {
+	<-w.slots
+	w.jobs.Done()
+	if w.backlog.Load() {
+		w.Notify()
+	}
 }
 
 // splitGroups divides pairs into at most n groups of nearly equal size, in order.
