@@ -97,6 +97,9 @@ func (w *Worker) processGroup(ctx context.Context, keys []pairKey, finished func
 				}
 				done(k)
 			}
+			if len(rest) > 0 {
+				w.Notify() // the pairs done may have new events; this slot stays busy a while
+			}
 			w.runFollowUps(rest, func(k pairKey) {
 				persp := w.persp[k.Perspective]
 				if res, ok := out.follow[k]; ok {
@@ -130,6 +133,9 @@ func (w *Worker) runFollowUps(keys []pairKey, run func(pairKey)) {
 			continue
 		}
 		run(k)
+		if i < len(keys)-1 {
+			w.Notify() // k is done, and this slot stays busy with the next one
+		}
 	}
 }
 

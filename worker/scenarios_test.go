@@ -445,3 +445,51 @@ func TestOtherStreamsProceedDuringLongRewind(t *testing.T) {
 	release()
 	require.Equal(t, expectedLedger(t, all), waitModel(t, ctx, name, slow, 4))
 }
+
+// An event appended while its pair is being applied is skipped by the claim that its
+// wake-up triggers (the pair is in flight); the slot freed by that work polls again, so
+// the event does not wait for the next PollInterval (10 minutes here).
+func TestEventAppendedWhilePairInFlightIsAppliedWithoutWaitingForPoll(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := uniqueName("inflight")
+	gated := newGated(name)
+	startWorker(t, worker.Config{Perspectives: []worker.Perspective{gated}, PollInterval: 10 * time.Minute})
+
+	stream := uuid.New()
+	all := events(stream, newIDs(t, 2))
+	entered, release := gated.arm(all[0].ID)
+	defer release()
+	require.NoError(t, worker.Append(ctx, testDB.Pool, all[0]))
+	select {
+	case <-entered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the first event was not applied")
+	}
+	require.NoError(t, worker.Append(ctx, testDB.Pool, all[1]))
+	// Let that Append's wake-up and its claim run while the pair is still in flight (were
+	// they later, the claim would simply find the event).
+	time.Sleep(300 * time.Millisecond)
+	release()
+	require.Equal(t, expectedLedger(t, all), waitModel(t, ctx, name, stream, 2))
+}
+
+// A pair with more queued events than BatchSize is applied BatchSize events per
+// transaction, one transaction after the other, without waiting for a poll in between.
+func TestPairWithMoreThanBatchSizeEventsDrainsWithoutWaitingForPolls(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := uniqueName("batches")
+	w := startWorker(t, worker.Config{
+		Perspectives: []worker.Perspective{ledgerPerspective(name)},
+		BatchSize:    10,
+		PollOnly:     true, // no wake-up from Append: only Notify below, then the worker's own
+		PollInterval: 10 * time.Minute,
+	})
+
+	stream := uuid.New()
+	all := events(stream, newIDs(t, 55))
+	require.NoError(t, worker.Append(ctx, testDB.Pool, all...))
+	w.Notify()
+	require.Equal(t, expectedLedger(t, all), waitModel(t, ctx, name, stream, len(all)))
+}

@@ -14,7 +14,6 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -49,7 +48,6 @@ type Worker struct {
 	inflight   map[pairKey]bool // pairs being processed now: not claimed again meanwhile
 	skip       []pairKey        // pairs found held by another transaction: not claimed by the next claim
 	jobs       sync.WaitGroup   // the goroutines processing groups
-	backlog    atomic.Bool      // the last poll left due pairs unclaimed (full, or no free slot)
 
 	mu      sync.Mutex
 	started bool
@@ -250,13 +248,11 @@ func (w *Worker) listen(ctx context.Context) {
 // dispatch polls the queue once, skipping the pairs in flight, and hands the due pairs to
 // the free slots (Concurrency), in groups of at most GroupSize pairs that each apply in one
 // transaction. It never waits for a group to finish, so one long rewind occupies one slot
-// while the other slots go on; when the poll left work behind, a finishing group wakes the
-// loop to poll again. It reports whether to poll again at once (the poll was full and
-// slots are free).
+// while the other slots go on. Every freed slot wakes the loop to poll again: for what this
+// poll left behind, and for events queued meanwhile for the pairs that were in flight (the
+// poll skipped them, and their Append's wake-up came while they were). It reports whether
+// to poll again at once (the poll was full and slots are free).
 func (w *Worker) dispatch(ctx context.Context) bool {
-	// Until the poll below says otherwise, a finishing group must wake the loop: set before
-	// looking at the slots, so a slot freed in between is not missed.
-	w.backlog.Store(true)
 	free := cap(w.slots) - len(w.slots)
 	if free <= 0 {
 		return false // every slot busy: poll when one frees
@@ -270,10 +266,8 @@ func (w *Worker) dispatch(ctx context.Context) bool {
 		return false
 	}
 	full := len(pairs) >= limit
-	w.backlog.Store(full)
 	for _, group := range splitGroups(pairs, free) {
 		if !w.trySlot() { // a group's follow-up may have taken one meanwhile
-			w.backlog.Store(true)
 			return false // no free slot: the rest is claimed again when one frees
 		}
 		w.inflightMu.Lock()
@@ -300,14 +294,12 @@ func (w *Worker) trySlot() bool {
 	}
 }
 
-// releaseSlot frees a slot taken for a job counted in w.jobs, and wakes the loop when the
-// last poll left work behind.
+// releaseSlot frees a slot taken for a job counted in w.jobs, and wakes the loop to fill it
+// (see dispatch).
 func (w *Worker) releaseSlot() {
 	<-w.slots
 	w.jobs.Done()
-	if w.backlog.Load() {
-		w.Notify()
-	}
+	w.Notify()
 }
 
 // splitGroups divides pairs into at most n groups of nearly equal size, in order.
