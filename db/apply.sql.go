@@ -30,7 +30,8 @@ type CursorsEnsureRow struct {
 }
 
 // Creates the missing cursor rows of the given pairs and returns the pairs it created.
-// An existing row, even one locked by another transaction, is left alone without waiting.
+// An existing row is left alone; but when another transaction has updated it and is still
+// open, this waits for that transaction (pass only pairs CursorsMissing reported).
 func (q *Queries) CursorsEnsure(ctx context.Context, arg CursorsEnsureParams) ([]CursorsEnsureRow, error) {
 	rows, err := q.db.Query(ctx, cursorsEnsure, arg.StreamIds, arg.PerspectiveNames)
 	if err != nil {
@@ -40,6 +41,48 @@ func (q *Queries) CursorsEnsure(ctx context.Context, arg CursorsEnsureParams) ([
 	items := []CursorsEnsureRow{}
 	for rows.Next() {
 		var i CursorsEnsureRow
+		if err := rows.Scan(&i.StreamID, &i.PerspectiveName); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const cursorsMissing = `-- name: CursorsMissing :many
+SELECT p.stream_id::uuid AS stream_id, p.perspective_name::text AS perspective_name
+FROM (SELECT unnest($1::uuid[]) AS stream_id, unnest($2::text[]) AS perspective_name) p
+WHERE NOT EXISTS (
+    SELECT 1 FROM wh_perspective_cursors c
+    WHERE c.stream_id = p.stream_id AND c.perspective_name = p.perspective_name
+)
+`
+
+type CursorsMissingParams struct {
+	StreamIds        []uuid.UUID
+	PerspectiveNames []string
+}
+
+type CursorsMissingRow struct {
+	StreamID        uuid.UUID
+	PerspectiveName string
+}
+
+// Which of the given pairs have no cursor row. A plain read: it never waits for a row that
+// another transaction holds (CursorsEnsure's ON CONFLICT would, for a row that transaction
+// updated).
+func (q *Queries) CursorsMissing(ctx context.Context, arg CursorsMissingParams) ([]CursorsMissingRow, error) {
+	rows, err := q.db.Query(ctx, cursorsMissing, arg.StreamIds, arg.PerspectiveNames)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []CursorsMissingRow{}
+	for rows.Next() {
+		var i CursorsMissingRow
 		if err := rows.Scan(&i.StreamID, &i.PerspectiveName); err != nil {
 			return nil, err
 		}

@@ -26,9 +26,14 @@ type Querier interface {
 	CursorMarkFailed(ctx context.Context, arg CursorMarkFailedParams) (CursorMarkFailedRow, error)
 	CursorReset(ctx context.Context, arg CursorResetParams) error
 	// Creates the missing cursor rows of the given pairs and returns the pairs it created.
-	// An existing row, even one locked by another transaction, is left alone without waiting.
+	// An existing row is left alone; but when another transaction has updated it and is still
+	// open, this waits for that transaction (pass only pairs CursorsMissing reported).
 	CursorsEnsure(ctx context.Context, arg CursorsEnsureParams) ([]CursorsEnsureRow, error)
 	CursorsFailed(ctx context.Context) ([]CursorsFailedRow, error)
+	// Which of the given pairs have no cursor row. A plain read: it never waits for a row that
+	// another transaction holds (CursorsEnsure's ON CONFLICT would, for a row that transaction
+	// updated).
+	CursorsMissing(ctx context.Context, arg CursorsMissingParams) ([]CursorsMissingRow, error)
 	EventCount(ctx context.Context) (int64, error)
 	// Stores the events, enqueues one row per (event, registered perspective) and makes sure
 	// each pair has a cursor row. Returns the number of queue rows written.
@@ -85,7 +90,9 @@ type Querier interface {
 	// A loose index scan: each step is one probe of the due index for the first row after the
 	// previous step's (next_attempt_at, stream, perspective) group, so a step passes a whole
 	// group (all the rows one Append queued for a pair) at once, and the cost grows with the
-	// groups passed, not with their rows. The pair is then judged once per group.
+	// groups passed, not with their rows. The pair is then judged once per group. At most
+	// max_steps groups are passed, so a claim stays cheap when few pairs are due but one of them
+	// has many separately queued groups (a hot stream's one-event Appends).
 	QueueDuePairs(ctx context.Context, arg QueueDuePairsParams) ([]QueueDuePairsRow, error)
 	// Enqueues every stored event of one stream for one perspective (rebuild).
 	QueueEnqueueStream(ctx context.Context, arg QueueEnqueueStreamParams) (int64, error)

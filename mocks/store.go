@@ -45,6 +45,9 @@ var _ worker.Store = &StoreMock{}
 //			CursorsFailedFunc: func(ctx context.Context) ([]db.CursorsFailedRow, error) {
 //				panic("mock out the CursorsFailed method")
 //			},
+//			CursorsMissingFunc: func(ctx context.Context, arg db.CursorsMissingParams) ([]db.CursorsMissingRow, error) {
+//				panic("mock out the CursorsMissing method")
+//			},
 //			EventCountFunc: func(ctx context.Context) (int64, error) {
 //				panic("mock out the EventCount method")
 //			},
@@ -207,6 +210,9 @@ type StoreMock struct {
 
 	// CursorsFailedFunc mocks the CursorsFailed method.
 	CursorsFailedFunc func(ctx context.Context) ([]db.CursorsFailedRow, error)
+
+	// CursorsMissingFunc mocks the CursorsMissing method.
+	CursorsMissingFunc func(ctx context.Context, arg db.CursorsMissingParams) ([]db.CursorsMissingRow, error)
 
 	// EventCountFunc mocks the EventCount method.
 	EventCountFunc func(ctx context.Context) (int64, error)
@@ -393,6 +399,13 @@ type StoreMock struct {
 		CursorsFailed []struct {
 			// Ctx is the ctx argument value.
 			Ctx context.Context
+		}
+		// CursorsMissing holds details about calls to the CursorsMissing method.
+		CursorsMissing []struct {
+			// Ctx is the ctx argument value.
+			Ctx context.Context
+			// Arg is the arg argument value.
+			Arg db.CursorsMissingParams
 		}
 		// EventCount holds details about calls to the EventCount method.
 		EventCount []struct {
@@ -695,6 +708,7 @@ type StoreMock struct {
 	lockCursorReset               sync.RWMutex
 	lockCursorsEnsure             sync.RWMutex
 	lockCursorsFailed             sync.RWMutex
+	lockCursorsMissing            sync.RWMutex
 	lockEventCount                sync.RWMutex
 	lockEventsAppend              sync.RWMutex
 	lockEventsForStream           sync.RWMutex
@@ -1018,6 +1032,42 @@ func (mock *StoreMock) CursorsFailedCalls() []struct {
 	mock.lockCursorsFailed.RLock()
 	calls = mock.calls.CursorsFailed
 	mock.lockCursorsFailed.RUnlock()
+	return calls
+}
+
+// CursorsMissing calls CursorsMissingFunc.
+func (mock *StoreMock) CursorsMissing(ctx context.Context, arg db.CursorsMissingParams) ([]db.CursorsMissingRow, error) {
+	if mock.CursorsMissingFunc == nil {
+		panic("StoreMock.CursorsMissingFunc: method is nil but Store.CursorsMissing was just called")
+	}
+	callInfo := struct {
+		Ctx context.Context
+		Arg db.CursorsMissingParams
+	}{
+		Ctx: ctx,
+		Arg: arg,
+	}
+	mock.lockCursorsMissing.Lock()
+	mock.calls.CursorsMissing = append(mock.calls.CursorsMissing, callInfo)
+	mock.lockCursorsMissing.Unlock()
+	return mock.CursorsMissingFunc(ctx, arg)
+}
+
+// CursorsMissingCalls gets all the calls that were made to CursorsMissing.
+// Check the length with:
+//
+//	len(mockedStore.CursorsMissingCalls())
+func (mock *StoreMock) CursorsMissingCalls() []struct {
+	Ctx context.Context
+	Arg db.CursorsMissingParams
+} {
+	var calls []struct {
+		Ctx context.Context
+		Arg db.CursorsMissingParams
+	}
+	mock.lockCursorsMissing.RLock()
+	calls = mock.calls.CursorsMissing
+	mock.lockCursorsMissing.RUnlock()
 	return calls
 }
 

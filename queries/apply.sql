@@ -78,9 +78,21 @@ JOIN wh_perspective_cursors c
   ON c.stream_id = p.stream_id AND c.perspective_name = p.perspective_name
 FOR UPDATE OF c SKIP LOCKED;
 
+-- name: CursorsMissing :many
+-- Which of the given pairs have no cursor row. A plain read: it never waits for a row that
+-- another transaction holds (CursorsEnsure's ON CONFLICT would, for a row that transaction
+-- updated).
+SELECT p.stream_id::uuid AS stream_id, p.perspective_name::text AS perspective_name
+FROM (SELECT unnest(@stream_ids::uuid[]) AS stream_id, unnest(@perspective_names::text[]) AS perspective_name) p
+WHERE NOT EXISTS (
+    SELECT 1 FROM wh_perspective_cursors c
+    WHERE c.stream_id = p.stream_id AND c.perspective_name = p.perspective_name
+);
+
 -- name: CursorsEnsure :many
 -- Creates the missing cursor rows of the given pairs and returns the pairs it created.
--- An existing row, even one locked by another transaction, is left alone without waiting.
+-- An existing row is left alone; but when another transaction has updated it and is still
+-- open, this waits for that transaction (pass only pairs CursorsMissing reported).
 INSERT INTO wh_perspective_cursors (stream_id, perspective_name)
 SELECT unnest(@stream_ids::uuid[]), unnest(@perspective_names::text[])
 ON CONFLICT (stream_id, perspective_name) DO NOTHING

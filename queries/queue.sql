@@ -5,18 +5,22 @@
 -- A loose index scan: each step is one probe of the due index for the first row after the
 -- previous step's (next_attempt_at, stream, perspective) group, so a step passes a whole
 -- group (all the rows one Append queued for a pair) at once, and the cost grows with the
--- groups passed, not with their rows. The pair is then judged once per group.
+-- groups passed, not with their rows. The pair is then judged once per group. At most
+-- max_steps groups are passed, so a claim stays cheap when few pairs are due but one of them
+-- has many separately queued groups (a hot stream's one-event Appends).
 WITH RECURSIVE due AS (
     -- The start: before every row.
     SELECT '-infinity'::timestamptz AS next_attempt_at,
            '00000000-0000-0000-0000-000000000000'::uuid AS stream_id,
            ''::text AS perspective_name,
            '{}'::text[] AS returned, -- pairs returned so far, as 'stream_id/perspective_name'
-           false AS ok
+           false AS ok,
+           0 AS steps
     UNION ALL
     SELECT n.next_attempt_at, n.stream_id, n.perspective_name,
            CASE WHEN n.ok THEN d.returned || n.pair ELSE d.returned END,
-           n.ok
+           n.ok,
+           d.steps + 1
     FROM due d
     CROSS JOIN LATERAL (
         SELECT g.next_attempt_at, g.stream_id, g.perspective_name, g.pair,
@@ -41,6 +45,7 @@ WITH RECURSIVE due AS (
             LIMIT 1
         ) g
     ) n
+    WHERE d.steps < @max_steps::int
 )
 SELECT due.stream_id, due.perspective_name
 FROM due

@@ -5,9 +5,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"maps"
 	"runtime/debug"
 	"slices"
+	"strings"
 
 	"github.com/google/uuid"
 
@@ -288,34 +288,50 @@ func (w *Worker) lockGroup(ctx context.Context, q db.Querier, keys []pairKey) (w
 		return nil, nil, fmt.Errorf("lock cursors: %w", err)
 	}
 	if len(rows) < len(keys) {
-		// A pair missing is held by another transaction, or has no cursor row (Append and
-		// registration create it; this covers a row removed by hand).
+		// A pair not returned is held by another transaction, or has no cursor row (Append
+		// and registration create it; this covers a row removed by hand). Tell them apart
+		// with a read that never waits, and create only the missing rows, in key order (two
+		// groups never insert the same rows in opposite orders).
 		got := make(map[pairKey]bool, len(rows))
 		for _, r := range rows {
 			got[pairKey{Stream: r.StreamID, Perspective: r.PerspectiveName}] = true
 		}
-		var missing []pairKey
+		var notLocked []pairKey
 		for _, k := range keys {
 			if !got[k] {
-				missing = append(missing, k)
+				notLocked = append(notLocked, k)
 			}
 		}
-		streams, names := keyArrays(missing)
-		created, err := q.CursorsEnsure(ctx, db.CursorsEnsureParams{StreamIds: streams, PerspectiveNames: names})
+		streams, names := keyArrays(notLocked)
+		absent, err := q.CursorsMissing(ctx, db.CursorsMissingParams{StreamIds: streams, PerspectiveNames: names})
 		if err != nil {
-			return nil, nil, fmt.Errorf("create cursors: %w", err)
+			return nil, nil, fmt.Errorf("find missing cursors: %w", err)
 		}
-		fresh := make(map[pairKey]bool, len(created))
-		for _, c := range created {
-			fresh[pairKey{Stream: c.StreamID, Perspective: c.PerspectiveName}] = true
+		missing := make([]pairKey, len(absent))
+		for i, a := range absent {
+			missing[i] = pairKey{Stream: a.StreamID, Perspective: a.PerspectiveName}
 		}
-		for _, k := range missing {
-			if !fresh[k] {
+		slices.SortFunc(missing, comparePairs)
+		var created []db.CursorsEnsureRow
+		if len(missing) > 0 {
+			streams, names := keyArrays(missing)
+			if created, err = q.CursorsEnsure(ctx, db.CursorsEnsureParams{StreamIds: streams, PerspectiveNames: names}); err != nil {
+				return nil, nil, fmt.Errorf("create cursors: %w", err)
+			}
+		}
+		fresh := make([]pairKey, len(created))
+		isFresh := make(map[pairKey]bool, len(created))
+		for i, c := range created {
+			fresh[i] = pairKey{Stream: c.StreamID, Perspective: c.PerspectiveName}
+			isFresh[fresh[i]] = true
+		}
+		for _, k := range notLocked {
+			if !isFresh[k] {
 				held = append(held, k)
 			}
 		}
-		if len(created) > 0 {
-			streams, names := keyArrays(slices.Collect(maps.Keys(fresh)))
+		if len(fresh) > 0 {
+			streams, names := keyArrays(fresh)
 			more, err := q.PairsLockForApply(ctx, db.PairsLockForApplyParams{StreamIds: streams, PerspectiveNames: names})
 			if err != nil {
 				return nil, nil, fmt.Errorf("lock cursors: %w", err)
@@ -374,6 +390,14 @@ func (w *Worker) reportGroup(ctx context.Context, out groupOutcome) {
 			slog.String("perspective", k.Perspective), slog.String("stream", k.Stream.String()),
 			slog.Int("applied_before_failure", out.applied[k]), slog.Any("error", err))
 	}
+}
+
+// comparePairs orders pairs by stream, then perspective.
+func comparePairs(a, b pairKey) int {
+	if c := compareIDs(a.Stream, b.Stream); c != 0 {
+		return c
+	}
+	return strings.Compare(a.Perspective, b.Perspective)
 }
 
 // keyArrays and pairArrays give pairs as the parallel arrays the group statements take.

@@ -359,6 +359,9 @@ func TestUnitGroupCreatesMissingCursor(t *testing.T) {
 
 	assert.Equal(t, []uuid.UUID{bare, withRow}, order)
 	assert.Len(t, f.store.InTxCalls(), 1, "one transaction")
+	cm := f.store.CursorsMissingCalls()
+	require.Len(t, cm, 1)
+	assert.Equal(t, []uuid.UUID{bare}, cm[0].Arg.StreamIds, "only the pair not locked is looked up")
 	ce := f.store.CursorsEnsureCalls()
 	require.Len(t, ce, 1)
 	assert.Equal(t, []uuid.UUID{bare}, ce[0].Arg.StreamIds, "only the missing cursor is created")
@@ -684,9 +687,10 @@ func TestUnitGroupPairHeldByAnotherTransactionSkippedForOneClaim(t *testing.T) {
 	order := w.ProcessGroup(context.Background(), utName, held, free)
 
 	assert.Equal(t, []uuid.UUID{held, free}, order, "the held pair is done at once: nothing to wait for")
-	ce := f.store.CursorsEnsureCalls()
-	require.Len(t, ce, 1)
-	assert.Equal(t, []uuid.UUID{held}, ce[0].Arg.StreamIds, "a missing row could be a missing cursor")
+	cm := f.store.CursorsMissingCalls()
+	require.Len(t, cm, 1)
+	assert.Equal(t, []uuid.UUID{held}, cm[0].Arg.StreamIds, "a row not returned could be a missing cursor")
+	assert.Empty(t, f.store.CursorsEnsureCalls(), "it is not: nothing to create (and no insert that could wait)")
 	pc := f.store.PairsApplyCommitCalls()
 	require.Len(t, pc, 1)
 	assert.Equal(t, map[uuid.UUID][]uuid.UUID{free: freeIDs}, utCommitted(t, pc[0].Arg), "only the free pair is written")

@@ -698,6 +698,24 @@ func (f *utFake) wireStore() {
 		}
 		return out, nil
 	}
+	s.CursorsMissingFunc = func(ctx context.Context, a db.CursorsMissingParams) ([]db.CursorsMissingRow, error) {
+		keys, err := utKeys(a.StreamIds, a.PerspectiveNames)
+		if err != nil {
+			return nil, err
+		}
+		unlock, err := lock(ctx)
+		if err != nil {
+			return nil, err
+		}
+		defer unlock()
+		out := []db.CursorsMissingRow{}
+		for _, k := range keys {
+			if !f.p(k.stream, k.name).cursor {
+				out = append(out, db.CursorsMissingRow{StreamID: k.stream, PerspectiveName: k.name})
+			}
+		}
+		return out, nil
+	}
 	s.CursorsEnsureFunc = func(ctx context.Context, a db.CursorsEnsureParams) ([]db.CursorsEnsureRow, error) {
 		keys, err := utKeys(a.StreamIds, a.PerspectiveNames)
 		if err != nil {

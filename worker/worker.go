@@ -356,12 +356,17 @@ func (w *Worker) claimExclusions() []string {
 }
 
 // claim returns up to limit due pairs, each once, the pair with the oldest due row first.
+// It passes at most enough queued groups for the pairs it skips and twice the pairs it wants,
+// so it stays cheap when a few pairs have many separately queued events; pairs beyond that
+// are claimed as the head of the queue drains.
 func (w *Worker) claim(ctx context.Context, limit int) ([]pairKey, error) {
+	skip := w.claimExclusions()
 	due, err := w.store.QueueDuePairs(ctx, db.QueueDuePairsParams{
 		InstanceID:       w.cfg.InstanceID,
 		PerspectiveNames: w.names,
-		BusyPairs:        w.claimExclusions(),
+		BusyPairs:        skip,
 		PairLimit:        int32(limit),
+		MaxSteps:         int32(len(skip) + 2*limit),
 	})
 	if err != nil {
 		return nil, err
