@@ -26,7 +26,7 @@ WITH RECURSIVE due AS (
         SELECT g.next_attempt_at, g.stream_id, g.perspective_name, g.pair,
                (g.pair <> ALL (d.returned)
                 -- pairs this instance is working on, as 'stream_id/perspective_name'
-                AND g.pair <> ALL (@busy_pairs::text[])
+                AND g.pair <> ALL (COALESCE(@busy_pairs::text[], '{}')) -- NULL: none
                 AND NOT EXISTS (
                     SELECT 1 FROM wh_perspective_cursors c
                     WHERE c.stream_id = g.stream_id

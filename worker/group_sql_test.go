@@ -1,0 +1,743 @@
+package worker_test
+
+// Tests of the group path's and the claim's SQL (queries/apply.sql, queries/models.sql,
+// queries/queue.sql), run through the sqlc-generated code against the package's real
+// PostgreSQL database: which rows each statement reads, locks, writes and deletes, and that
+// the statements that must not wait for another transaction do not.
+//
+// The tests run in parallel with the rest of the package on one database. Each works on
+// fresh streams and on perspectives registered for it alone; the claim tests, which scan a
+// perspective's whole queue, also unregister theirs once set up (gsSeal), so that other
+// tests' appends queue nothing more for them.
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/perspectives-go/perspectives/db"
+	"github.com/perspectives-go/perspectives/worker"
+)
+
+// gsPair is one (stream, perspective) pair as the queries return it.
+type gsPair struct {
+	Stream uuid.UUID
+	Name   string
+}
+
+// gsArrays is the two parallel arrays (stream_ids, perspective_names) the group queries take.
+func gsArrays(pairs ...gsPair) ([]uuid.UUID, []string) {
+	streams := make([]uuid.UUID, len(pairs))
+	names := make([]string, len(pairs))
+	for i, p := range pairs {
+		streams[i], names[i] = p.Stream, p.Name
+	}
+	return streams, names
+}
+
+// gsPairs is the pairs (stream, name) of streams.
+func gsPairs(name string, streams ...uuid.UUID) []gsPair {
+	out := make([]gsPair, len(streams))
+	for i, s := range streams {
+		out[i] = gsPair{Stream: s, Name: name}
+	}
+	return out
+}
+
+// gsRegister registers a new perspective for this test alone, so that Append queues events
+// and creates cursor rows for it, and unregisters it when the test ends.
+func gsRegister(t *testing.T, ctx context.Context, prefix string) string {
+	t.Helper()
+	name := uniqueName(prefix)
+	_, err := db.New(testDB.Pool).PerspectiveRegister(ctx, name)
+	require.NoError(t, err)
+	t.Cleanup(func() { gsUnregister(t, context.Background(), name) })
+	return name
+}
+
+// gsUnregister removes the perspectives, holding the exclusive append lock as registration
+// does: the appends in flight commit first, and those after it no longer queue for them.
+func gsUnregister(t *testing.T, ctx context.Context, names ...string) {
+	t.Helper()
+	require.NoError(t, pgx.BeginFunc(ctx, testDB.Pool, func(tx pgx.Tx) error {
+		if err := db.New(tx).RegisterLock(ctx); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `DELETE FROM wh_perspectives WHERE perspective_name = ANY($1)`, names)
+		return err
+	}))
+}
+
+// gsSeal unregisters the perspectives and deletes the rows other tests' appends queued for
+// them meanwhile: from then on their queue holds only the rows of streams.
+func gsSeal(t *testing.T, ctx context.Context, names []string, streams ...uuid.UUID) {
+	t.Helper()
+	gsUnregister(t, ctx, names...)
+	gsExec(t, ctx, testDB.Pool,
+		`DELETE FROM wh_perspective_events WHERE perspective_name = ANY($1) AND stream_id <> ALL($2)`,
+		names, streams)
+}
+
+func gsExec(t testing.TB, ctx context.Context, q db.DBTX, sql string, args ...any) {
+	t.Helper()
+	_, err := q.Exec(ctx, sql, args...)
+	require.NoError(t, err, sql)
+}
+
+// gsAppend stores n events of stream in one Append (one transaction) and returns their IDs.
+func gsAppend(t testing.TB, ctx context.Context, stream uuid.UUID, n int) []uuid.UUID {
+	t.Helper()
+	ids := newIDs(t, n)
+	require.NoError(t, worker.Append(ctx, testDB.Pool, events(stream, ids)...))
+	return ids
+}
+
+// gsBegin opens a transaction that the test ends (or its cleanup rolls back).
+func gsBegin(t *testing.T, ctx context.Context) pgx.Tx {
+	t.Helper()
+	tx, err := testDB.Pool.Begin(ctx)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	return tx
+}
+
+// gsBeginNoWait opens a transaction in which any statement that waits (for a row lock or
+// another transaction) fails after two seconds instead.
+func gsBeginNoWait(t *testing.T, ctx context.Context) pgx.Tx {
+	t.Helper()
+	tx := gsBegin(t, ctx)
+	gsExec(t, ctx, tx, `SET LOCAL statement_timeout = '2s'`)
+	return tx
+}
+
+// gsHeldElsewhere reports whether another transaction holds a row lock on the pair's cursor
+// row: a third transaction's FOR UPDATE NOWAIT on it fails with lock_not_available.
+func gsHeldElsewhere(t *testing.T, ctx context.Context, p gsPair) bool {
+	t.Helper()
+	tx, err := testDB.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	_, err = tx.Exec(ctx, `SELECT 1 FROM wh_perspective_cursors
+		WHERE stream_id = $1 AND perspective_name = $2 FOR UPDATE NOWAIT`, p.Stream, p.Name)
+	if err == nil {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	require.True(t, errors.As(err, &pgErr), "FOR UPDATE NOWAIT: %v", err)
+	require.Equal(t, "55P03", pgErr.Code, "FOR UPDATE NOWAIT: %v", err)
+	return true
+}
+
+// gsCursor is a cursor row's position and failure state.
+type gsCursor struct {
+	LastEventID         uuid.NullUUID
+	Version             int64
+	EventsSinceSnapshot int32
+	Status              string
+	Attempts            int32
+	LastError           *string
+	NextAttemptAt       *time.Time
+}
+
+func gsReadCursor(t testing.TB, ctx context.Context, p gsPair) gsCursor {
+	t.Helper()
+	var c gsCursor
+	require.NoError(t, testDB.Pool.QueryRow(ctx, `
+		SELECT last_event_id, version, events_since_snapshot, status, attempts, last_error, next_attempt_at
+		FROM wh_perspective_cursors WHERE stream_id = $1 AND perspective_name = $2`, p.Stream, p.Name).
+		Scan(&c.LastEventID, &c.Version, &c.EventsSinceSnapshot, &c.Status, &c.Attempts, &c.LastError, &c.NextAttemptAt))
+	return c
+}
+
+// gsCursorExists reports whether the pair has a cursor row.
+func gsCursorExists(t testing.TB, ctx context.Context, p gsPair) bool {
+	t.Helper()
+	var ok bool
+	require.NoError(t, testDB.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM wh_perspective_cursors
+		WHERE stream_id = $1 AND perspective_name = $2)`, p.Stream, p.Name).Scan(&ok))
+	return ok
+}
+
+// PairsLockForApply locks and returns only the pairs whose cursor row exists and is free,
+// skipping a row another open transaction holds without waiting for it.
+func TestGroupSQLPairsLockForApplySkipsHeldAndMissingCursors(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := gsRegister(t, ctx, "gsql_lock")
+	unregistered := uniqueName("gsql_lock_none") // no cursor row of any stream
+	free := gsPair{uuid.New(), name}
+	held := gsPair{uuid.New(), name}
+	snapped := gsPair{uuid.New(), name}
+	noCursor := gsPair{uuid.New(), name}
+	ids := map[gsPair][]uuid.UUID{}
+	for _, p := range []gsPair{free, held, snapped, noCursor} {
+		ids[p] = gsAppend(t, ctx, p.Stream, 1)
+		require.True(t, gsCursorExists(t, ctx, p), "Append creates the cursor row")
+	}
+
+	// free: another instance's live stream lock (a column, not a row lock: it is returned).
+	owner := uuid.New()
+	gsExec(t, ctx, testDB.Pool, `UPDATE wh_perspective_cursors
+		SET stream_lock_instance_id = $3, stream_lock_expiry = now() + interval '1 hour', stream_lock_reason = 'rewind'
+		WHERE stream_id = $1 AND perspective_name = $2`, free.Stream, free.Name, owner)
+	// snapped: a position and a snapshot.
+	gsExec(t, ctx, testDB.Pool, `UPDATE wh_perspective_cursors SET last_event_id = $3, events_since_snapshot = 4
+		WHERE stream_id = $1 AND perspective_name = $2`, snapped.Stream, snapped.Name, ids[snapped][0])
+	gsExec(t, ctx, testDB.Pool, `INSERT INTO wh_perspective_snapshots (stream_id, perspective_name, snapshot_event_id, model)
+		VALUES ($1, $2, $3, '{}')`, snapped.Stream, snapped.Name, ids[snapped][0])
+	// noCursor: its cursor row removed.
+	gsExec(t, ctx, testDB.Pool, `DELETE FROM wh_perspective_cursors WHERE stream_id = $1 AND perspective_name = $2`,
+		noCursor.Stream, noCursor.Name)
+	// held: row-locked by another open transaction.
+	holder := gsBegin(t, ctx)
+	gsExec(t, ctx, holder, `SELECT 1 FROM wh_perspective_cursors WHERE stream_id = $1 AND perspective_name = $2 FOR UPDATE`,
+		held.Stream, held.Name)
+
+	tx := gsBeginNoWait(t, ctx)
+	streams, names := gsArrays(free, held, snapped, noCursor, gsPair{free.Stream, unregistered})
+	rows, err := db.New(tx).PairsLockForApply(ctx, db.PairsLockForApplyParams{StreamIds: streams, PerspectiveNames: names})
+	require.NoError(t, err, "PairsLockForApply must skip the held row, not wait for it")
+
+	got := map[gsPair]db.PairsLockForApplyRow{}
+	for _, r := range rows {
+		got[gsPair{r.StreamID, r.PerspectiveName}] = r
+	}
+	require.Len(t, rows, 2, "only the free and the snapped pair: %v", rows)
+	require.Contains(t, got, free)
+	require.Contains(t, got, snapped)
+	require.Equal(t, db.PairsLockForApplyRow{
+		StreamID: free.Stream, PerspectiveName: free.Name,
+		StreamLockInstanceID: uuid.NullUUID{UUID: owner, Valid: true}, LockLive: true,
+	}, got[free])
+	require.Equal(t, db.PairsLockForApplyRow{
+		StreamID: snapped.Stream, PerspectiveName: snapped.Name,
+		LastEventID:         uuid.NullUUID{UUID: ids[snapped][0], Valid: true},
+		EventsSinceSnapshot: 4, HasSnapshot: true,
+	}, got[snapped])
+
+	// The returned rows are locked by tx; the held one is still only the holder's.
+	require.True(t, gsHeldElsewhere(t, ctx, free), "free's cursor row is locked by the tested transaction")
+	require.True(t, gsHeldElsewhere(t, ctx, snapped), "snapped's cursor row is locked by the tested transaction")
+	require.NoError(t, tx.Rollback(ctx))
+	require.True(t, gsHeldElsewhere(t, ctx, held))
+
+	// Once the holder is gone, the held pair is locked too: it was skipped for the lock alone.
+	require.NoError(t, holder.Rollback(ctx))
+	rows, err = db.New(testDB.Pool).PairsLockForApply(ctx, db.PairsLockForApplyParams{StreamIds: streams, PerspectiveNames: names})
+	require.NoError(t, err)
+	var after []gsPair
+	for _, r := range rows {
+		after = append(after, gsPair{r.StreamID, r.PerspectiveName})
+	}
+	require.ElementsMatch(t, []gsPair{free, held, snapped}, after)
+}
+
+// CursorsMissing reports exactly the pairs without a cursor row and does not wait for a row
+// another open transaction updated (an upsert does: the control); CursorsEnsure creates and
+// returns only the missing rows, and nothing the second time.
+func TestGroupSQLCursorsMissingNeverWaitsAndCursorsEnsureCreatesOnlyMissing(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := gsRegister(t, ctx, "gsql_ensure")
+	unregistered := uniqueName("gsql_ensure_none")
+	updated := gsPair{uuid.New(), name}  // its row updated by an open transaction
+	existing := gsPair{uuid.New(), name} // its row present and free
+	deleted := gsPair{uuid.New(), name}  // its row removed
+	never := gsPair{uuid.New(), name}    // a stream never appended to
+	otherName := gsPair{existing.Stream, unregistered}
+	for _, p := range []gsPair{updated, existing, deleted} {
+		gsAppend(t, ctx, p.Stream, 1)
+	}
+	gsExec(t, ctx, testDB.Pool, `UPDATE wh_perspective_cursors SET events_since_snapshot = 7
+		WHERE stream_id = $1 AND perspective_name = $2`, existing.Stream, existing.Name)
+	gsExec(t, ctx, testDB.Pool, `DELETE FROM wh_perspective_cursors WHERE stream_id = $1 AND perspective_name = $2`,
+		deleted.Stream, deleted.Name)
+	holder := gsBegin(t, ctx)
+	gsExec(t, ctx, holder, `UPDATE wh_perspective_cursors SET attempts = attempts + 1
+		WHERE stream_id = $1 AND perspective_name = $2`, updated.Stream, updated.Name)
+
+	// The control: an upsert of the updated row does wait for the holder.
+	control := gsBegin(t, ctx)
+	gsExec(t, ctx, control, `SET LOCAL statement_timeout = '200ms'`)
+	s, n := gsArrays(updated)
+	_, err := db.New(control).CursorsEnsure(ctx, db.CursorsEnsureParams{StreamIds: s, PerspectiveNames: n})
+	var pgErr *pgconn.PgError
+	require.True(t, errors.As(err, &pgErr), "CursorsEnsure on the updated row should wait and time out, got %v", err)
+	require.Equal(t, "57014", pgErr.Code, "query_canceled (statement_timeout): %v", err)
+	require.NoError(t, control.Rollback(ctx))
+
+	tx := gsBeginNoWait(t, ctx)
+	q := db.New(tx)
+	want := []gsPair{deleted, never, otherName}
+
+	s, n = gsArrays(updated, existing, deleted, never, otherName)
+	missing, err := q.CursorsMissing(ctx, db.CursorsMissingParams{StreamIds: s, PerspectiveNames: n})
+	require.NoError(t, err, "CursorsMissing must not wait for the updated row")
+	var gotMissing []gsPair
+	for _, r := range missing {
+		gotMissing = append(gotMissing, gsPair{r.StreamID, r.PerspectiveName})
+	}
+	require.ElementsMatch(t, want, gotMissing)
+
+	// CursorsEnsure of the free existing row and the missing ones: it creates and returns
+	// only the missing ones.
+	s, n = gsArrays(existing, deleted, never, otherName)
+	created, err := q.CursorsEnsure(ctx, db.CursorsEnsureParams{StreamIds: s, PerspectiveNames: n})
+	require.NoError(t, err)
+	var gotCreated []gsPair
+	for _, r := range created {
+		gotCreated = append(gotCreated, gsPair{r.StreamID, r.PerspectiveName})
+	}
+	require.ElementsMatch(t, want, gotCreated)
+
+	again, err := q.CursorsEnsure(ctx, db.CursorsEnsureParams{StreamIds: s, PerspectiveNames: n})
+	require.NoError(t, err)
+	require.Empty(t, again, "a second CursorsEnsure creates nothing")
+	require.NoError(t, tx.Commit(ctx))
+
+	require.Equal(t, gsCursor{Version: 0, EventsSinceSnapshot: 7, Status: "ok"}, gsReadCursor(t, ctx, existing),
+		"the existing row is left alone")
+	for _, p := range want {
+		require.Equal(t, gsCursor{Status: "ok"}, gsReadCursor(t, ctx, p), "a fresh cursor row of %v", p)
+	}
+	s, n = gsArrays(updated, existing, deleted, never, otherName)
+	missing, err = db.New(testDB.Pool).CursorsMissing(ctx, db.CursorsMissingParams{StreamIds: s, PerspectiveNames: n})
+	require.NoError(t, err)
+	require.Empty(t, missing)
+	require.NoError(t, holder.Rollback(ctx))
+}
+
+// QueueEventsForPairs returns, per asked pair, at most per_pair_limit queued events, the
+// lowest IDs, with their type, data and creation time; other pairs are absent.
+func TestGroupSQLQueueEventsForPairsLowestIDsPerPair(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := gsRegister(t, ctx, "gsql_events")
+	unregistered := uniqueName("gsql_events_none")
+	long, short, notAsked := uuid.New(), uuid.New(), uuid.New()
+	base := time.Date(2024, 1, 2, 3, 4, 5, 0, time.UTC)
+	stored := map[uuid.UUID]worker.Event{}
+	mk := func(stream uuid.UUID, n int) []worker.Event {
+		evs := make([]worker.Event, n)
+		for i, id := range newIDs(t, n) {
+			evs[i] = worker.Event{
+				ID: id, StreamID: stream, Type: fmt.Sprintf("type_%d", i),
+				Data:      json.RawMessage(fmt.Sprintf(`{"n":%d,"s":"%s"}`, i, stream)),
+				CreatedAt: base.Add(time.Duration(len(stored)+i) * time.Second),
+			}
+			stored[id] = evs[i]
+		}
+		return evs
+	}
+	longEvs, shortEvs, notAskedEvs := mk(long, 5), mk(short, 2), mk(notAsked, 4)
+	// long's highest IDs are queued first: the limit is by event ID, not queue order.
+	require.NoError(t, worker.Append(ctx, testDB.Pool, longEvs[3:]...))
+	require.NoError(t, worker.Append(ctx, testDB.Pool, longEvs[:3]...))
+	require.NoError(t, worker.Append(ctx, testDB.Pool, shortEvs...))
+	require.NoError(t, worker.Append(ctx, testDB.Pool, notAskedEvs...))
+
+	streams, names := gsArrays(gsPair{short, name}, gsPair{long, name}, gsPair{long, unregistered})
+	rows, err := db.New(testDB.Pool).QueueEventsForPairs(ctx, db.QueueEventsForPairsParams{
+		StreamIds: streams, PerspectiveNames: names, PerPairLimit: 3,
+	})
+	require.NoError(t, err)
+
+	got := map[gsPair][]uuid.UUID{}
+	for _, r := range rows {
+		p := gsPair{r.StreamID, r.PerspectiveName}
+		got[p] = append(got[p], r.EventID)
+		ev, ok := stored[r.EventID]
+		require.True(t, ok, "unknown event %s", r.EventID)
+		require.Equal(t, ev.StreamID, r.StreamID)
+		require.Equal(t, ev.Type, r.EventType)
+		require.JSONEq(t, string(ev.Data), string(r.Data))
+		require.True(t, ev.CreatedAt.Equal(r.CreatedAt), "created_at %v, want %v", r.CreatedAt, ev.CreatedAt)
+	}
+	for p := range got {
+		slices.SortFunc(got[p], func(a, b uuid.UUID) int { return bytes.Compare(a[:], b[:]) })
+	}
+	require.Equal(t, map[gsPair][]uuid.UUID{
+		{long, name}:  sortedIDs(longEvs[:3]),
+		{short, name}: sortedIDs(shortEvs),
+	}, got)
+}
+
+// ModelsGet returns a row for each asked pair that has a model, and none for the others.
+func TestGroupSQLModelsGetOnlyPairsWithAModel(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name, other := uniqueName("gsql_models"), uniqueName("gsql_models_other")
+	a, b, c := gsPair{uuid.New(), name}, gsPair{uuid.New(), name}, gsPair{uuid.New(), name}
+	bOther := gsPair{b.Stream, other} // b has a model, but of another perspective
+	last := map[gsPair]uuid.UUID{}
+	for _, p := range []gsPair{a, c, bOther} {
+		last[p] = uuid.Must(uuid.NewV7())
+		gsExec(t, ctx, testDB.Pool, `INSERT INTO wh_perspective_models (stream_id, perspective_name, model, last_event_id)
+			VALUES ($1, $2, $3, $4)`, p.Stream, p.Name, fmt.Sprintf(`{"of":"%s/%s"}`, p.Stream, p.Name), last[p])
+	}
+
+	streams, names := gsArrays(a, b, c, gsPair{a.Stream, other})
+	rows, err := db.New(testDB.Pool).ModelsGet(ctx, db.ModelsGetParams{StreamIds: streams, PerspectiveNames: names})
+	require.NoError(t, err)
+	require.Len(t, rows, 2, "only a and c have a model: %v", rows)
+	got := map[gsPair]db.ModelsGetRow{}
+	for _, r := range rows {
+		got[gsPair{r.StreamID, r.PerspectiveName}] = r
+	}
+	for _, p := range []gsPair{a, c} {
+		r, ok := got[p]
+		require.True(t, ok, "no model row for %v", p)
+		require.Equal(t, last[p], r.LastEventID)
+		require.JSONEq(t, fmt.Sprintf(`{"of":"%s/%s"}`, p.Stream, p.Name), string(r.Model))
+	}
+}
+
+// PairsApplyCommit inserts or updates each pair's model, advances and clears its cursor,
+// and deletes exactly the listed queue rows, returning how many.
+func TestGroupSQLPairsApplyCommitWritesModelsCursorsAndQueue(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := gsRegister(t, ctx, "gsql_commit")
+	sibling := gsRegister(t, ctx, "gsql_commit_sib") // the same streams' rows of another perspective
+	fresh := gsPair{uuid.New(), name}                // no model yet
+	going := gsPair{uuid.New(), name}                // a model, and a cursor backing off after a failure
+	bystander := gsPair{uuid.New(), name}            // not passed
+	freshIDs := gsAppend(t, ctx, fresh.Stream, 3)
+	goingIDs := gsAppend(t, ctx, going.Stream, 3)
+	bystanderIDs := gsAppend(t, ctx, bystander.Stream, 2)
+
+	// going's first event was applied earlier; the last attempt since failed.
+	gsExec(t, ctx, testDB.Pool, `INSERT INTO wh_perspective_models (stream_id, perspective_name, model, last_event_id)
+		VALUES ($1, $2, '{"old":true}', $3)`, going.Stream, going.Name, goingIDs[0])
+	gsExec(t, ctx, testDB.Pool, `DELETE FROM wh_perspective_events
+		WHERE stream_id = $1 AND perspective_name = $2 AND event_id = $3`, going.Stream, going.Name, goingIDs[0])
+	gsExec(t, ctx, testDB.Pool, `UPDATE wh_perspective_cursors
+		SET last_event_id = $3, version = 5, events_since_snapshot = 1, status = 'failed', last_error = 'boom',
+		    attempts = 3, next_attempt_at = now() + interval '1 hour'
+		WHERE stream_id = $1 AND perspective_name = $2`, going.Stream, going.Name, goingIDs[0])
+
+	applied := []struct {
+		p  gsPair
+		id uuid.UUID
+	}{
+		{fresh, freshIDs[0]}, {fresh, freshIDs[1]}, {going, goingIDs[1]},
+		{fresh, goingIDs[2]}, // no such row (going's event under fresh): going's row must stay
+	}
+	arg := db.PairsApplyCommitParams{
+		StreamIds:           []uuid.UUID{fresh.Stream, going.Stream},
+		PerspectiveNames:    []string{fresh.Name, going.Name},
+		Models:              [][]byte{[]byte(`{"m":"fresh"}`), []byte(`{"m":"going"}`)},
+		LastEventIds:        []uuid.UUID{freshIDs[1], goingIDs[1]},
+		EventsSinceSnapshot: []int32{2, 9},
+	}
+	for _, a := range applied {
+		arg.AppliedStreamIds = append(arg.AppliedStreamIds, a.p.Stream)
+		arg.AppliedPerspectiveNames = append(arg.AppliedPerspectiveNames, a.p.Name)
+		arg.AppliedEventIds = append(arg.AppliedEventIds, a.id)
+	}
+	deleted, err := db.New(testDB.Pool).PairsApplyCommit(ctx, arg)
+	require.NoError(t, err)
+	require.EqualValues(t, 3, deleted)
+
+	for p, want := range map[gsPair]struct {
+		model string
+		last  uuid.UUID
+	}{
+		fresh: {`{"m":"fresh"}`, freshIDs[1]},
+		going: {`{"m":"going"}`, goingIDs[1]},
+	} {
+		raw, ok, err := worker.LoadModel(ctx, testDB.Pool, p.Name, p.Stream)
+		require.NoError(t, err)
+		require.True(t, ok, "model of %v", p)
+		require.JSONEq(t, want.model, string(raw))
+		var last uuid.UUID
+		require.NoError(t, testDB.Pool.QueryRow(ctx, `SELECT last_event_id FROM wh_perspective_models
+			WHERE stream_id = $1 AND perspective_name = $2`, p.Stream, p.Name).Scan(&last))
+		require.Equal(t, want.last, last, "model position of %v", p)
+	}
+	_, ok, err := worker.LoadModel(ctx, testDB.Pool, bystander.Name, bystander.Stream)
+	require.NoError(t, err)
+	require.False(t, ok, "the bystander has no model")
+
+	require.Equal(t, gsCursor{
+		LastEventID: uuid.NullUUID{UUID: freshIDs[1], Valid: true}, Version: 1, EventsSinceSnapshot: 2, Status: "ok",
+	}, gsReadCursor(t, ctx, fresh))
+	require.Equal(t, gsCursor{
+		LastEventID: uuid.NullUUID{UUID: goingIDs[1], Valid: true}, Version: 6, EventsSinceSnapshot: 9, Status: "ok",
+	}, gsReadCursor(t, ctx, going))
+	require.Equal(t, gsCursor{Status: "ok"}, gsReadCursor(t, ctx, bystander))
+	require.Equal(t, gsCursor{Status: "ok"}, gsReadCursor(t, ctx, gsPair{fresh.Stream, sibling}))
+
+	require.Equal(t, freshIDs[2:], queued(t, ctx, fresh.Name, fresh.Stream))
+	require.Equal(t, goingIDs[2:], queued(t, ctx, going.Name, going.Stream))
+	require.Equal(t, bystanderIDs, queued(t, ctx, bystander.Name, bystander.Stream))
+	require.Equal(t, freshIDs, queued(t, ctx, sibling, fresh.Stream), "the sibling perspective's rows stay")
+	require.Equal(t, goingIDs, queued(t, ctx, sibling, going.Stream), "the sibling perspective's rows stay")
+}
+
+// SnapshotsInsertMany stores every snapshot; SnapshotsPrune then keeps of each passed pair
+// exactly what worker.SnapshotsToDrop keeps, and nothing of the pairs not passed changes.
+func TestGroupSQLSnapshotsPruneKeepsWhatSnapshotsToDropKeeps(t *testing.T) {
+	t.Parallel()
+	counts := []int{1, 2, 3, 5, 6, 8}
+	for _, maxPer := range []int{1, 2, 3, 5} {
+		t.Run(fmt.Sprintf("max_per_stream=%d", maxPer), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			// Snapshots need no registered perspective: a unique name and fresh streams.
+			name, other := uniqueName("gsql_snap"), uniqueName("gsql_snap_other")
+			ascending := map[gsPair][]uuid.UUID{}
+			var pruned []gsPair
+			for _, n := range counts {
+				p := gsPair{uuid.New(), name}
+				ascending[p] = newIDs(t, n)
+				pruned = append(pruned, p)
+			}
+			// Not passed to the prune: a pruned stream under another name, another stream
+			// under the same name.
+			untouched := []gsPair{{pruned[len(pruned)-1].Stream, other}, {uuid.New(), name}}
+			for _, p := range untouched {
+				ascending[p] = newIDs(t, 8)
+			}
+
+			var ins db.SnapshotsInsertManyParams
+			for p, ids := range ascending {
+				for _, id := range ids {
+					ins.StreamIds = append(ins.StreamIds, p.Stream)
+					ins.PerspectiveNames = append(ins.PerspectiveNames, p.Name)
+					ins.SnapshotEventIds = append(ins.SnapshotEventIds, id)
+					ins.Models = append(ins.Models, []byte(fmt.Sprintf(`{"at":"%s"}`, id)))
+				}
+			}
+			q := db.New(testDB.Pool)
+			require.NoError(t, q.SnapshotsInsertMany(ctx, ins))
+			newestFirst := func(p gsPair) []uuid.UUID {
+				ids := slices.Clone(ascending[p])
+				slices.Reverse(ids)
+				return ids
+			}
+			stored := func(p gsPair) []uuid.UUID {
+				ids, err := q.SnapshotIDs(ctx, db.SnapshotIDsParams{StreamID: p.Stream, PerspectiveName: p.Name})
+				require.NoError(t, err)
+				var misplaced int
+				require.NoError(t, testDB.Pool.QueryRow(ctx, `SELECT count(*) FROM wh_perspective_snapshots
+					WHERE stream_id = $1 AND perspective_name = $2 AND model->>'at' <> snapshot_event_id::text`,
+					p.Stream, p.Name).Scan(&misplaced))
+				require.Zero(t, misplaced, "every snapshot of %v keeps its own model", p)
+				return ids
+			}
+			for p := range ascending {
+				require.Equal(t, newestFirst(p), stored(p), "inserted snapshots of %v", p)
+			}
+
+			streams, names := gsArrays(pruned...)
+			deleted, err := q.SnapshotsPrune(ctx, db.SnapshotsPruneParams{
+				StreamIds: streams, PerspectiveNames: names, MaxPerStream: int32(maxPer),
+			})
+			require.NoError(t, err)
+
+			var wantDeleted int64
+			for _, p := range pruned {
+				all := newestFirst(p)
+				drop := worker.SnapshotsToDrop(all, maxPer)
+				want := slices.DeleteFunc(slices.Clone(all), func(id uuid.UUID) bool { return slices.Contains(drop, id) })
+				require.Len(t, want, min(len(all), maxPer), "the retention keeps min(count, max_per_stream)")
+				require.Equal(t, want, stored(p), "%d snapshots, max_per_stream %d", len(all), maxPer)
+				wantDeleted += int64(len(drop))
+			}
+			require.Equal(t, wantDeleted, deleted)
+			for _, p := range untouched {
+				require.Equal(t, newestFirst(p), stored(p), "a pair not passed in keeps every snapshot")
+			}
+		})
+	}
+}
+
+// gsClaim runs QueueDuePairs. A nil BusyPairs is sent as NULL, which must mean "none".
+func gsClaim(t *testing.T, ctx context.Context, arg db.QueueDuePairsParams) []gsPair {
+	t.Helper()
+	rows, err := db.New(testDB.Pool).QueueDuePairs(ctx, arg)
+	require.NoError(t, err)
+	out := make([]gsPair, len(rows))
+	for i, r := range rows {
+		out[i] = gsPair{r.StreamID, r.PerspectiveName}
+	}
+	return out
+}
+
+// gsDueTimes is the distinct next_attempt_at of the pair's queue rows, in order.
+func gsDueTimes(t *testing.T, ctx context.Context, p gsPair) []time.Time {
+	t.Helper()
+	rows, err := testDB.Pool.Query(ctx, `SELECT DISTINCT next_attempt_at FROM wh_perspective_events
+		WHERE stream_id = $1 AND perspective_name = $2 ORDER BY 1`, p.Stream, p.Name)
+	require.NoError(t, err)
+	times, err := pgx.CollectRows(rows, pgx.RowTo[time.Time])
+	require.NoError(t, err)
+	return times
+}
+
+// gsStreamsDescending returns n new stream IDs, highest first: appended in this order, the
+// oldest rows are not the lowest stream IDs.
+func gsStreamsDescending(n int) []uuid.UUID {
+	out := make([]uuid.UUID, n)
+	for i := range out {
+		out[i] = uuid.New()
+	}
+	slices.SortFunc(out, func(a, b uuid.UUID) int { return bytes.Compare(b[:], a[:]) })
+	return out
+}
+
+// QueueDuePairs returns each due pair of the asked perspectives once, however many Appends
+// queued it, the pair with the oldest due row first.
+func TestClaimSQLReturnsEachDuePairOnceOldestFirst(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := gsRegister(t, ctx, "claim_once")
+	sibling := gsRegister(t, ctx, "claim_once_sib")
+	s := gsStreamsDescending(4)
+	first, second, third, notDue := s[0], s[1], s[2], s[3]
+	// first is queued by three separate Appends, around the others'.
+	gsAppend(t, ctx, first, 2)
+	gsAppend(t, ctx, second, 1)
+	gsAppend(t, ctx, first, 1)
+	gsAppend(t, ctx, third, 1)
+	gsAppend(t, ctx, first, 1)
+	gsAppend(t, ctx, notDue, 1)
+	gsExec(t, ctx, testDB.Pool, `UPDATE wh_perspective_events SET next_attempt_at = now() + interval '1 hour'
+		WHERE stream_id = $1 AND perspective_name = $2`, notDue, name)
+	gsSeal(t, ctx, []string{name, sibling}, s...)
+	require.Len(t, gsDueTimes(t, ctx, gsPair{first, name}), 3, "three Appends, three queue times")
+
+	me := uuid.New()
+	require.Equal(t, gsPairs(name, first, second, third), gsClaim(t, ctx, db.QueueDuePairsParams{
+		PerspectiveNames: []string{name}, InstanceID: me, PairLimit: 10, MaxSteps: 100,
+	}), "each due pair once, oldest due row first; the sibling's rows and the rows not yet due are not claimed")
+	require.Equal(t, gsPairs(sibling, first, second, third, notDue), gsClaim(t, ctx, db.QueueDuePairsParams{
+		PerspectiveNames: []string{sibling}, InstanceID: me, PairLimit: 10, MaxSteps: 100,
+	}), "the sibling's rows of notDue are due")
+}
+
+// QueueDuePairs skips the caller's busy pairs, pairs under another instance's live stream
+// lock and pairs whose cursor backs off; an expired or own lock does not exclude.
+func TestClaimSQLSkipsBusyLockedAndBackingOffPairs(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := gsRegister(t, ctx, "claim_skip")
+	sibling := gsRegister(t, ctx, "claim_skip_sib")
+	streams := make([]uuid.UUID, 7)
+	for i := range streams {
+		streams[i] = uuid.New()
+		gsAppend(t, ctx, streams[i], 1) // one Append each: claimed in this order
+	}
+	gsSeal(t, ctx, []string{name, sibling}, streams...)
+	busy, foreignLive, foreignExpired, ownLive, backingOff, backedOff, plain :=
+		streams[0], streams[1], streams[2], streams[3], streams[4], streams[5], streams[6]
+
+	me, other := uuid.New(), uuid.New()
+	setLock := func(stream uuid.UUID, perspective string, owner uuid.UUID, expiry string) {
+		gsExec(t, ctx, testDB.Pool, `UPDATE wh_perspective_cursors
+			SET stream_lock_instance_id = $3, stream_lock_expiry = now() + $4::interval, stream_lock_reason = 'rewind'
+			WHERE stream_id = $1 AND perspective_name = $2`, stream, perspective, owner, expiry)
+	}
+	setLock(foreignLive, name, other, "1 hour")
+	setLock(foreignExpired, name, other, "-1 minute")
+	setLock(ownLive, name, me, "1 hour")
+	setLock(plain, sibling, other, "1 hour") // the same stream's lock of another perspective
+	gsExec(t, ctx, testDB.Pool, `UPDATE wh_perspective_cursors SET next_attempt_at = now() + interval '1 hour'
+		WHERE stream_id = $1 AND perspective_name = $2`, backingOff, name)
+	gsExec(t, ctx, testDB.Pool, `UPDATE wh_perspective_cursors SET next_attempt_at = now() - interval '1 minute'
+		WHERE stream_id = $1 AND perspective_name = $2`, backedOff, name)
+
+	got := gsClaim(t, ctx, db.QueueDuePairsParams{
+		PerspectiveNames: []string{name}, InstanceID: me, PairLimit: 10, MaxSteps: 100,
+		BusyPairs: []string{busy.String() + "/" + name, plain.String() + "/" + sibling},
+	})
+	require.Equal(t, gsPairs(name, foreignExpired, ownLive, backedOff, plain), got)
+
+	// Without the exclusions of the caller, the busy pair is claimed again.
+	got = gsClaim(t, ctx, db.QueueDuePairsParams{
+		PerspectiveNames: []string{name}, InstanceID: me, PairLimit: 10, MaxSteps: 100,
+	})
+	require.Equal(t, gsPairs(name, busy, foreignExpired, ownLive, backedOff, plain), got)
+	// For another instance, this instance's live lock is a foreign one.
+	got = gsClaim(t, ctx, db.QueueDuePairsParams{
+		PerspectiveNames: []string{name}, InstanceID: other, PairLimit: 10, MaxSteps: 100,
+	})
+	require.Equal(t, gsPairs(name, busy, foreignLive, foreignExpired, backedOff, plain), got)
+}
+
+// QueueDuePairs returns at most pair_limit pairs, the oldest first.
+func TestClaimSQLRespectsPairLimit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := gsRegister(t, ctx, "claim_limit")
+	streams := gsStreamsDescending(4)
+	for _, s := range streams {
+		gsAppend(t, ctx, s, 2)
+	}
+	gsSeal(t, ctx, []string{name}, streams...)
+	me := uuid.New()
+
+	for limit := 1; limit <= 4; limit++ {
+		require.Equal(t, gsPairs(name, streams[:limit]...), gsClaim(t, ctx, db.QueueDuePairsParams{
+			PerspectiveNames: []string{name}, InstanceID: me, PairLimit: int32(limit), MaxSteps: 100,
+		}), "pair_limit %d", limit)
+	}
+	require.Equal(t, gsPairs(name, streams...), gsClaim(t, ctx, db.QueueDuePairsParams{
+		PerspectiveNames: []string{name}, InstanceID: me, PairLimit: 10, MaxSteps: 100,
+	}))
+	// A skipped pair does not count against the limit.
+	require.Equal(t, gsPairs(name, streams[1:3]...), gsClaim(t, ctx, db.QueueDuePairsParams{
+		PerspectiveNames: []string{name}, InstanceID: me, PairLimit: 2, MaxSteps: 100,
+		BusyPairs: []string{streams[0].String() + "/" + name},
+	}))
+}
+
+// QueueDuePairs passes at most max_steps queued groups (one per Append of a pair): a hot
+// stream's many one-event Appends keep the pair behind it out of a claim with few steps.
+func TestClaimSQLMaxStepsBoundsTheGroupsPassed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := gsRegister(t, ctx, "claim_steps")
+	const hotAppends = 8
+	s := gsStreamsDescending(3)
+	bulk, hot, cold := s[0], s[1], s[2]
+	gsAppend(t, ctx, bulk, 20) // one group of 20 rows: one step
+	for range hotAppends {
+		gsAppend(t, ctx, hot, 1) // a hot stream: one group per one-event Append
+	}
+	gsAppend(t, ctx, cold, 1)
+	gsSeal(t, ctx, []string{name}, s...)
+
+	bulkTimes := gsDueTimes(t, ctx, gsPair{bulk, name})
+	hotTimes := gsDueTimes(t, ctx, gsPair{hot, name})
+	coldTimes := gsDueTimes(t, ctx, gsPair{cold, name})
+	require.Len(t, bulkTimes, 1)
+	require.Len(t, hotTimes, hotAppends, "each hot Append is its own group")
+	require.Len(t, coldTimes, 1)
+	require.True(t, bulkTimes[0].Before(hotTimes[0]) && hotTimes[hotAppends-1].Before(coldTimes[0]),
+		"bulk, then hot, then cold: %v %v %v", bulkTimes, hotTimes, coldTimes)
+
+	claim := func(steps int32) []gsPair {
+		return gsClaim(t, ctx, db.QueueDuePairsParams{
+			PerspectiveNames: []string{name}, InstanceID: uuid.New(), PairLimit: 10, MaxSteps: steps,
+		})
+	}
+	// Groups in order: bulk's one, hot's eight, cold's one.
+	require.Equal(t, gsPairs(name, bulk, hot, cold), claim(1000), "with steps to spare, every due pair")
+	require.Equal(t, gsPairs(name, bulk, hot, cold), claim(1+hotAppends+1), "exactly enough steps to reach cold")
+	require.Equal(t, gsPairs(name, bulk, hot), claim(1+hotAppends), "one step short of cold")
+	require.Equal(t, gsPairs(name, bulk, hot), claim(3), "hot's groups use up the steps before cold")
+	require.Equal(t, gsPairs(name, bulk, hot), claim(2), "bulk's 20 rows are one step")
+	require.Equal(t, gsPairs(name, bulk), claim(1))
+}
