@@ -178,3 +178,42 @@ func TestCoordinatorMutualExclusionUnderContention(t *testing.T) {
 	assert.Equal(t, int64(32*50), total.Load())
 	assert.Zero(t, c.Size(), "no entry leaks")
 }
+
+// TryLock takes a free pair at once and refuses a held one without waiting or leaving an
+// entry behind; it and Lock exclude each other.
+func TestCoordinatorTryLock(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := worker.NewCoordinator()
+		s := utNewID(t)
+
+		release, ok := c.TryLock(s, "p")
+		require.True(t, ok, "a free pair is taken")
+		_, again := c.TryLock(s, "p")
+		assert.False(t, again, "a held pair is refused")
+		assert.Equal(t, 1, c.Size(), "the refusal leaves no reference behind")
+		other, ok := c.TryLock(utNewID(t), "p")
+		require.True(t, ok, "another pair is free")
+		other()
+
+		got := make(chan struct{})
+		go func() {
+			rel, err := c.Lock(context.Background(), s, "p")
+			if err == nil {
+				close(got)
+				rel()
+			}
+		}()
+		synctest.Wait()
+		assert.False(t, utClosed(got), "Lock waits for the TryLock holder")
+		release()
+		synctest.Wait()
+		assert.True(t, utClosed(got), "and takes the pair once it is released")
+		release() // idempotent
+		assert.Zero(t, c.Size())
+
+		rel, ok := c.TryLock(s, "p")
+		require.True(t, ok, "free again")
+		rel()
+		assert.Zero(t, c.Size())
+	})
+}

@@ -37,6 +37,10 @@ func (c *Coordinator) Lock(ctx context.Context, stream uuid.UUID, perspective st
 	return c.c.lock(ctx, pairKey{Stream: stream, Perspective: perspective})
 }
 
+func (c *Coordinator) TryLock(stream uuid.UUID, perspective string) (func(), bool) {
+	return c.c.tryLock(pairKey{Stream: stream, Perspective: perspective})
+}
+
 func (c *Coordinator) Size() int { return c.c.size() }
 
 // WorkerCoordinatorSize is the number of live coordinator entries of w.
