@@ -85,7 +85,7 @@ type Querier interface {
 	// Queue depth per perspective, and the age of its oldest row on the database clock.
 	QueueDepth(ctx context.Context) ([]QueueDepthRow, error)
 	// The pairs with due queue rows, oldest row first, of the perspectives this instance runs,
-	// skipping pairs that it is working on, that another instance has locked, or that are
+	// skipping the pairs listed in busy_pairs, pairs another instance has locked, and pairs
 	// backing off after a failure; at most pair_limit pairs, each once.
 	// A loose index scan: each step is one probe of the due index for the first row after the
 	// previous step's (next_attempt_at, stream, perspective) group, so a step passes a whole

@@ -96,7 +96,7 @@ WITH RECURSIVE due AS (
     CROSS JOIN LATERAL (
         SELECT g.next_attempt_at, g.stream_id, g.perspective_name, g.pair,
                (g.pair <> ALL (d.returned)
-                -- pairs this instance is working on, as 'stream_id/perspective_name'
+                -- pairs to skip (in work here, or just found held by another transaction)
                 AND g.pair <> ALL (COALESCE($2::text[], '{}')) -- NULL: none
                 AND NOT EXISTS (
                     SELECT 1 FROM wh_perspective_cursors c
@@ -138,7 +138,7 @@ type QueueDuePairsRow struct {
 }
 
 // The pairs with due queue rows, oldest row first, of the perspectives this instance runs,
-// skipping pairs that it is working on, that another instance has locked, or that are
+// skipping the pairs listed in busy_pairs, pairs another instance has locked, and pairs
 // backing off after a failure; at most pair_limit pairs, each once.
 // A loose index scan: each step is one probe of the due index for the first row after the
 // previous step's (next_attempt_at, stream, perspective) group, so a step passes a whole
