@@ -37,7 +37,7 @@ func (w *Worker) applyNormal(ctx context.Context, k pairKey, persp Perspective) 
 		if err != nil {
 			return err
 		}
-		if cur.StreamLockInstanceID.Valid && cur.LockLive && cur.StreamLockInstanceID.UUID != w.cfg.InstanceID {
+		if w.lockedElsewhere(cur.StreamLockInstanceID, cur.LockLive) {
 			return nil // another instance holds the stream lock: its events stay queued
 		}
 		queued, err := q.QueueEventsForPair(ctx, db.QueueEventsForPairParams{
@@ -46,16 +46,12 @@ func (w *Worker) applyNormal(ctx context.Context, k pairKey, persp Perspective) 
 		if err != nil || len(queued) == 0 {
 			return err
 		}
-		if cur.LastEventID.Valid && !less(cur.LastEventID.UUID, queued[0].EventID) {
-			res.rewindFrom = queued[0].EventID
+		if next, ok := w.followUp(cur.LastEventID, cur.HasSnapshot, queued[0].EventID); ok {
+			res = next
 			return nil
 		}
 		var model json.RawMessage
 		if cur.LastEventID.Valid {
-			if !w.cfg.Snapshots.Disabled && !cur.HasSnapshot {
-				res.needsBootstrap = true
-				return nil
-			}
 			// Read after the row lock, in a statement of its own (see PairLockForApply):
 			// no other writer can change the model while this transaction holds the row.
 			m, err := q.ModelGet(ctx, db.ModelGetParams{StreamID: k.Stream, PerspectiveName: k.Perspective})
@@ -99,19 +95,44 @@ func (w *Worker) applyNormal(ctx context.Context, k pairKey, persp Perspective) 
 	if err != nil {
 		return normalResult{}, fmt.Errorf("apply: %w", err)
 	}
+	w.reportApplied(ctx, k, res.applied, applyErr)
+	return res, nil
+}
+
+// lockedElsewhere says whether a cursor's stream lock (its holder, and whether it is
+// unexpired) belongs to another instance: the pair's events then stay queued.
+func (w *Worker) lockedElsewhere(holder uuid.NullUUID, live bool) bool {
+	return holder.Valid && live && holder.UUID != w.cfg.InstanceID
+}
+
+// followUp says what a pair needs before its queued events (the lowest is first) can be
+// applied to the model at last: a rewind when first is not newer than last, a bootstrap
+// when the pair has a model but no snapshot (snapshots enabled).
+func (w *Worker) followUp(last uuid.NullUUID, hasSnapshot bool, first uuid.UUID) (normalResult, bool) {
+	switch {
+	case last.Valid && !less(last.UUID, first):
+		return normalResult{rewindFrom: first}, true
+	case last.Valid && !w.cfg.Snapshots.Disabled && !hasSnapshot:
+		return normalResult{needsBootstrap: true}, true
+	}
+	return normalResult{}, false
+}
+
+// reportApplied records the metrics and logs of one pair's committed application: applied
+// events, and the Apply failure that stopped it, if any.
+func (w *Worker) reportApplied(ctx context.Context, k pairKey, applied int, applyErr error) {
 	if applyErr != nil {
 		w.log.Error("event application failed; will retry with backoff",
 			slog.String("perspective", k.Perspective), slog.String("stream", k.Stream.String()),
-			slog.Int("applied_before_failure", res.applied), slog.Any("error", applyErr))
+			slog.Int("applied_before_failure", applied), slog.Any("error", applyErr))
 	}
-	if res.applied > 0 {
-		w.tel.eventsApplied.Add(ctx, int64(res.applied), perspAttrs(k))
+	if applied > 0 {
+		w.tel.eventsApplied.Add(ctx, int64(applied), perspAttrs(k))
 	}
-	if applyErr == nil && res.applied > 0 {
+	if applyErr == nil && applied > 0 {
 		w.log.Debug("events applied",
-			slog.String("perspective", k.Perspective), slog.String("stream", k.Stream.String()), slog.Int("events", res.applied))
+			slog.String("perspective", k.Perspective), slog.String("stream", k.Stream.String()), slog.Int("events", applied))
 	}
-	return res, nil
 }
 
 var errBusy = errors.New("pair is being applied by another transaction")

@@ -125,11 +125,7 @@ func (w *Worker) processGroup(ctx context.Context, keys []pairKey, finished func
 func (w *Worker) runFollowUps(keys []pairKey, run func(pairKey)) {
 	for i, k := range keys {
 		if i < len(keys)-1 && w.trySlot() {
-			w.jobs.Add(1) // the group's own job is counted: never from zero
-			go func() {
-				defer w.releaseSlot()
-				run(k)
-			}()
+			w.runInSlot(func() { run(k) }) // from the group's own counted job
 			continue
 		}
 		run(k)
@@ -172,17 +168,16 @@ func (w *Worker) applyGroup(ctx context.Context, keys []pairKey) (groupOutcome, 
 		// Decide per pair, and find the models to read.
 		var ready, withModel []*pairWork
 		for _, p := range work {
-			switch {
-			case len(p.events) == 0:
-			case p.cur.LastEventID.Valid && !less(p.cur.LastEventID.UUID, p.events[0].ID):
-				out.follow[p.k] = normalResult{rewindFrom: p.events[0].ID}
-			case p.cur.LastEventID.Valid && !w.cfg.Snapshots.Disabled && !p.cur.HasSnapshot:
-				out.follow[p.k] = normalResult{needsBootstrap: true}
-			default:
-				ready = append(ready, p)
-				if p.cur.LastEventID.Valid {
-					withModel = append(withModel, p)
-				}
+			if len(p.events) == 0 {
+				continue
+			}
+			if next, ok := w.followUp(p.cur.LastEventID, p.cur.HasSnapshot, p.events[0].ID); ok {
+				out.follow[p.k] = next
+				continue
+			}
+			ready = append(ready, p)
+			if p.cur.LastEventID.Valid {
+				withModel = append(withModel, p)
 			}
 		}
 		models := make(map[pairKey]db.ModelsGetRow, len(withModel))
@@ -341,7 +336,7 @@ func (w *Worker) lockGroup(ctx context.Context, q db.Querier, keys []pairKey) (w
 	}
 	work = make([]*pairWork, 0, len(rows))
 	for _, r := range rows {
-		if r.StreamLockInstanceID.Valid && r.LockLive && r.StreamLockInstanceID.UUID != w.cfg.InstanceID {
+		if w.lockedElsewhere(r.StreamLockInstanceID, r.LockLive) {
 			continue // another instance holds the stream lock: its events stay queued
 		}
 		work = append(work, &pairWork{k: pairKey{Stream: r.StreamID, Perspective: r.PerspectiveName}, cur: r})
@@ -376,19 +371,15 @@ func (w *Worker) readGroupEvents(ctx context.Context, q db.Querier, work []*pair
 	return nil
 }
 
-// reportGroup records the metrics and logs of a committed group.
+// reportGroup records the metrics and logs of a committed group, pair by pair.
 func (w *Worker) reportGroup(ctx context.Context, out groupOutcome) {
 	for k, n := range out.applied {
-		w.tel.eventsApplied.Add(ctx, int64(n), perspAttrs(k))
-		if out.failed[k] == nil {
-			w.log.Debug("events applied",
-				slog.String("perspective", k.Perspective), slog.String("stream", k.Stream.String()), slog.Int("events", n))
-		}
+		w.reportApplied(ctx, k, n, out.failed[k])
 	}
 	for k, err := range out.failed {
-		w.log.Error("event application failed; will retry with backoff",
-			slog.String("perspective", k.Perspective), slog.String("stream", k.Stream.String()),
-			slog.Int("applied_before_failure", out.applied[k]), slog.Any("error", err))
+		if out.applied[k] == 0 {
+			w.reportApplied(ctx, k, 0, err)
+		}
 	}
 }
 

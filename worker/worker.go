@@ -275,11 +275,9 @@ func (w *Worker) dispatch(ctx context.Context) bool {
 			w.inflight[k] = true
 		}
 		w.inflightMu.Unlock()
-		w.jobs.Add(1)
-		go func() {
-			defer w.releaseSlot()
+		w.runInSlot(func() {
 			w.processGroup(ctx, group, w.finished) // finishes every pair, some in follow-up jobs
-		}()
+		})
 	}
 	return full && len(w.slots) < cap(w.slots)
 }
@@ -292,6 +290,16 @@ func (w *Worker) trySlot() bool {
 	default:
 		return false
 	}
+}
+
+// runInSlot runs fn as a job (w.jobs) in a slot the caller took with trySlot, and frees
+// the slot when fn returns. The loop, and a job that is itself counted, may call it.
+func (w *Worker) runInSlot(fn func()) {
+	w.jobs.Add(1)
+	go func() {
+		defer w.releaseSlot()
+		fn()
+	}()
 }
 
 // releaseSlot frees a slot taken for a job counted in w.jobs, and wakes the loop to fill it
