@@ -31,7 +31,8 @@ type CursorsEnsureRow struct {
 
 // Creates the missing cursor rows of the given pairs and returns the pairs it created.
 // An existing row is left alone; but when another transaction has updated it and is still
-// open, this waits for that transaction (pass only pairs CursorsMissing reported).
+// open, this waits for that transaction (on the normal path, pass only pairs CursorsMissing
+// reported).
 func (q *Queries) CursorsEnsure(ctx context.Context, arg CursorsEnsureParams) ([]CursorsEnsureRow, error) {
 	rows, err := q.db.Query(ctx, cursorsEnsure, arg.StreamIds, arg.PerspectiveNames)
 	if err != nil {
@@ -139,117 +140,6 @@ func (q *Queries) ModelsGet(ctx context.Context, arg ModelsGetParams) ([]ModelsG
 	return items, nil
 }
 
-const pairApplyCommit = `-- name: PairApplyCommit :one
-WITH model AS (
-    INSERT INTO wh_perspective_models (stream_id, perspective_name, model, last_event_id)
-    VALUES ($1, $2, $3, $4)
-    ON CONFLICT (stream_id, perspective_name) DO UPDATE
-    SET model = EXCLUDED.model,
-        last_event_id = EXCLUDED.last_event_id,
-        updated_at = now()
-), cursor_row AS (
-    UPDATE wh_perspective_cursors
-    SET last_event_id = $4,
-        version = version + 1,
-        events_since_snapshot = $5,
-        status = 'ok',
-        last_error = NULL,
-        attempts = 0,
-        next_attempt_at = NULL,
-        updated_at = now()
-    WHERE stream_id = $1 AND perspective_name = $2
-), applied AS (
-    DELETE FROM wh_perspective_events
-    WHERE stream_id = $1
-      AND perspective_name = $2
-      AND event_id = ANY($6::uuid[])
-    RETURNING 1
-)
-SELECT count(*)::bigint AS deleted FROM applied
-`
-
-type PairApplyCommitParams struct {
-	StreamID            uuid.UUID
-	PerspectiveName     string
-	Model               []byte
-	LastEventID         uuid.UUID
-	EventsSinceSnapshot int32
-	EventIds            []uuid.UUID
-}
-
-// Stores the model at last_event_id, advances the cursor (bumping its version) and deletes
-// the applied queue rows, in one statement. Returns how many queue rows were deleted.
-func (q *Queries) PairApplyCommit(ctx context.Context, arg PairApplyCommitParams) (int64, error) {
-	row := q.db.QueryRow(ctx, pairApplyCommit,
-		arg.StreamID,
-		arg.PerspectiveName,
-		arg.Model,
-		arg.LastEventID,
-		arg.EventsSinceSnapshot,
-		arg.EventIds,
-	)
-	var deleted int64
-	err := row.Scan(&deleted)
-	return deleted, err
-}
-
-const pairLockForApply = `-- name: PairLockForApply :one
-
-SELECT c.last_event_id,
-       c.version,
-       c.events_since_snapshot,
-       c.attempts,
-       c.stream_lock_instance_id,
-       COALESCE(c.stream_lock_expiry > clock_timestamp(), false)::bool AS lock_live,
-       EXISTS (
-           SELECT 1 FROM wh_perspective_snapshots s
-           WHERE s.stream_id = c.stream_id AND s.perspective_name = c.perspective_name
-       )::bool AS has_snapshot
-FROM wh_perspective_cursors c
-WHERE c.stream_id = $1 AND c.perspective_name = $2
-FOR UPDATE OF c SKIP LOCKED
-`
-
-type PairLockForApplyParams struct {
-	StreamID        uuid.UUID
-	PerspectiveName string
-}
-
-type PairLockForApplyRow struct {
-	LastEventID          uuid.NullUUID
-	Version              int64
-	EventsSinceSnapshot  int32
-	Attempts             int32
-	StreamLockInstanceID uuid.NullUUID
-	LockLive             bool
-	HasSnapshot          bool
-}
-
-// The normal path's statements, fused so that applying a pair's queued events costs few
-// round trips: lock the cursor (with the snapshot check), then write model, cursor and
-// queue together.
-// Locks the pair's cursor row for a short write, skipping it when another transaction
-// holds it (no row). Returns the cursor and whether any snapshot exists.
-// The model is NOT read here but by a later statement of the transaction: under READ
-// COMMITTED a row locked after a concurrent commit is returned in its newest version, while
-// rows joined from other tables stay as of the statement's snapshot, so a model read here
-// could predate the cursor it came with (a rewind that committed meanwhile keeps the cursor
-// position but changes the model).
-func (q *Queries) PairLockForApply(ctx context.Context, arg PairLockForApplyParams) (PairLockForApplyRow, error) {
-	row := q.db.QueryRow(ctx, pairLockForApply, arg.StreamID, arg.PerspectiveName)
-	var i PairLockForApplyRow
-	err := row.Scan(
-		&i.LastEventID,
-		&i.Version,
-		&i.EventsSinceSnapshot,
-		&i.Attempts,
-		&i.StreamLockInstanceID,
-		&i.LockLive,
-		&i.HasSnapshot,
-	)
-	return i, err
-}
-
 const pairsApplyCommit = `-- name: PairsApplyCommit :one
 WITH input AS (
     SELECT unnest($1::uuid[]) AS stream_id,
@@ -302,10 +192,10 @@ type PairsApplyCommitParams struct {
 	AppliedEventIds         []uuid.UUID
 }
 
-// PairApplyCommit for many pairs: pair i's model is models[i] at last_event_ids[i] with
-// events_since_snapshot[i]; the applied queue rows are given as three parallel arrays
-// (applied_stream_ids, applied_perspective_names, applied_event_ids). Returns how many queue
-// rows were deleted.
+// Pair i's model becomes models[i] at last_event_ids[i] with events_since_snapshot[i]; its
+// cursor advances (bumping its version) and its failure state clears; the applied queue rows
+// are deleted, given as three parallel arrays (applied_stream_ids,
+// applied_perspective_names, applied_event_ids). Returns how many queue rows were deleted.
 func (q *Queries) PairsApplyCommit(ctx context.Context, arg PairsApplyCommitParams) (int64, error) {
 	row := q.db.QueryRow(ctx, pairsApplyCommit,
 		arg.StreamIds,
@@ -328,12 +218,12 @@ SELECT c.stream_id,
        c.perspective_name,
        c.last_event_id,
        c.events_since_snapshot,
-       c.stream_lock_instance_id,
-       COALESCE(c.stream_lock_expiry > clock_timestamp(), false)::bool AS lock_live,
-       EXISTS (
-           SELECT 1 FROM wh_perspective_snapshots s
-           WHERE s.stream_id = c.stream_id AND s.perspective_name = c.perspective_name
-       )::bool AS has_snapshot
+       COALESCE(CASE WHEN c.stream_lock_expiry > clock_timestamp() THEN c.stream_lock_instance_id END,
+                '00000000-0000-0000-0000-000000000000')::uuid AS lock_holder,
+       (SELECT COALESCE(array_agg(s.snapshot_event_id ORDER BY s.snapshot_event_id DESC), '{}')
+        FROM wh_perspective_snapshots s
+        WHERE s.stream_id = c.stream_id AND s.perspective_name = c.perspective_name
+       )::uuid[] AS snapshot_ids
 FROM (SELECT unnest($1::uuid[]) AS stream_id, unnest($2::text[]) AS perspective_name) p
 JOIN wh_perspective_cursors c
   ON c.stream_id = p.stream_id AND c.perspective_name = p.perspective_name
@@ -346,22 +236,26 @@ type PairsLockForApplyParams struct {
 }
 
 type PairsLockForApplyRow struct {
-	StreamID             uuid.UUID
-	PerspectiveName      string
-	LastEventID          uuid.NullUUID
-	EventsSinceSnapshot  int32
-	StreamLockInstanceID uuid.NullUUID
-	LockLive             bool
-	HasSnapshot          bool
+	StreamID            uuid.UUID
+	PerspectiveName     string
+	LastEventID         uuid.NullUUID
+	EventsSinceSnapshot int32
+	LockHolder          uuid.UUID
+	SnapshotIds         []uuid.UUID
 }
 
-// The group path: the same statements for many pairs at once, so that one transaction of a
-// handful of round trips applies a whole group (Config.GroupSize pairs). The pairs are
-// passed as two parallel arrays, stream_ids[i] with perspective_names[i].
+// The normal path: one transaction applies the queued events of a group of (stream,
+// perspective) pairs (Config.GroupSize; a single pair is a group of one) in a handful of
+// statements. The pairs are passed as two parallel arrays, stream_ids[i] with
+// perspective_names[i].
 // Locks the cursor rows of the given pairs, skipping those another transaction holds (and
-// those without a cursor row: see CursorsEnsure). Returns each locked cursor and whether
-// the pair has any snapshot. As with PairLockForApply, models are read by a later
-// statement.
+// those without a cursor row: see CursorsEnsure). Returns each locked cursor, the holder of
+// an unexpired stream lock on it (the nil UUID: none), and the pair's snapshot positions, newest first.
+// The model is NOT read here but by a later statement of the transaction (ModelsGet): under
+// READ COMMITTED a row locked after a concurrent commit is returned in its newest version,
+// while rows joined from other tables stay as of the statement's snapshot, so a model read
+// here could predate the cursor it came with (a rewind that committed meanwhile keeps the
+// cursor position but changes the model).
 func (q *Queries) PairsLockForApply(ctx context.Context, arg PairsLockForApplyParams) ([]PairsLockForApplyRow, error) {
 	rows, err := q.db.Query(ctx, pairsLockForApply, arg.StreamIds, arg.PerspectiveNames)
 	if err != nil {
@@ -376,9 +270,8 @@ func (q *Queries) PairsLockForApply(ctx context.Context, arg PairsLockForApplyPa
 			&i.PerspectiveName,
 			&i.LastEventID,
 			&i.EventsSinceSnapshot,
-			&i.StreamLockInstanceID,
-			&i.LockLive,
-			&i.HasSnapshot,
+			&i.LockHolder,
+			&i.SnapshotIds,
 		); err != nil {
 			return nil, err
 		}
@@ -390,11 +283,84 @@ func (q *Queries) PairsLockForApply(ctx context.Context, arg PairsLockForApplyPa
 	return items, nil
 }
 
+const pairsMarkFailed = `-- name: PairsMarkFailed :many
+WITH input AS (
+    SELECT unnest($1::uuid[]) AS stream_id,
+           unnest($2::text[]) AS perspective_name,
+           unnest($3::text[]) AS error,
+           $4::float8 AS base_seconds,
+           $5::float8 AS max_seconds
+), cur AS (
+    UPDATE wh_perspective_cursors c
+    SET status = 'failed',
+        last_error = i.error,
+        attempts = c.attempts + 1,
+        next_attempt_at = now() + interval '1 second' * LEAST(
+            i.max_seconds, i.base_seconds * power(2, LEAST(c.attempts, 40))),
+        updated_at = now()
+    FROM input i
+    WHERE c.stream_id = i.stream_id AND c.perspective_name = i.perspective_name
+    RETURNING c.stream_id, c.perspective_name, c.last_error, c.next_attempt_at
+), queued AS (
+    UPDATE wh_perspective_events q
+    SET attempts = q.attempts + 1,
+        last_error = cur.last_error,
+        next_attempt_at = cur.next_attempt_at
+    FROM cur
+    WHERE q.stream_id = cur.stream_id AND q.perspective_name = cur.perspective_name
+)
+SELECT cur.stream_id, cur.perspective_name, cur.next_attempt_at::timestamptz AS next_attempt_at
+FROM cur
+`
+
+type PairsMarkFailedParams struct {
+	StreamIds        []uuid.UUID
+	PerspectiveNames []string
+	Errors           []string
+	BaseSeconds      float64
+	MaxSeconds       float64
+}
+
+type PairsMarkFailedRow struct {
+	StreamID        uuid.UUID
+	PerspectiveName string
+	NextAttemptAt   time.Time
+}
+
+// Records a failure of each given pair (errors[i] for pair i) on its cursor and on every
+// queued row of the pair, and schedules the retry: base_seconds doubled per earlier
+// attempt, capped at max_seconds, from now. Returns the retry time of each pair.
+func (q *Queries) PairsMarkFailed(ctx context.Context, arg PairsMarkFailedParams) ([]PairsMarkFailedRow, error) {
+	rows, err := q.db.Query(ctx, pairsMarkFailed,
+		arg.StreamIds,
+		arg.PerspectiveNames,
+		arg.Errors,
+		arg.BaseSeconds,
+		arg.MaxSeconds,
+	)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []PairsMarkFailedRow{}
+	for rows.Next() {
+		var i PairsMarkFailedRow
+		if err := rows.Scan(&i.StreamID, &i.PerspectiveName, &i.NextAttemptAt); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const queueEventsForPairs = `-- name: QueueEventsForPairs :many
-SELECT q.stream_id, q.perspective_name, q.event_id, e.event_type, e.data, e.created_at
+SELECT q.perspective_name, e.event_id, e.stream_id, e.event_type, e.data, e.created_at
 FROM (SELECT unnest($1::uuid[]) AS stream_id, unnest($2::text[]) AS perspective_name) p
 CROSS JOIN LATERAL (
-    SELECT qe.stream_id, qe.perspective_name, qe.event_id
+    SELECT qe.perspective_name, qe.event_id
     FROM wh_perspective_events qe
     WHERE qe.stream_id = p.stream_id AND qe.perspective_name = p.perspective_name
     ORDER BY qe.event_id
@@ -410,16 +376,12 @@ type QueueEventsForPairsParams struct {
 }
 
 type QueueEventsForPairsRow struct {
-	StreamID        uuid.UUID
 	PerspectiveName string
-	EventID         uuid.UUID
-	EventType       string
-	Data            []byte
-	CreatedAt       time.Time
+	WhEventStore    WhEventStore
 }
 
-// The queued events of the given pairs with their data: at most per_pair_limit per pair,
-// the lowest event IDs of each.
+// The queued events of the given pairs: at most per_pair_limit per pair, the lowest event
+// IDs of each.
 func (q *Queries) QueueEventsForPairs(ctx context.Context, arg QueueEventsForPairsParams) ([]QueueEventsForPairsRow, error) {
 	rows, err := q.db.Query(ctx, queueEventsForPairs, arg.StreamIds, arg.PerspectiveNames, arg.PerPairLimit)
 	if err != nil {
@@ -430,12 +392,12 @@ func (q *Queries) QueueEventsForPairs(ctx context.Context, arg QueueEventsForPai
 	for rows.Next() {
 		var i QueueEventsForPairsRow
 		if err := rows.Scan(
-			&i.StreamID,
 			&i.PerspectiveName,
-			&i.EventID,
-			&i.EventType,
-			&i.Data,
-			&i.CreatedAt,
+			&i.WhEventStore.EventID,
+			&i.WhEventStore.StreamID,
+			&i.WhEventStore.EventType,
+			&i.WhEventStore.Data,
+			&i.WhEventStore.CreatedAt,
 		); err != nil {
 			return nil, err
 		}

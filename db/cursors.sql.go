@@ -12,22 +12,6 @@ import (
 	"github.com/google/uuid"
 )
 
-const cursorEnsure = `-- name: CursorEnsure :exec
-INSERT INTO wh_perspective_cursors (stream_id, perspective_name)
-VALUES ($1, $2)
-ON CONFLICT (stream_id, perspective_name) DO NOTHING
-`
-
-type CursorEnsureParams struct {
-	StreamID        uuid.UUID
-	PerspectiveName string
-}
-
-func (q *Queries) CursorEnsure(ctx context.Context, arg CursorEnsureParams) error {
-	_, err := q.db.Exec(ctx, cursorEnsure, arg.StreamID, arg.PerspectiveName)
-	return err
-}
-
 const cursorGet = `-- name: CursorGet :one
 SELECT stream_id, perspective_name, last_event_id, version, status, last_error, attempts,
        events_since_snapshot,
@@ -74,8 +58,9 @@ func (q *Queries) CursorGet(ctx context.Context, arg CursorGetParams) (CursorGet
 }
 
 const cursorLock = `-- name: CursorLock :one
-SELECT last_event_id, version, events_since_snapshot, attempts, stream_lock_instance_id,
-       COALESCE(stream_lock_expiry > clock_timestamp(), false)::bool AS lock_live
+SELECT last_event_id, version,
+       COALESCE(CASE WHEN stream_lock_expiry > clock_timestamp() THEN stream_lock_instance_id END,
+                '00000000-0000-0000-0000-000000000000')::uuid AS lock_holder
 FROM wh_perspective_cursors
 WHERE stream_id = $1 AND perspective_name = $2
 FOR UPDATE
@@ -87,63 +72,18 @@ type CursorLockParams struct {
 }
 
 type CursorLockRow struct {
-	LastEventID          uuid.NullUUID
-	Version              int64
-	EventsSinceSnapshot  int32
-	Attempts             int32
-	StreamLockInstanceID uuid.NullUUID
-	LockLive             bool
+	LastEventID uuid.NullUUID
+	Version     int64
+	LockHolder  uuid.UUID
 }
 
 // Locks the cursor row, waiting for other writers (final writes of long operations).
-// lock_live uses clock_timestamp(): the fencing check must see the time after the wait.
+// lock_holder is the holder of an unexpired stream lock (the nil UUID: none), judged with clock_timestamp(): the
+// fencing check must see the time after the wait.
 func (q *Queries) CursorLock(ctx context.Context, arg CursorLockParams) (CursorLockRow, error) {
 	row := q.db.QueryRow(ctx, cursorLock, arg.StreamID, arg.PerspectiveName)
 	var i CursorLockRow
-	err := row.Scan(
-		&i.LastEventID,
-		&i.Version,
-		&i.EventsSinceSnapshot,
-		&i.Attempts,
-		&i.StreamLockInstanceID,
-		&i.LockLive,
-	)
-	return i, err
-}
-
-const cursorMarkFailed = `-- name: CursorMarkFailed :one
-UPDATE wh_perspective_cursors
-SET status = 'failed',
-    last_error = $1,
-    attempts = attempts + 1,
-    next_attempt_at = now() + make_interval(secs => $2::float8),
-    updated_at = now()
-WHERE stream_id = $3 AND perspective_name = $4
-RETURNING attempts, next_attempt_at::timestamptz AS next_attempt_at
-`
-
-type CursorMarkFailedParams struct {
-	LastError       *string
-	BackoffSeconds  float64
-	StreamID        uuid.UUID
-	PerspectiveName string
-}
-
-type CursorMarkFailedRow struct {
-	Attempts      int32
-	NextAttemptAt time.Time
-}
-
-// Records a failure and schedules the retry with exponential backoff; returns the retry time.
-func (q *Queries) CursorMarkFailed(ctx context.Context, arg CursorMarkFailedParams) (CursorMarkFailedRow, error) {
-	row := q.db.QueryRow(ctx, cursorMarkFailed,
-		arg.LastError,
-		arg.BackoffSeconds,
-		arg.StreamID,
-		arg.PerspectiveName,
-	)
-	var i CursorMarkFailedRow
-	err := row.Scan(&i.Attempts, &i.NextAttemptAt)
+	err := row.Scan(&i.LastEventID, &i.Version, &i.LockHolder)
 	return i, err
 }
 

@@ -12,7 +12,7 @@ import (
 	"github.com/google/uuid"
 )
 
-const appendLock = `-- name: AppendLock :exec
+const appendLockAndNotify = `-- name: AppendLockAndNotify :exec
 
 SELECT pg_advisory_xact_lock_shared(7214082031553392641), pg_notify('wh_perspective_events', '')
 `
@@ -20,10 +20,10 @@ SELECT pg_advisory_xact_lock_shared(7214082031553392641), pg_notify('wh_perspect
 // Appending events and registering perspectives. Append takes a shared transaction-level
 // advisory lock and registration the exclusive one, so an event committed while a
 // perspective registers is never missed by that perspective's backlog.
-// Also queues the wake-up notification for listening workers: PostgreSQL delivers it only
+// Takes the shared append lock and queues the wake-up notification for listening workers: PostgreSQL delivers it only
 // if the transaction commits, and once per transaction.
-func (q *Queries) AppendLock(ctx context.Context) error {
-	_, err := q.db.Exec(ctx, appendLock)
+func (q *Queries) AppendLockAndNotify(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, appendLockAndNotify)
 	return err
 }
 
@@ -248,7 +248,7 @@ const queueListen = `-- name: QueueListen :exec
 LISTEN wh_perspective_events
 `
 
-// Subscribes the session to the notification AppendLock queues.
+// Subscribes the session to the notification AppendLockAndNotify queues.
 func (q *Queries) QueueListen(ctx context.Context) error {
 	_, err := q.db.Exec(ctx, queueListen)
 	return err

@@ -29,29 +29,6 @@ func (q *Queries) ModelDelete(ctx context.Context, arg ModelDeleteParams) (int64
 	return result.RowsAffected(), nil
 }
 
-const modelGet = `-- name: ModelGet :one
-SELECT model, last_event_id
-FROM wh_perspective_models
-WHERE stream_id = $1 AND perspective_name = $2
-`
-
-type ModelGetParams struct {
-	StreamID        uuid.UUID
-	PerspectiveName string
-}
-
-type ModelGetRow struct {
-	Model       []byte
-	LastEventID uuid.UUID
-}
-
-func (q *Queries) ModelGet(ctx context.Context, arg ModelGetParams) (ModelGetRow, error) {
-	row := q.db.QueryRow(ctx, modelGet, arg.StreamID, arg.PerspectiveName)
-	var i ModelGetRow
-	err := row.Scan(&i.Model, &i.LastEventID)
-	return i, err
-}
-
 const snapshotIDs = `-- name: SnapshotIDs :many
 SELECT snapshot_event_id
 FROM wh_perspective_snapshots
@@ -85,30 +62,6 @@ func (q *Queries) SnapshotIDs(ctx context.Context, arg SnapshotIDsParams) ([]uui
 	return items, nil
 }
 
-const snapshotInsert = `-- name: SnapshotInsert :exec
-INSERT INTO wh_perspective_snapshots (stream_id, perspective_name, snapshot_event_id, model)
-VALUES ($1, $2, $3, $4)
-ON CONFLICT (stream_id, perspective_name, snapshot_event_id) DO UPDATE
-SET model = EXCLUDED.model
-`
-
-type SnapshotInsertParams struct {
-	StreamID        uuid.UUID
-	PerspectiveName string
-	SnapshotEventID uuid.UUID
-	Model           []byte
-}
-
-func (q *Queries) SnapshotInsert(ctx context.Context, arg SnapshotInsertParams) error {
-	_, err := q.db.Exec(ctx, snapshotInsert,
-		arg.StreamID,
-		arg.PerspectiveName,
-		arg.SnapshotEventID,
-		arg.Model,
-	)
-	return err
-}
-
 const snapshotLatestBefore = `-- name: SnapshotLatestBefore :one
 SELECT snapshot_event_id, model
 FROM wh_perspective_snapshots
@@ -139,38 +92,26 @@ func (q *Queries) SnapshotLatestBefore(ctx context.Context, arg SnapshotLatestBe
 }
 
 const snapshotsDelete = `-- name: SnapshotsDelete :execrows
-DELETE FROM wh_perspective_snapshots
-WHERE stream_id = $1
-  AND perspective_name = $2
-  AND snapshot_event_id = ANY($3::uuid[])
+DELETE FROM wh_perspective_snapshots s
+USING (
+    SELECT unnest($1::uuid[]) AS stream_id,
+           unnest($2::text[]) AS perspective_name,
+           unnest($3::uuid[]) AS snapshot_event_id
+) d
+WHERE s.stream_id = d.stream_id
+  AND s.perspective_name = d.perspective_name
+  AND s.snapshot_event_id = d.snapshot_event_id
 `
 
 type SnapshotsDeleteParams struct {
-	StreamID         uuid.UUID
-	PerspectiveName  string
+	StreamIds        []uuid.UUID
+	PerspectiveNames []string
 	SnapshotEventIds []uuid.UUID
 }
 
+// Deletes the given snapshots, as three parallel arrays (the retention's victims).
 func (q *Queries) SnapshotsDelete(ctx context.Context, arg SnapshotsDeleteParams) (int64, error) {
-	result, err := q.db.Exec(ctx, snapshotsDelete, arg.StreamID, arg.PerspectiveName, arg.SnapshotEventIds)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
-const snapshotsDeleteAll = `-- name: SnapshotsDeleteAll :execrows
-DELETE FROM wh_perspective_snapshots
-WHERE stream_id = $1 AND perspective_name = $2
-`
-
-type SnapshotsDeleteAllParams struct {
-	StreamID        uuid.UUID
-	PerspectiveName string
-}
-
-func (q *Queries) SnapshotsDeleteAll(ctx context.Context, arg SnapshotsDeleteAllParams) (int64, error) {
-	result, err := q.db.Exec(ctx, snapshotsDeleteAll, arg.StreamID, arg.PerspectiveName)
+	result, err := q.db.Exec(ctx, snapshotsDelete, arg.StreamIds, arg.PerspectiveNames, arg.SnapshotEventIds)
 	if err != nil {
 		return 0, err
 	}
@@ -190,7 +131,8 @@ type SnapshotsDeleteFromParams struct {
 	FromEventID     uuid.UUID
 }
 
-// Drops the snapshots at or after an event (a late event invalidated them).
+// Drops the pair's snapshots at or after an event (a late event invalidated them; the nil
+// UUID drops them all).
 func (q *Queries) SnapshotsDeleteFrom(ctx context.Context, arg SnapshotsDeleteFromParams) (int64, error) {
 	result, err := q.db.Exec(ctx, snapshotsDeleteFrom, arg.StreamID, arg.PerspectiveName, arg.FromEventID)
 	if err != nil {
@@ -199,7 +141,7 @@ func (q *Queries) SnapshotsDeleteFrom(ctx context.Context, arg SnapshotsDeleteFr
 	return result.RowsAffected(), nil
 }
 
-const snapshotsInsertMany = `-- name: SnapshotsInsertMany :exec
+const snapshotsInsert = `-- name: SnapshotsInsert :exec
 INSERT INTO wh_perspective_snapshots (stream_id, perspective_name, snapshot_event_id, model)
 SELECT unnest($1::uuid[]), unnest($2::text[]),
        unnest($3::uuid[]), unnest($4::jsonb[])
@@ -207,56 +149,21 @@ ON CONFLICT (stream_id, perspective_name, snapshot_event_id) DO UPDATE
 SET model = EXCLUDED.model
 `
 
-type SnapshotsInsertManyParams struct {
+type SnapshotsInsertParams struct {
 	StreamIds        []uuid.UUID
 	PerspectiveNames []string
 	SnapshotEventIds []uuid.UUID
 	Models           [][]byte
 }
 
-// SnapshotInsert for many snapshots, given as parallel arrays.
-func (q *Queries) SnapshotsInsertMany(ctx context.Context, arg SnapshotsInsertManyParams) error {
-	_, err := q.db.Exec(ctx, snapshotsInsertMany,
+// Stores snapshots, given as parallel arrays (a snapshot already at that position is
+// replaced).
+func (q *Queries) SnapshotsInsert(ctx context.Context, arg SnapshotsInsertParams) error {
+	_, err := q.db.Exec(ctx, snapshotsInsert,
 		arg.StreamIds,
 		arg.PerspectiveNames,
 		arg.SnapshotEventIds,
 		arg.Models,
 	)
 	return err
-}
-
-const snapshotsPrune = `-- name: SnapshotsPrune :execrows
-DELETE FROM wh_perspective_snapshots s
-USING (
-    SELECT r.stream_id, r.perspective_name, r.snapshot_event_id,
-           row_number() OVER w AS pos,
-           count(*) OVER (PARTITION BY r.stream_id, r.perspective_name) AS total
-    FROM wh_perspective_snapshots r
-    JOIN (SELECT unnest($1::uuid[]) AS stream_id, unnest($2::text[]) AS perspective_name) p
-      ON r.stream_id = p.stream_id AND r.perspective_name = p.perspective_name
-    WINDOW w AS (PARTITION BY r.stream_id, r.perspective_name ORDER BY r.snapshot_event_id DESC)
-) ranked
-WHERE s.stream_id = ranked.stream_id
-  AND s.perspective_name = ranked.perspective_name
-  AND s.snapshot_event_id = ranked.snapshot_event_id
-  AND ranked.pos >= GREATEST($3::int, 2)
-  AND ($3::int = 1 OR ranked.pos < ranked.total)
-`
-
-type SnapshotsPruneParams struct {
-	StreamIds        []uuid.UUID
-	PerspectiveNames []string
-	MaxPerStream     int32
-}
-
-// Applies the retention of the given pairs' snapshots (Snapshots.MaxPerStream): of each
-// pair's snapshots, newest first, it keeps the first max_per_stream-1 and the last (the
-// oldest, so that a very late event still finds a restore point), or only the first when
-// max_per_stream is 1.
-func (q *Queries) SnapshotsPrune(ctx context.Context, arg SnapshotsPruneParams) (int64, error) {
-	result, err := q.db.Exec(ctx, snapshotsPrune, arg.StreamIds, arg.PerspectiveNames, arg.MaxPerStream)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
 }

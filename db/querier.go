@@ -14,20 +14,19 @@ type Querier interface {
 	// Appending events and registering perspectives. Append takes a shared transaction-level
 	// advisory lock and registration the exclusive one, so an event committed while a
 	// perspective registers is never missed by that perspective's backlog.
-	// Also queues the wake-up notification for listening workers: PostgreSQL delivers it only
+	// Takes the shared append lock and queues the wake-up notification for listening workers: PostgreSQL delivers it only
 	// if the transaction commits, and once per transaction.
-	AppendLock(ctx context.Context) error
-	CursorEnsure(ctx context.Context, arg CursorEnsureParams) error
+	AppendLockAndNotify(ctx context.Context) error
 	CursorGet(ctx context.Context, arg CursorGetParams) (CursorGetRow, error)
 	// Locks the cursor row, waiting for other writers (final writes of long operations).
-	// lock_live uses clock_timestamp(): the fencing check must see the time after the wait.
+	// lock_holder is the holder of an unexpired stream lock (the nil UUID: none), judged with clock_timestamp(): the
+	// fencing check must see the time after the wait.
 	CursorLock(ctx context.Context, arg CursorLockParams) (CursorLockRow, error)
-	// Records a failure and schedules the retry with exponential backoff; returns the retry time.
-	CursorMarkFailed(ctx context.Context, arg CursorMarkFailedParams) (CursorMarkFailedRow, error)
 	CursorReset(ctx context.Context, arg CursorResetParams) error
 	// Creates the missing cursor rows of the given pairs and returns the pairs it created.
 	// An existing row is left alone; but when another transaction has updated it and is still
-	// open, this waits for that transaction (pass only pairs CursorsMissing reported).
+	// open, this waits for that transaction (on the normal path, pass only pairs CursorsMissing
+	// reported).
 	CursorsEnsure(ctx context.Context, arg CursorsEnsureParams) ([]CursorsEnsureRow, error)
 	CursorsFailed(ctx context.Context) ([]CursorsFailedRow, error)
 	// Which of the given pairs have no cursor row. A plain read: it never waits for a row that
@@ -43,36 +42,30 @@ type Querier interface {
 	// One page of a stream's events after a position, up to an inclusive bound, in ID order.
 	EventsReplayPage(ctx context.Context, arg EventsReplayPageParams) ([]WhEventStore, error)
 	ModelDelete(ctx context.Context, arg ModelDeleteParams) (int64, error)
-	ModelGet(ctx context.Context, arg ModelGetParams) (ModelGetRow, error)
 	// The models of the given pairs (pairs without a model have no row).
 	ModelsGet(ctx context.Context, arg ModelsGetParams) ([]ModelsGetRow, error)
-	// Stores the model at last_event_id, advances the cursor (bumping its version) and deletes
-	// the applied queue rows, in one statement. Returns how many queue rows were deleted.
-	PairApplyCommit(ctx context.Context, arg PairApplyCommitParams) (int64, error)
-	// The normal path's statements, fused so that applying a pair's queued events costs few
-	// round trips: lock the cursor (with the snapshot check), then write model, cursor and
-	// queue together.
-	// Locks the pair's cursor row for a short write, skipping it when another transaction
-	// holds it (no row). Returns the cursor and whether any snapshot exists.
-	// The model is NOT read here but by a later statement of the transaction: under READ
-	// COMMITTED a row locked after a concurrent commit is returned in its newest version, while
-	// rows joined from other tables stay as of the statement's snapshot, so a model read here
-	// could predate the cursor it came with (a rewind that committed meanwhile keeps the cursor
-	// position but changes the model).
-	PairLockForApply(ctx context.Context, arg PairLockForApplyParams) (PairLockForApplyRow, error)
-	// PairApplyCommit for many pairs: pair i's model is models[i] at last_event_ids[i] with
-	// events_since_snapshot[i]; the applied queue rows are given as three parallel arrays
-	// (applied_stream_ids, applied_perspective_names, applied_event_ids). Returns how many queue
-	// rows were deleted.
+	// Pair i's model becomes models[i] at last_event_ids[i] with events_since_snapshot[i]; its
+	// cursor advances (bumping its version) and its failure state clears; the applied queue rows
+	// are deleted, given as three parallel arrays (applied_stream_ids,
+	// applied_perspective_names, applied_event_ids). Returns how many queue rows were deleted.
 	PairsApplyCommit(ctx context.Context, arg PairsApplyCommitParams) (int64, error)
-	// The group path: the same statements for many pairs at once, so that one transaction of a
-	// handful of round trips applies a whole group (Config.GroupSize pairs). The pairs are
-	// passed as two parallel arrays, stream_ids[i] with perspective_names[i].
+	// The normal path: one transaction applies the queued events of a group of (stream,
+	// perspective) pairs (Config.GroupSize; a single pair is a group of one) in a handful of
+	// statements. The pairs are passed as two parallel arrays, stream_ids[i] with
+	// perspective_names[i].
 	// Locks the cursor rows of the given pairs, skipping those another transaction holds (and
-	// those without a cursor row: see CursorsEnsure). Returns each locked cursor and whether
-	// the pair has any snapshot. As with PairLockForApply, models are read by a later
-	// statement.
+	// those without a cursor row: see CursorsEnsure). Returns each locked cursor, the holder of
+	// an unexpired stream lock on it (the nil UUID: none), and the pair's snapshot positions, newest first.
+	// The model is NOT read here but by a later statement of the transaction (ModelsGet): under
+	// READ COMMITTED a row locked after a concurrent commit is returned in its newest version,
+	// while rows joined from other tables stay as of the statement's snapshot, so a model read
+	// here could predate the cursor it came with (a rewind that committed meanwhile keeps the
+	// cursor position but changes the model).
 	PairsLockForApply(ctx context.Context, arg PairsLockForApplyParams) ([]PairsLockForApplyRow, error)
+	// Records a failure of each given pair (errors[i] for pair i) on its cursor and on every
+	// queued row of the pair, and schedules the retry: base_seconds doubled per earlier
+	// attempt, capped at max_seconds, from now. Returns the retry time of each pair.
+	PairsMarkFailed(ctx context.Context, arg PairsMarkFailedParams) ([]PairsMarkFailedRow, error)
 	// Enqueues every stored event for a newly registered perspective, and creates the cursor
 	// row of each of its pairs.
 	PerspectiveEnqueueBacklog(ctx context.Context, perspectiveName string) (int64, error)
@@ -96,33 +89,25 @@ type Querier interface {
 	QueueDuePairs(ctx context.Context, arg QueueDuePairsParams) ([]QueueDuePairsRow, error)
 	// Enqueues every stored event of one stream for one perspective (rebuild).
 	QueueEnqueueStream(ctx context.Context, arg QueueEnqueueStreamParams) (int64, error)
-	// The queued events of one pair with their data, in event-ID order.
-	QueueEventsForPair(ctx context.Context, arg QueueEventsForPairParams) ([]QueueEventsForPairRow, error)
-	// The queued events of the given pairs with their data: at most per_pair_limit per pair,
-	// the lowest event IDs of each.
+	// The queued events of the given pairs: at most per_pair_limit per pair, the lowest event
+	// IDs of each.
 	QueueEventsForPairs(ctx context.Context, arg QueueEventsForPairsParams) ([]QueueEventsForPairsRow, error)
 	QueueIDsForPair(ctx context.Context, arg QueueIDsForPairParams) ([]uuid.UUID, error)
-	// Subscribes the session to the notification AppendLock queues.
+	// Subscribes the session to the notification AppendLockAndNotify queues.
 	QueueListen(ctx context.Context) error
-	// Records a failure on every queued row of the pair and pushes them back.
-	QueueMarkFailed(ctx context.Context, arg QueueMarkFailedParams) (int64, error)
 	RegisterLock(ctx context.Context) error
 	// Snapshot positions of one pair, newest first.
 	SnapshotIDs(ctx context.Context, arg SnapshotIDsParams) ([]uuid.UUID, error)
-	SnapshotInsert(ctx context.Context, arg SnapshotInsertParams) error
 	// The newest snapshot strictly before an event.
 	SnapshotLatestBefore(ctx context.Context, arg SnapshotLatestBeforeParams) (SnapshotLatestBeforeRow, error)
+	// Deletes the given snapshots, as three parallel arrays (the retention's victims).
 	SnapshotsDelete(ctx context.Context, arg SnapshotsDeleteParams) (int64, error)
-	SnapshotsDeleteAll(ctx context.Context, arg SnapshotsDeleteAllParams) (int64, error)
-	// Drops the snapshots at or after an event (a late event invalidated them).
+	// Drops the pair's snapshots at or after an event (a late event invalidated them; the nil
+	// UUID drops them all).
 	SnapshotsDeleteFrom(ctx context.Context, arg SnapshotsDeleteFromParams) (int64, error)
-	// SnapshotInsert for many snapshots, given as parallel arrays.
-	SnapshotsInsertMany(ctx context.Context, arg SnapshotsInsertManyParams) error
-	// Applies the retention of the given pairs' snapshots (Snapshots.MaxPerStream): of each
-	// pair's snapshots, newest first, it keeps the first max_per_stream-1 and the last (the
-	// oldest, so that a very late event still finds a restore point), or only the first when
-	// max_per_stream is 1.
-	SnapshotsPrune(ctx context.Context, arg SnapshotsPruneParams) (int64, error)
+	// Stores snapshots, given as parallel arrays (a snapshot already at that position is
+	// replaced).
+	SnapshotsInsert(ctx context.Context, arg SnapshotsInsertParams) error
 	StreamIDs(ctx context.Context) ([]uuid.UUID, error)
 	// Takes the lock when the pair is unlocked, its lock has expired, or the caller already
 	// holds it (reason and expiry are then overwritten). Creates the cursor row if it is missing.

@@ -7,7 +7,6 @@ package db
 
 import (
 	"context"
-	"time"
 
 	"github.com/google/uuid"
 )
@@ -194,55 +193,6 @@ func (q *Queries) QueueEnqueueStream(ctx context.Context, arg QueueEnqueueStream
 	return result.RowsAffected(), nil
 }
 
-const queueEventsForPair = `-- name: QueueEventsForPair :many
-SELECT q.event_id, e.event_type, e.data, e.created_at
-FROM wh_perspective_events q
-JOIN wh_event_store e ON e.event_id = q.event_id
-WHERE q.stream_id = $1
-  AND q.perspective_name = $2
-ORDER BY q.event_id
-LIMIT $3
-`
-
-type QueueEventsForPairParams struct {
-	StreamID        uuid.UUID
-	PerspectiveName string
-	RowLimit        int32
-}
-
-type QueueEventsForPairRow struct {
-	EventID   uuid.UUID
-	EventType string
-	Data      []byte
-	CreatedAt time.Time
-}
-
-// The queued events of one pair with their data, in event-ID order.
-func (q *Queries) QueueEventsForPair(ctx context.Context, arg QueueEventsForPairParams) ([]QueueEventsForPairRow, error) {
-	rows, err := q.db.Query(ctx, queueEventsForPair, arg.StreamID, arg.PerspectiveName, arg.RowLimit)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []QueueEventsForPairRow{}
-	for rows.Next() {
-		var i QueueEventsForPairRow
-		if err := rows.Scan(
-			&i.EventID,
-			&i.EventType,
-			&i.Data,
-			&i.CreatedAt,
-		); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
 const queueIDsForPair = `-- name: QueueIDsForPair :many
 SELECT event_id FROM wh_perspective_events
 WHERE stream_id = $1 AND perspective_name = $2
@@ -272,34 +222,4 @@ func (q *Queries) QueueIDsForPair(ctx context.Context, arg QueueIDsForPairParams
 		return nil, err
 	}
 	return items, nil
-}
-
-const queueMarkFailed = `-- name: QueueMarkFailed :execrows
-UPDATE wh_perspective_events
-SET attempts = attempts + 1,
-    last_error = $1,
-    next_attempt_at = $2
-WHERE stream_id = $3
-  AND perspective_name = $4
-`
-
-type QueueMarkFailedParams struct {
-	LastError       *string
-	NextAttemptAt   time.Time
-	StreamID        uuid.UUID
-	PerspectiveName string
-}
-
-// Records a failure on every queued row of the pair and pushes them back.
-func (q *Queries) QueueMarkFailed(ctx context.Context, arg QueueMarkFailedParams) (int64, error) {
-	result, err := q.db.Exec(ctx, queueMarkFailed,
-		arg.LastError,
-		arg.NextAttemptAt,
-		arg.StreamID,
-		arg.PerspectiveName,
-	)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
 }

@@ -56,6 +56,18 @@ type Locker interface {
 	Release(ctx context.Context, streamID uuid.UUID, perspectiveName string, instanceID uuid.UUID) error
 }
 
+// CursorRowLocker is a Locker whose locks are the lock columns of the pair's cursor row in
+// wh_perspective_cursors (stream_lock_instance_id, stream_lock_expiry), as Postgres keeps
+// them. The worker needs one: it pauses live application of a locked pair, and fences a
+// rewind's or purge's final write, by reading those columns in the transaction that writes
+// (a lease checked anywhere else could lapse between the check and the write). A Locker
+// that wraps Postgres (to add logging, say) implements it by forwarding to Postgres.
+type CursorRowLocker interface {
+	Locker
+	// LocksCursorRows marks the implementation; it does nothing.
+	LocksCursorRows()
+}
+
 // Lock is one held, unexpired stream lock.
 type Lock struct {
 	StreamID        uuid.UUID

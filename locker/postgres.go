@@ -32,7 +32,10 @@ type Postgres struct {
 	opts Options
 }
 
-var _ Locker = (*Postgres)(nil)
+var _ CursorRowLocker = (*Postgres)(nil)
+
+// LocksCursorRows implements CursorRowLocker: Postgres keeps its locks on the cursor rows.
+func (p *Postgres) LocksCursorRows() {}
 
 // NewPostgres returns a locker on pool. Zero option fields take their defaults; invalid
 // options are refused with an error wrapping ErrInvalidOptions.

@@ -6,7 +6,6 @@ package mocks
 import (
 	"context"
 	"github.com/google/uuid"
-	"github.com/perspectives-go/perspectives/db"
 	"github.com/perspectives-go/perspectives/worker"
 	"sync"
 )
@@ -21,164 +20,38 @@ var _ worker.Store = &StoreMock{}
 //
 //		// make and configure a mocked worker.Store
 //		mockedStore := &StoreMock{
-//			AppendLockFunc: func(ctx context.Context) error {
-//				panic("mock out the AppendLock method")
+//			ApplyFunc: func(ctx context.Context, pairs []worker.Pair, perPair int, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
+//				panic("mock out the Apply method")
 //			},
-//			CursorEnsureFunc: func(ctx context.Context, arg db.CursorEnsureParams) error {
-//				panic("mock out the CursorEnsure method")
+//			BootstrapFunc: func(ctx context.Context, p worker.Pair) (bool, error) {
+//				panic("mock out the Bootstrap method")
 //			},
-//			CursorGetFunc: func(ctx context.Context, arg db.CursorGetParams) (db.CursorGetRow, error) {
-//				panic("mock out the CursorGet method")
-//			},
-//			CursorLockFunc: func(ctx context.Context, arg db.CursorLockParams) (db.CursorLockRow, error) {
-//				panic("mock out the CursorLock method")
-//			},
-//			CursorMarkFailedFunc: func(ctx context.Context, arg db.CursorMarkFailedParams) (db.CursorMarkFailedRow, error) {
-//				panic("mock out the CursorMarkFailed method")
-//			},
-//			CursorResetFunc: func(ctx context.Context, arg db.CursorResetParams) error {
-//				panic("mock out the CursorReset method")
-//			},
-//			CursorsEnsureFunc: func(ctx context.Context, arg db.CursorsEnsureParams) ([]db.CursorsEnsureRow, error) {
-//				panic("mock out the CursorsEnsure method")
-//			},
-//			CursorsFailedFunc: func(ctx context.Context) ([]db.CursorsFailedRow, error) {
-//				panic("mock out the CursorsFailed method")
-//			},
-//			CursorsMissingFunc: func(ctx context.Context, arg db.CursorsMissingParams) ([]db.CursorsMissingRow, error) {
-//				panic("mock out the CursorsMissing method")
-//			},
-//			EventCountFunc: func(ctx context.Context) (int64, error) {
-//				panic("mock out the EventCount method")
-//			},
-//			EventsAppendFunc: func(ctx context.Context, arg db.EventsAppendParams) (int64, error) {
-//				panic("mock out the EventsAppend method")
-//			},
-//			EventsForStreamFunc: func(ctx context.Context, streamID uuid.UUID) ([]db.WhEventStore, error) {
-//				panic("mock out the EventsForStream method")
-//			},
-//			EventsReplayPageFunc: func(ctx context.Context, arg db.EventsReplayPageParams) ([]db.WhEventStore, error) {
-//				panic("mock out the EventsReplayPage method")
-//			},
-//			InTxFunc: func(ctx context.Context, fn func(q db.Querier) error) error {
-//				panic("mock out the InTx method")
+//			ClaimFunc: func(ctx context.Context, req worker.ClaimRequest) ([]worker.Pair, error) {
+//				panic("mock out the Claim method")
 //			},
 //			ListenFunc: func(ctx context.Context, notify func()) error {
 //				panic("mock out the Listen method")
 //			},
-//			ModelDeleteFunc: func(ctx context.Context, arg db.ModelDeleteParams) (int64, error) {
-//				panic("mock out the ModelDelete method")
+//			MarkFailedFunc: func(ctx context.Context, p worker.Pair, cause string) error {
+//				panic("mock out the MarkFailed method")
 //			},
-//			ModelGetFunc: func(ctx context.Context, arg db.ModelGetParams) (db.ModelGetRow, error) {
-//				panic("mock out the ModelGet method")
+//			PurgeFunc: func(ctx context.Context, p worker.Pair, holder uuid.UUID) error {
+//				panic("mock out the Purge method")
 //			},
-//			ModelsGetFunc: func(ctx context.Context, arg db.ModelsGetParams) ([]db.ModelsGetRow, error) {
-//				panic("mock out the ModelsGet method")
-//			},
-//			PairApplyCommitFunc: func(ctx context.Context, arg db.PairApplyCommitParams) (int64, error) {
-//				panic("mock out the PairApplyCommit method")
-//			},
-//			PairLockForApplyFunc: func(ctx context.Context, arg db.PairLockForApplyParams) (db.PairLockForApplyRow, error) {
-//				panic("mock out the PairLockForApply method")
-//			},
-//			PairsApplyCommitFunc: func(ctx context.Context, arg db.PairsApplyCommitParams) (int64, error) {
-//				panic("mock out the PairsApplyCommit method")
-//			},
-//			PairsLockForApplyFunc: func(ctx context.Context, arg db.PairsLockForApplyParams) ([]db.PairsLockForApplyRow, error) {
-//				panic("mock out the PairsLockForApply method")
-//			},
-//			PerspectiveEnqueueBacklogFunc: func(ctx context.Context, perspectiveName string) (int64, error) {
-//				panic("mock out the PerspectiveEnqueueBacklog method")
-//			},
-//			PerspectiveExistsFunc: func(ctx context.Context, perspectiveName string) (bool, error) {
-//				panic("mock out the PerspectiveExists method")
-//			},
-//			PerspectiveListFunc: func(ctx context.Context) ([]db.WhPerspective, error) {
-//				panic("mock out the PerspectiveList method")
-//			},
-//			PerspectiveRegisterFunc: func(ctx context.Context, perspectiveName string) (int64, error) {
-//				panic("mock out the PerspectiveRegister method")
-//			},
-//			QueueCountFunc: func(ctx context.Context) (int64, error) {
-//				panic("mock out the QueueCount method")
-//			},
-//			QueueCountForFunc: func(ctx context.Context, arg db.QueueCountForParams) (int64, error) {
-//				panic("mock out the QueueCountFor method")
-//			},
-//			QueueDepthFunc: func(ctx context.Context) ([]db.QueueDepthRow, error) {
+//			QueueDepthFunc: func(ctx context.Context) ([]worker.QueueDepth, error) {
 //				panic("mock out the QueueDepth method")
 //			},
-//			QueueDuePairsFunc: func(ctx context.Context, arg db.QueueDuePairsParams) ([]db.QueueDuePairsRow, error) {
-//				panic("mock out the QueueDuePairs method")
+//			RegisterFunc: func(ctx context.Context, perspective string) (int64, error) {
+//				panic("mock out the Register method")
 //			},
-//			QueueEnqueueStreamFunc: func(ctx context.Context, arg db.QueueEnqueueStreamParams) (int64, error) {
-//				panic("mock out the QueueEnqueueStream method")
+//			ReplayFunc: func(ctx context.Context, stream uuid.UUID, after uuid.UUID, upto uuid.UUID, limit int) ([]worker.Event, error) {
+//				panic("mock out the Replay method")
 //			},
-//			QueueEventsForPairFunc: func(ctx context.Context, arg db.QueueEventsForPairParams) ([]db.QueueEventsForPairRow, error) {
-//				panic("mock out the QueueEventsForPair method")
+//			RewindCommitFunc: func(ctx context.Context, c worker.RewindCommit) error {
+//				panic("mock out the RewindCommit method")
 //			},
-//			QueueEventsForPairsFunc: func(ctx context.Context, arg db.QueueEventsForPairsParams) ([]db.QueueEventsForPairsRow, error) {
-//				panic("mock out the QueueEventsForPairs method")
-//			},
-//			QueueIDsForPairFunc: func(ctx context.Context, arg db.QueueIDsForPairParams) ([]uuid.UUID, error) {
-//				panic("mock out the QueueIDsForPair method")
-//			},
-//			QueueListenFunc: func(ctx context.Context) error {
-//				panic("mock out the QueueListen method")
-//			},
-//			QueueMarkFailedFunc: func(ctx context.Context, arg db.QueueMarkFailedParams) (int64, error) {
-//				panic("mock out the QueueMarkFailed method")
-//			},
-//			RegisterLockFunc: func(ctx context.Context) error {
-//				panic("mock out the RegisterLock method")
-//			},
-//			SnapshotIDsFunc: func(ctx context.Context, arg db.SnapshotIDsParams) ([]uuid.UUID, error) {
-//				panic("mock out the SnapshotIDs method")
-//			},
-//			SnapshotInsertFunc: func(ctx context.Context, arg db.SnapshotInsertParams) error {
-//				panic("mock out the SnapshotInsert method")
-//			},
-//			SnapshotLatestBeforeFunc: func(ctx context.Context, arg db.SnapshotLatestBeforeParams) (db.SnapshotLatestBeforeRow, error) {
-//				panic("mock out the SnapshotLatestBefore method")
-//			},
-//			SnapshotsDeleteFunc: func(ctx context.Context, arg db.SnapshotsDeleteParams) (int64, error) {
-//				panic("mock out the SnapshotsDelete method")
-//			},
-//			SnapshotsDeleteAllFunc: func(ctx context.Context, arg db.SnapshotsDeleteAllParams) (int64, error) {
-//				panic("mock out the SnapshotsDeleteAll method")
-//			},
-//			SnapshotsDeleteFromFunc: func(ctx context.Context, arg db.SnapshotsDeleteFromParams) (int64, error) {
-//				panic("mock out the SnapshotsDeleteFrom method")
-//			},
-//			SnapshotsInsertManyFunc: func(ctx context.Context, arg db.SnapshotsInsertManyParams) error {
-//				panic("mock out the SnapshotsInsertMany method")
-//			},
-//			SnapshotsPruneFunc: func(ctx context.Context, arg db.SnapshotsPruneParams) (int64, error) {
-//				panic("mock out the SnapshotsPrune method")
-//			},
-//			StreamIDsFunc: func(ctx context.Context) ([]uuid.UUID, error) {
-//				panic("mock out the StreamIDs method")
-//			},
-//			StreamLockAcquireFunc: func(ctx context.Context, arg db.StreamLockAcquireParams) (bool, error) {
-//				panic("mock out the StreamLockAcquire method")
-//			},
-//			StreamLockAcquireFreeFunc: func(ctx context.Context, arg db.StreamLockAcquireFreeParams) (int64, error) {
-//				panic("mock out the StreamLockAcquireFree method")
-//			},
-//			StreamLockForceReleaseFunc: func(ctx context.Context, arg db.StreamLockForceReleaseParams) (int64, error) {
-//				panic("mock out the StreamLockForceRelease method")
-//			},
-//			StreamLockGetFunc: func(ctx context.Context, arg db.StreamLockGetParams) (db.StreamLockGetRow, error) {
-//				panic("mock out the StreamLockGet method")
-//			},
-//			StreamLockListFunc: func(ctx context.Context) ([]db.StreamLockListRow, error) {
-//				panic("mock out the StreamLockList method")
-//			},
-//			StreamLockReleaseFunc: func(ctx context.Context, arg db.StreamLockReleaseParams) (int64, error) {
-//				panic("mock out the StreamLockRelease method")
-//			},
-//			StreamLockRenewFunc: func(ctx context.Context, arg db.StreamLockRenewParams) (int64, error) {
-//				panic("mock out the StreamLockRenew method")
+//			RewindStartFunc: func(ctx context.Context, p worker.Pair) (worker.RewindStart, error) {
+//				panic("mock out the RewindStart method")
 //			},
 //		}
 //
@@ -187,258 +60,65 @@ var _ worker.Store = &StoreMock{}
 //
 //	}
 type StoreMock struct {
-	// AppendLockFunc mocks the AppendLock method.
-	AppendLockFunc func(ctx context.Context) error
+	// ApplyFunc mocks the Apply method.
+	ApplyFunc func(ctx context.Context, pairs []worker.Pair, perPair int, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error)
 
-	// CursorEnsureFunc mocks the CursorEnsure method.
-	CursorEnsureFunc func(ctx context.Context, arg db.CursorEnsureParams) error
+	// BootstrapFunc mocks the Bootstrap method.
+	BootstrapFunc func(ctx context.Context, p worker.Pair) (bool, error)
 
-	// CursorGetFunc mocks the CursorGet method.
-	CursorGetFunc func(ctx context.Context, arg db.CursorGetParams) (db.CursorGetRow, error)
-
-	// CursorLockFunc mocks the CursorLock method.
-	CursorLockFunc func(ctx context.Context, arg db.CursorLockParams) (db.CursorLockRow, error)
-
-	// CursorMarkFailedFunc mocks the CursorMarkFailed method.
-	CursorMarkFailedFunc func(ctx context.Context, arg db.CursorMarkFailedParams) (db.CursorMarkFailedRow, error)
-
-	// CursorResetFunc mocks the CursorReset method.
-	CursorResetFunc func(ctx context.Context, arg db.CursorResetParams) error
-
-	// CursorsEnsureFunc mocks the CursorsEnsure method.
-	CursorsEnsureFunc func(ctx context.Context, arg db.CursorsEnsureParams) ([]db.CursorsEnsureRow, error)
-
-	// CursorsFailedFunc mocks the CursorsFailed method.
-	CursorsFailedFunc func(ctx context.Context) ([]db.CursorsFailedRow, error)
-
-	// CursorsMissingFunc mocks the CursorsMissing method.
-	CursorsMissingFunc func(ctx context.Context, arg db.CursorsMissingParams) ([]db.CursorsMissingRow, error)
-
-	// EventCountFunc mocks the EventCount method.
-	EventCountFunc func(ctx context.Context) (int64, error)
-
-	// EventsAppendFunc mocks the EventsAppend method.
-	EventsAppendFunc func(ctx context.Context, arg db.EventsAppendParams) (int64, error)
-
-	// EventsForStreamFunc mocks the EventsForStream method.
-	EventsForStreamFunc func(ctx context.Context, streamID uuid.UUID) ([]db.WhEventStore, error)
-
-	// EventsReplayPageFunc mocks the EventsReplayPage method.
-	EventsReplayPageFunc func(ctx context.Context, arg db.EventsReplayPageParams) ([]db.WhEventStore, error)
-
-	// InTxFunc mocks the InTx method.
-	InTxFunc func(ctx context.Context, fn func(q db.Querier) error) error
+	// ClaimFunc mocks the Claim method.
+	ClaimFunc func(ctx context.Context, req worker.ClaimRequest) ([]worker.Pair, error)
 
 	// ListenFunc mocks the Listen method.
 	ListenFunc func(ctx context.Context, notify func()) error
 
-	// ModelDeleteFunc mocks the ModelDelete method.
-	ModelDeleteFunc func(ctx context.Context, arg db.ModelDeleteParams) (int64, error)
+	// MarkFailedFunc mocks the MarkFailed method.
+	MarkFailedFunc func(ctx context.Context, p worker.Pair, cause string) error
 
-	// ModelGetFunc mocks the ModelGet method.
-	ModelGetFunc func(ctx context.Context, arg db.ModelGetParams) (db.ModelGetRow, error)
-
-	// ModelsGetFunc mocks the ModelsGet method.
-	ModelsGetFunc func(ctx context.Context, arg db.ModelsGetParams) ([]db.ModelsGetRow, error)
-
-	// PairApplyCommitFunc mocks the PairApplyCommit method.
-	PairApplyCommitFunc func(ctx context.Context, arg db.PairApplyCommitParams) (int64, error)
-
-	// PairLockForApplyFunc mocks the PairLockForApply method.
-	PairLockForApplyFunc func(ctx context.Context, arg db.PairLockForApplyParams) (db.PairLockForApplyRow, error)
-
-	// PairsApplyCommitFunc mocks the PairsApplyCommit method.
-	PairsApplyCommitFunc func(ctx context.Context, arg db.PairsApplyCommitParams) (int64, error)
-
-	// PairsLockForApplyFunc mocks the PairsLockForApply method.
-	PairsLockForApplyFunc func(ctx context.Context, arg db.PairsLockForApplyParams) ([]db.PairsLockForApplyRow, error)
-
-	// PerspectiveEnqueueBacklogFunc mocks the PerspectiveEnqueueBacklog method.
-	PerspectiveEnqueueBacklogFunc func(ctx context.Context, perspectiveName string) (int64, error)
-
-	// PerspectiveExistsFunc mocks the PerspectiveExists method.
-	PerspectiveExistsFunc func(ctx context.Context, perspectiveName string) (bool, error)
-
-	// PerspectiveListFunc mocks the PerspectiveList method.
-	PerspectiveListFunc func(ctx context.Context) ([]db.WhPerspective, error)
-
-	// PerspectiveRegisterFunc mocks the PerspectiveRegister method.
-	PerspectiveRegisterFunc func(ctx context.Context, perspectiveName string) (int64, error)
-
-	// QueueCountFunc mocks the QueueCount method.
-	QueueCountFunc func(ctx context.Context) (int64, error)
-
-	// QueueCountForFunc mocks the QueueCountFor method.
-	QueueCountForFunc func(ctx context.Context, arg db.QueueCountForParams) (int64, error)
+	// PurgeFunc mocks the Purge method.
+	PurgeFunc func(ctx context.Context, p worker.Pair, holder uuid.UUID) error
 
 	// QueueDepthFunc mocks the QueueDepth method.
-	QueueDepthFunc func(ctx context.Context) ([]db.QueueDepthRow, error)
+	QueueDepthFunc func(ctx context.Context) ([]worker.QueueDepth, error)
 
-	// QueueDuePairsFunc mocks the QueueDuePairs method.
-	QueueDuePairsFunc func(ctx context.Context, arg db.QueueDuePairsParams) ([]db.QueueDuePairsRow, error)
+	// RegisterFunc mocks the Register method.
+	RegisterFunc func(ctx context.Context, perspective string) (int64, error)
 
-	// QueueEnqueueStreamFunc mocks the QueueEnqueueStream method.
-	QueueEnqueueStreamFunc func(ctx context.Context, arg db.QueueEnqueueStreamParams) (int64, error)
+	// ReplayFunc mocks the Replay method.
+	ReplayFunc func(ctx context.Context, stream uuid.UUID, after uuid.UUID, upto uuid.UUID, limit int) ([]worker.Event, error)
 
-	// QueueEventsForPairFunc mocks the QueueEventsForPair method.
-	QueueEventsForPairFunc func(ctx context.Context, arg db.QueueEventsForPairParams) ([]db.QueueEventsForPairRow, error)
+	// RewindCommitFunc mocks the RewindCommit method.
+	RewindCommitFunc func(ctx context.Context, c worker.RewindCommit) error
 
-	// QueueEventsForPairsFunc mocks the QueueEventsForPairs method.
-	QueueEventsForPairsFunc func(ctx context.Context, arg db.QueueEventsForPairsParams) ([]db.QueueEventsForPairsRow, error)
-
-	// QueueIDsForPairFunc mocks the QueueIDsForPair method.
-	QueueIDsForPairFunc func(ctx context.Context, arg db.QueueIDsForPairParams) ([]uuid.UUID, error)
-
-	// QueueListenFunc mocks the QueueListen method.
-	QueueListenFunc func(ctx context.Context) error
-
-	// QueueMarkFailedFunc mocks the QueueMarkFailed method.
-	QueueMarkFailedFunc func(ctx context.Context, arg db.QueueMarkFailedParams) (int64, error)
-
-	// RegisterLockFunc mocks the RegisterLock method.
-	RegisterLockFunc func(ctx context.Context) error
-
-	// SnapshotIDsFunc mocks the SnapshotIDs method.
-	SnapshotIDsFunc func(ctx context.Context, arg db.SnapshotIDsParams) ([]uuid.UUID, error)
-
-	// SnapshotInsertFunc mocks the SnapshotInsert method.
-	SnapshotInsertFunc func(ctx context.Context, arg db.SnapshotInsertParams) error
-
-	// SnapshotLatestBeforeFunc mocks the SnapshotLatestBefore method.
-	SnapshotLatestBeforeFunc func(ctx context.Context, arg db.SnapshotLatestBeforeParams) (db.SnapshotLatestBeforeRow, error)
-
-	// SnapshotsDeleteFunc mocks the SnapshotsDelete method.
-	SnapshotsDeleteFunc func(ctx context.Context, arg db.SnapshotsDeleteParams) (int64, error)
-
-	// SnapshotsDeleteAllFunc mocks the SnapshotsDeleteAll method.
-	SnapshotsDeleteAllFunc func(ctx context.Context, arg db.SnapshotsDeleteAllParams) (int64, error)
-
-	// SnapshotsDeleteFromFunc mocks the SnapshotsDeleteFrom method.
-	SnapshotsDeleteFromFunc func(ctx context.Context, arg db.SnapshotsDeleteFromParams) (int64, error)
-
-	// SnapshotsInsertManyFunc mocks the SnapshotsInsertMany method.
-	SnapshotsInsertManyFunc func(ctx context.Context, arg db.SnapshotsInsertManyParams) error
-
-	// SnapshotsPruneFunc mocks the SnapshotsPrune method.
-	SnapshotsPruneFunc func(ctx context.Context, arg db.SnapshotsPruneParams) (int64, error)
-
-	// StreamIDsFunc mocks the StreamIDs method.
-	StreamIDsFunc func(ctx context.Context) ([]uuid.UUID, error)
-
-	// StreamLockAcquireFunc mocks the StreamLockAcquire method.
-	StreamLockAcquireFunc func(ctx context.Context, arg db.StreamLockAcquireParams) (bool, error)
-
-	// StreamLockAcquireFreeFunc mocks the StreamLockAcquireFree method.
-	StreamLockAcquireFreeFunc func(ctx context.Context, arg db.StreamLockAcquireFreeParams) (int64, error)
-
-	// StreamLockForceReleaseFunc mocks the StreamLockForceRelease method.
-	StreamLockForceReleaseFunc func(ctx context.Context, arg db.StreamLockForceReleaseParams) (int64, error)
-
-	// StreamLockGetFunc mocks the StreamLockGet method.
-	StreamLockGetFunc func(ctx context.Context, arg db.StreamLockGetParams) (db.StreamLockGetRow, error)
-
-	// StreamLockListFunc mocks the StreamLockList method.
-	StreamLockListFunc func(ctx context.Context) ([]db.StreamLockListRow, error)
-
-	// StreamLockReleaseFunc mocks the StreamLockRelease method.
-	StreamLockReleaseFunc func(ctx context.Context, arg db.StreamLockReleaseParams) (int64, error)
-
-	// StreamLockRenewFunc mocks the StreamLockRenew method.
-	StreamLockRenewFunc func(ctx context.Context, arg db.StreamLockRenewParams) (int64, error)
+	// RewindStartFunc mocks the RewindStart method.
+	RewindStartFunc func(ctx context.Context, p worker.Pair) (worker.RewindStart, error)
 
 	// calls tracks calls to the methods.
 	calls struct {
-		// AppendLock holds details about calls to the AppendLock method.
-		AppendLock []struct {
+		// Apply holds details about calls to the Apply method.
+		Apply []struct {
 			// Ctx is the ctx argument value.
 			Ctx context.Context
+			// Pairs is the pairs argument value.
+			Pairs []worker.Pair
+			// PerPair is the perPair argument value.
+			PerPair int
+			// Decide is the decide argument value.
+			Decide func([]worker.PairState) []worker.PairWrite
 		}
-		// CursorEnsure holds details about calls to the CursorEnsure method.
-		CursorEnsure []struct {
+		// Bootstrap holds details about calls to the Bootstrap method.
+		Bootstrap []struct {
 			// Ctx is the ctx argument value.
 			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.CursorEnsureParams
+			// P is the p argument value.
+			P worker.Pair
 		}
-		// CursorGet holds details about calls to the CursorGet method.
-		CursorGet []struct {
+		// Claim holds details about calls to the Claim method.
+		Claim []struct {
 			// Ctx is the ctx argument value.
 			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.CursorGetParams
-		}
-		// CursorLock holds details about calls to the CursorLock method.
-		CursorLock []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.CursorLockParams
-		}
-		// CursorMarkFailed holds details about calls to the CursorMarkFailed method.
-		CursorMarkFailed []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.CursorMarkFailedParams
-		}
-		// CursorReset holds details about calls to the CursorReset method.
-		CursorReset []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.CursorResetParams
-		}
-		// CursorsEnsure holds details about calls to the CursorsEnsure method.
-		CursorsEnsure []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.CursorsEnsureParams
-		}
-		// CursorsFailed holds details about calls to the CursorsFailed method.
-		CursorsFailed []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-		}
-		// CursorsMissing holds details about calls to the CursorsMissing method.
-		CursorsMissing []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.CursorsMissingParams
-		}
-		// EventCount holds details about calls to the EventCount method.
-		EventCount []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-		}
-		// EventsAppend holds details about calls to the EventsAppend method.
-		EventsAppend []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.EventsAppendParams
-		}
-		// EventsForStream holds details about calls to the EventsForStream method.
-		EventsForStream []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-			// StreamID is the streamID argument value.
-			StreamID uuid.UUID
-		}
-		// EventsReplayPage holds details about calls to the EventsReplayPage method.
-		EventsReplayPage []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.EventsReplayPageParams
-		}
-		// InTx holds details about calls to the InTx method.
-		InTx []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-			// Fn is the fn argument value.
-			Fn func(q db.Querier) error
+			// Req is the req argument value.
+			Req worker.ClaimRequest
 		}
 		// Listen holds details about calls to the Listen method.
 		Listen []struct {
@@ -447,803 +127,190 @@ type StoreMock struct {
 			// Notify is the notify argument value.
 			Notify func()
 		}
-		// ModelDelete holds details about calls to the ModelDelete method.
-		ModelDelete []struct {
+		// MarkFailed holds details about calls to the MarkFailed method.
+		MarkFailed []struct {
 			// Ctx is the ctx argument value.
 			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.ModelDeleteParams
+			// P is the p argument value.
+			P worker.Pair
+			// Cause is the cause argument value.
+			Cause string
 		}
-		// ModelGet holds details about calls to the ModelGet method.
-		ModelGet []struct {
+		// Purge holds details about calls to the Purge method.
+		Purge []struct {
 			// Ctx is the ctx argument value.
 			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.ModelGetParams
-		}
-		// ModelsGet holds details about calls to the ModelsGet method.
-		ModelsGet []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.ModelsGetParams
-		}
-		// PairApplyCommit holds details about calls to the PairApplyCommit method.
-		PairApplyCommit []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.PairApplyCommitParams
-		}
-		// PairLockForApply holds details about calls to the PairLockForApply method.
-		PairLockForApply []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.PairLockForApplyParams
-		}
-		// PairsApplyCommit holds details about calls to the PairsApplyCommit method.
-		PairsApplyCommit []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.PairsApplyCommitParams
-		}
-		// PairsLockForApply holds details about calls to the PairsLockForApply method.
-		PairsLockForApply []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.PairsLockForApplyParams
-		}
-		// PerspectiveEnqueueBacklog holds details about calls to the PerspectiveEnqueueBacklog method.
-		PerspectiveEnqueueBacklog []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-			// PerspectiveName is the perspectiveName argument value.
-			PerspectiveName string
-		}
-		// PerspectiveExists holds details about calls to the PerspectiveExists method.
-		PerspectiveExists []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-			// PerspectiveName is the perspectiveName argument value.
-			PerspectiveName string
-		}
-		// PerspectiveList holds details about calls to the PerspectiveList method.
-		PerspectiveList []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-		}
-		// PerspectiveRegister holds details about calls to the PerspectiveRegister method.
-		PerspectiveRegister []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-			// PerspectiveName is the perspectiveName argument value.
-			PerspectiveName string
-		}
-		// QueueCount holds details about calls to the QueueCount method.
-		QueueCount []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-		}
-		// QueueCountFor holds details about calls to the QueueCountFor method.
-		QueueCountFor []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.QueueCountForParams
+			// P is the p argument value.
+			P worker.Pair
+			// Holder is the holder argument value.
+			Holder uuid.UUID
 		}
 		// QueueDepth holds details about calls to the QueueDepth method.
 		QueueDepth []struct {
 			// Ctx is the ctx argument value.
 			Ctx context.Context
 		}
-		// QueueDuePairs holds details about calls to the QueueDuePairs method.
-		QueueDuePairs []struct {
+		// Register holds details about calls to the Register method.
+		Register []struct {
 			// Ctx is the ctx argument value.
 			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.QueueDuePairsParams
+			// Perspective is the perspective argument value.
+			Perspective string
 		}
-		// QueueEnqueueStream holds details about calls to the QueueEnqueueStream method.
-		QueueEnqueueStream []struct {
+		// Replay holds details about calls to the Replay method.
+		Replay []struct {
 			// Ctx is the ctx argument value.
 			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.QueueEnqueueStreamParams
+			// Stream is the stream argument value.
+			Stream uuid.UUID
+			// After is the after argument value.
+			After uuid.UUID
+			// Upto is the upto argument value.
+			Upto uuid.UUID
+			// Limit is the limit argument value.
+			Limit int
 		}
-		// QueueEventsForPair holds details about calls to the QueueEventsForPair method.
-		QueueEventsForPair []struct {
+		// RewindCommit holds details about calls to the RewindCommit method.
+		RewindCommit []struct {
 			// Ctx is the ctx argument value.
 			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.QueueEventsForPairParams
+			// C is the c argument value.
+			C worker.RewindCommit
 		}
-		// QueueEventsForPairs holds details about calls to the QueueEventsForPairs method.
-		QueueEventsForPairs []struct {
+		// RewindStart holds details about calls to the RewindStart method.
+		RewindStart []struct {
 			// Ctx is the ctx argument value.
 			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.QueueEventsForPairsParams
-		}
-		// QueueIDsForPair holds details about calls to the QueueIDsForPair method.
-		QueueIDsForPair []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.QueueIDsForPairParams
-		}
-		// QueueListen holds details about calls to the QueueListen method.
-		QueueListen []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-		}
-		// QueueMarkFailed holds details about calls to the QueueMarkFailed method.
-		QueueMarkFailed []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.QueueMarkFailedParams
-		}
-		// RegisterLock holds details about calls to the RegisterLock method.
-		RegisterLock []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-		}
-		// SnapshotIDs holds details about calls to the SnapshotIDs method.
-		SnapshotIDs []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.SnapshotIDsParams
-		}
-		// SnapshotInsert holds details about calls to the SnapshotInsert method.
-		SnapshotInsert []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.SnapshotInsertParams
-		}
-		// SnapshotLatestBefore holds details about calls to the SnapshotLatestBefore method.
-		SnapshotLatestBefore []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.SnapshotLatestBeforeParams
-		}
-		// SnapshotsDelete holds details about calls to the SnapshotsDelete method.
-		SnapshotsDelete []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.SnapshotsDeleteParams
-		}
-		// SnapshotsDeleteAll holds details about calls to the SnapshotsDeleteAll method.
-		SnapshotsDeleteAll []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.SnapshotsDeleteAllParams
-		}
-		// SnapshotsDeleteFrom holds details about calls to the SnapshotsDeleteFrom method.
-		SnapshotsDeleteFrom []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.SnapshotsDeleteFromParams
-		}
-		// SnapshotsInsertMany holds details about calls to the SnapshotsInsertMany method.
-		SnapshotsInsertMany []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.SnapshotsInsertManyParams
-		}
-		// SnapshotsPrune holds details about calls to the SnapshotsPrune method.
-		SnapshotsPrune []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.SnapshotsPruneParams
-		}
-		// StreamIDs holds details about calls to the StreamIDs method.
-		StreamIDs []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-		}
-		// StreamLockAcquire holds details about calls to the StreamLockAcquire method.
-		StreamLockAcquire []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.StreamLockAcquireParams
-		}
-		// StreamLockAcquireFree holds details about calls to the StreamLockAcquireFree method.
-		StreamLockAcquireFree []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.StreamLockAcquireFreeParams
-		}
-		// StreamLockForceRelease holds details about calls to the StreamLockForceRelease method.
-		StreamLockForceRelease []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.StreamLockForceReleaseParams
-		}
-		// StreamLockGet holds details about calls to the StreamLockGet method.
-		StreamLockGet []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.StreamLockGetParams
-		}
-		// StreamLockList holds details about calls to the StreamLockList method.
-		StreamLockList []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-		}
-		// StreamLockRelease holds details about calls to the StreamLockRelease method.
-		StreamLockRelease []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.StreamLockReleaseParams
-		}
-		// StreamLockRenew holds details about calls to the StreamLockRenew method.
-		StreamLockRenew []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-			// Arg is the arg argument value.
-			Arg db.StreamLockRenewParams
+			// P is the p argument value.
+			P worker.Pair
 		}
 	}
-	lockAppendLock                sync.RWMutex
-	lockCursorEnsure              sync.RWMutex
-	lockCursorGet                 sync.RWMutex
-	lockCursorLock                sync.RWMutex
-	lockCursorMarkFailed          sync.RWMutex
-	lockCursorReset               sync.RWMutex
-	lockCursorsEnsure             sync.RWMutex
-	lockCursorsFailed             sync.RWMutex
-	lockCursorsMissing            sync.RWMutex
-	lockEventCount                sync.RWMutex
-	lockEventsAppend              sync.RWMutex
-	lockEventsForStream           sync.RWMutex
-	lockEventsReplayPage          sync.RWMutex
-	lockInTx                      sync.RWMutex
-	lockListen                    sync.RWMutex
-	lockModelDelete               sync.RWMutex
-	lockModelGet                  sync.RWMutex
-	lockModelsGet                 sync.RWMutex
-	lockPairApplyCommit           sync.RWMutex
-	lockPairLockForApply          sync.RWMutex
-	lockPairsApplyCommit          sync.RWMutex
-	lockPairsLockForApply         sync.RWMutex
-	lockPerspectiveEnqueueBacklog sync.RWMutex
-	lockPerspectiveExists         sync.RWMutex
-	lockPerspectiveList           sync.RWMutex
-	lockPerspectiveRegister       sync.RWMutex
-	lockQueueCount                sync.RWMutex
-	lockQueueCountFor             sync.RWMutex
-	lockQueueDepth                sync.RWMutex
-	lockQueueDuePairs             sync.RWMutex
-	lockQueueEnqueueStream        sync.RWMutex
-	lockQueueEventsForPair        sync.RWMutex
-	lockQueueEventsForPairs       sync.RWMutex
-	lockQueueIDsForPair           sync.RWMutex
-	lockQueueListen               sync.RWMutex
-	lockQueueMarkFailed           sync.RWMutex
-	lockRegisterLock              sync.RWMutex
-	lockSnapshotIDs               sync.RWMutex
-	lockSnapshotInsert            sync.RWMutex
-	lockSnapshotLatestBefore      sync.RWMutex
-	lockSnapshotsDelete           sync.RWMutex
-	lockSnapshotsDeleteAll        sync.RWMutex
-	lockSnapshotsDeleteFrom       sync.RWMutex
-	lockSnapshotsInsertMany       sync.RWMutex
-	lockSnapshotsPrune            sync.RWMutex
-	lockStreamIDs                 sync.RWMutex
-	lockStreamLockAcquire         sync.RWMutex
-	lockStreamLockAcquireFree     sync.RWMutex
-	lockStreamLockForceRelease    sync.RWMutex
-	lockStreamLockGet             sync.RWMutex
-	lockStreamLockList            sync.RWMutex
-	lockStreamLockRelease         sync.RWMutex
-	lockStreamLockRenew           sync.RWMutex
+	lockApply        sync.RWMutex
+	lockBootstrap    sync.RWMutex
+	lockClaim        sync.RWMutex
+	lockListen       sync.RWMutex
+	lockMarkFailed   sync.RWMutex
+	lockPurge        sync.RWMutex
+	lockQueueDepth   sync.RWMutex
+	lockRegister     sync.RWMutex
+	lockReplay       sync.RWMutex
+	lockRewindCommit sync.RWMutex
+	lockRewindStart  sync.RWMutex
 }
 
-// AppendLock calls AppendLockFunc.
-func (mock *StoreMock) AppendLock(ctx context.Context) error {
-	if mock.AppendLockFunc == nil {
-		panic("StoreMock.AppendLockFunc: method is nil but Store.AppendLock was just called")
+// Apply calls ApplyFunc.
+func (mock *StoreMock) Apply(ctx context.Context, pairs []worker.Pair, perPair int, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
+	if mock.ApplyFunc == nil {
+		panic("StoreMock.ApplyFunc: method is nil but Store.Apply was just called")
 	}
 	callInfo := struct {
-		Ctx context.Context
+		Ctx     context.Context
+		Pairs   []worker.Pair
+		PerPair int
+		Decide  func([]worker.PairState) []worker.PairWrite
 	}{
-		Ctx: ctx,
+		Ctx:     ctx,
+		Pairs:   pairs,
+		PerPair: perPair,
+		Decide:  decide,
 	}
-	mock.lockAppendLock.Lock()
-	mock.calls.AppendLock = append(mock.calls.AppendLock, callInfo)
-	mock.lockAppendLock.Unlock()
-	return mock.AppendLockFunc(ctx)
+	mock.lockApply.Lock()
+	mock.calls.Apply = append(mock.calls.Apply, callInfo)
+	mock.lockApply.Unlock()
+	return mock.ApplyFunc(ctx, pairs, perPair, decide)
 }
 
-// AppendLockCalls gets all the calls that were made to AppendLock.
+// ApplyCalls gets all the calls that were made to Apply.
 // Check the length with:
 //
-//	len(mockedStore.AppendLockCalls())
-func (mock *StoreMock) AppendLockCalls() []struct {
-	Ctx context.Context
+//	len(mockedStore.ApplyCalls())
+func (mock *StoreMock) ApplyCalls() []struct {
+	Ctx     context.Context
+	Pairs   []worker.Pair
+	PerPair int
+	Decide  func([]worker.PairState) []worker.PairWrite
 } {
 	var calls []struct {
-		Ctx context.Context
+		Ctx     context.Context
+		Pairs   []worker.Pair
+		PerPair int
+		Decide  func([]worker.PairState) []worker.PairWrite
 	}
-	mock.lockAppendLock.RLock()
-	calls = mock.calls.AppendLock
-	mock.lockAppendLock.RUnlock()
+	mock.lockApply.RLock()
+	calls = mock.calls.Apply
+	mock.lockApply.RUnlock()
 	return calls
 }
 
-// CursorEnsure calls CursorEnsureFunc.
-func (mock *StoreMock) CursorEnsure(ctx context.Context, arg db.CursorEnsureParams) error {
-	if mock.CursorEnsureFunc == nil {
-		panic("StoreMock.CursorEnsureFunc: method is nil but Store.CursorEnsure was just called")
+// Bootstrap calls BootstrapFunc.
+func (mock *StoreMock) Bootstrap(ctx context.Context, p worker.Pair) (bool, error) {
+	if mock.BootstrapFunc == nil {
+		panic("StoreMock.BootstrapFunc: method is nil but Store.Bootstrap was just called")
 	}
 	callInfo := struct {
 		Ctx context.Context
-		Arg db.CursorEnsureParams
+		P   worker.Pair
 	}{
 		Ctx: ctx,
-		Arg: arg,
+		P:   p,
 	}
-	mock.lockCursorEnsure.Lock()
-	mock.calls.CursorEnsure = append(mock.calls.CursorEnsure, callInfo)
-	mock.lockCursorEnsure.Unlock()
-	return mock.CursorEnsureFunc(ctx, arg)
+	mock.lockBootstrap.Lock()
+	mock.calls.Bootstrap = append(mock.calls.Bootstrap, callInfo)
+	mock.lockBootstrap.Unlock()
+	return mock.BootstrapFunc(ctx, p)
 }
 
-// CursorEnsureCalls gets all the calls that were made to CursorEnsure.
+// BootstrapCalls gets all the calls that were made to Bootstrap.
 // Check the length with:
 //
-//	len(mockedStore.CursorEnsureCalls())
-func (mock *StoreMock) CursorEnsureCalls() []struct {
+//	len(mockedStore.BootstrapCalls())
+func (mock *StoreMock) BootstrapCalls() []struct {
 	Ctx context.Context
-	Arg db.CursorEnsureParams
+	P   worker.Pair
 } {
 	var calls []struct {
 		Ctx context.Context
-		Arg db.CursorEnsureParams
+		P   worker.Pair
 	}
-	mock.lockCursorEnsure.RLock()
-	calls = mock.calls.CursorEnsure
-	mock.lockCursorEnsure.RUnlock()
+	mock.lockBootstrap.RLock()
+	calls = mock.calls.Bootstrap
+	mock.lockBootstrap.RUnlock()
 	return calls
 }
 
-// CursorGet calls CursorGetFunc.
-func (mock *StoreMock) CursorGet(ctx context.Context, arg db.CursorGetParams) (db.CursorGetRow, error) {
-	if mock.CursorGetFunc == nil {
-		panic("StoreMock.CursorGetFunc: method is nil but Store.CursorGet was just called")
+// Claim calls ClaimFunc.
+func (mock *StoreMock) Claim(ctx context.Context, req worker.ClaimRequest) ([]worker.Pair, error) {
+	if mock.ClaimFunc == nil {
+		panic("StoreMock.ClaimFunc: method is nil but Store.Claim was just called")
 	}
 	callInfo := struct {
 		Ctx context.Context
-		Arg db.CursorGetParams
+		Req worker.ClaimRequest
 	}{
 		Ctx: ctx,
-		Arg: arg,
+		Req: req,
 	}
-	mock.lockCursorGet.Lock()
-	mock.calls.CursorGet = append(mock.calls.CursorGet, callInfo)
-	mock.lockCursorGet.Unlock()
-	return mock.CursorGetFunc(ctx, arg)
+	mock.lockClaim.Lock()
+	mock.calls.Claim = append(mock.calls.Claim, callInfo)
+	mock.lockClaim.Unlock()
+	return mock.ClaimFunc(ctx, req)
 }
 
-// CursorGetCalls gets all the calls that were made to CursorGet.
+// ClaimCalls gets all the calls that were made to Claim.
 // Check the length with:
 //
-//	len(mockedStore.CursorGetCalls())
-func (mock *StoreMock) CursorGetCalls() []struct {
+//	len(mockedStore.ClaimCalls())
+func (mock *StoreMock) ClaimCalls() []struct {
 	Ctx context.Context
-	Arg db.CursorGetParams
+	Req worker.ClaimRequest
 } {
 	var calls []struct {
 		Ctx context.Context
-		Arg db.CursorGetParams
+		Req worker.ClaimRequest
 	}
-	mock.lockCursorGet.RLock()
-	calls = mock.calls.CursorGet
-	mock.lockCursorGet.RUnlock()
-	return calls
-}
-
-// CursorLock calls CursorLockFunc.
-func (mock *StoreMock) CursorLock(ctx context.Context, arg db.CursorLockParams) (db.CursorLockRow, error) {
-	if mock.CursorLockFunc == nil {
-		panic("StoreMock.CursorLockFunc: method is nil but Store.CursorLock was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-		Arg db.CursorLockParams
-	}{
-		Ctx: ctx,
-		Arg: arg,
-	}
-	mock.lockCursorLock.Lock()
-	mock.calls.CursorLock = append(mock.calls.CursorLock, callInfo)
-	mock.lockCursorLock.Unlock()
-	return mock.CursorLockFunc(ctx, arg)
-}
-
-// CursorLockCalls gets all the calls that were made to CursorLock.
-// Check the length with:
-//
-//	len(mockedStore.CursorLockCalls())
-func (mock *StoreMock) CursorLockCalls() []struct {
-	Ctx context.Context
-	Arg db.CursorLockParams
-} {
-	var calls []struct {
-		Ctx context.Context
-		Arg db.CursorLockParams
-	}
-	mock.lockCursorLock.RLock()
-	calls = mock.calls.CursorLock
-	mock.lockCursorLock.RUnlock()
-	return calls
-}
-
-// CursorMarkFailed calls CursorMarkFailedFunc.
-func (mock *StoreMock) CursorMarkFailed(ctx context.Context, arg db.CursorMarkFailedParams) (db.CursorMarkFailedRow, error) {
-	if mock.CursorMarkFailedFunc == nil {
-		panic("StoreMock.CursorMarkFailedFunc: method is nil but Store.CursorMarkFailed was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-		Arg db.CursorMarkFailedParams
-	}{
-		Ctx: ctx,
-		Arg: arg,
-	}
-	mock.lockCursorMarkFailed.Lock()
-	mock.calls.CursorMarkFailed = append(mock.calls.CursorMarkFailed, callInfo)
-	mock.lockCursorMarkFailed.Unlock()
-	return mock.CursorMarkFailedFunc(ctx, arg)
-}
-
-// CursorMarkFailedCalls gets all the calls that were made to CursorMarkFailed.
-// Check the length with:
-//
-//	len(mockedStore.CursorMarkFailedCalls())
-func (mock *StoreMock) CursorMarkFailedCalls() []struct {
-	Ctx context.Context
-	Arg db.CursorMarkFailedParams
-} {
-	var calls []struct {
-		Ctx context.Context
-		Arg db.CursorMarkFailedParams
-	}
-	mock.lockCursorMarkFailed.RLock()
-	calls = mock.calls.CursorMarkFailed
-	mock.lockCursorMarkFailed.RUnlock()
-	return calls
-}
-
-// CursorReset calls CursorResetFunc.
-func (mock *StoreMock) CursorReset(ctx context.Context, arg db.CursorResetParams) error {
-	if mock.CursorResetFunc == nil {
-		panic("StoreMock.CursorResetFunc: method is nil but Store.CursorReset was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-		Arg db.CursorResetParams
-	}{
-		Ctx: ctx,
-		Arg: arg,
-	}
-	mock.lockCursorReset.Lock()
-	mock.calls.CursorReset = append(mock.calls.CursorReset, callInfo)
-	mock.lockCursorReset.Unlock()
-	return mock.CursorResetFunc(ctx, arg)
-}
-
-// CursorResetCalls gets all the calls that were made to CursorReset.
-// Check the length with:
-//
-//	len(mockedStore.CursorResetCalls())
-func (mock *StoreMock) CursorResetCalls() []struct {
-	Ctx context.Context
-	Arg db.CursorResetParams
-} {
-	var calls []struct {
-		Ctx context.Context
-		Arg db.CursorResetParams
-	}
-	mock.lockCursorReset.RLock()
-	calls = mock.calls.CursorReset
-	mock.lockCursorReset.RUnlock()
-	return calls
-}
-
-// CursorsEnsure calls CursorsEnsureFunc.
-func (mock *StoreMock) CursorsEnsure(ctx context.Context, arg db.CursorsEnsureParams) ([]db.CursorsEnsureRow, error) {
-	if mock.CursorsEnsureFunc == nil {
-		panic("StoreMock.CursorsEnsureFunc: method is nil but Store.CursorsEnsure was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-		Arg db.CursorsEnsureParams
-	}{
-		Ctx: ctx,
-		Arg: arg,
-	}
-	mock.lockCursorsEnsure.Lock()
-	mock.calls.CursorsEnsure = append(mock.calls.CursorsEnsure, callInfo)
-	mock.lockCursorsEnsure.Unlock()
-	return mock.CursorsEnsureFunc(ctx, arg)
-}
-
-// CursorsEnsureCalls gets all the calls that were made to CursorsEnsure.
-// Check the length with:
-//
-//	len(mockedStore.CursorsEnsureCalls())
-func (mock *StoreMock) CursorsEnsureCalls() []struct {
-	Ctx context.Context
-	Arg db.CursorsEnsureParams
-} {
-	var calls []struct {
-		Ctx context.Context
-		Arg db.CursorsEnsureParams
-	}
-	mock.lockCursorsEnsure.RLock()
-	calls = mock.calls.CursorsEnsure
-	mock.lockCursorsEnsure.RUnlock()
-	return calls
-}
-
-// CursorsFailed calls CursorsFailedFunc.
-func (mock *StoreMock) CursorsFailed(ctx context.Context) ([]db.CursorsFailedRow, error) {
-	if mock.CursorsFailedFunc == nil {
-		panic("StoreMock.CursorsFailedFunc: method is nil but Store.CursorsFailed was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-	}{
-		Ctx: ctx,
-	}
-	mock.lockCursorsFailed.Lock()
-	mock.calls.CursorsFailed = append(mock.calls.CursorsFailed, callInfo)
-	mock.lockCursorsFailed.Unlock()
-	return mock.CursorsFailedFunc(ctx)
-}
-
-// CursorsFailedCalls gets all the calls that were made to CursorsFailed.
-// Check the length with:
-//
-//	len(mockedStore.CursorsFailedCalls())
-func (mock *StoreMock) CursorsFailedCalls() []struct {
-	Ctx context.Context
-} {
-	var calls []struct {
-		Ctx context.Context
-	}
-	mock.lockCursorsFailed.RLock()
-	calls = mock.calls.CursorsFailed
-	mock.lockCursorsFailed.RUnlock()
-	return calls
-}
-
-// CursorsMissing calls CursorsMissingFunc.
-func (mock *StoreMock) CursorsMissing(ctx context.Context, arg db.CursorsMissingParams) ([]db.CursorsMissingRow, error) {
-	if mock.CursorsMissingFunc == nil {
-		panic("StoreMock.CursorsMissingFunc: method is nil but Store.CursorsMissing was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-		Arg db.CursorsMissingParams
-	}{
-		Ctx: ctx,
-		Arg: arg,
-	}
-	mock.lockCursorsMissing.Lock()
-	mock.calls.CursorsMissing = append(mock.calls.CursorsMissing, callInfo)
-	mock.lockCursorsMissing.Unlock()
-	return mock.CursorsMissingFunc(ctx, arg)
-}
-
-// CursorsMissingCalls gets all the calls that were made to CursorsMissing.
-// Check the length with:
-//
-//	len(mockedStore.CursorsMissingCalls())
-func (mock *StoreMock) CursorsMissingCalls() []struct {
-	Ctx context.Context
-	Arg db.CursorsMissingParams
-} {
-	var calls []struct {
-		Ctx context.Context
-		Arg db.CursorsMissingParams
-	}
-	mock.lockCursorsMissing.RLock()
-	calls = mock.calls.CursorsMissing
-	mock.lockCursorsMissing.RUnlock()
-	return calls
-}
-
-// EventCount calls EventCountFunc.
-func (mock *StoreMock) EventCount(ctx context.Context) (int64, error) {
-	if mock.EventCountFunc == nil {
-		panic("StoreMock.EventCountFunc: method is nil but Store.EventCount was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-	}{
-		Ctx: ctx,
-	}
-	mock.lockEventCount.Lock()
-	mock.calls.EventCount = append(mock.calls.EventCount, callInfo)
-	mock.lockEventCount.Unlock()
-	return mock.EventCountFunc(ctx)
-}
-
-// EventCountCalls gets all the calls that were made to EventCount.
-// Check the length with:
-//
-//	len(mockedStore.EventCountCalls())
-func (mock *StoreMock) EventCountCalls() []struct {
-	Ctx context.Context
-} {
-	var calls []struct {
-		Ctx context.Context
-	}
-	mock.lockEventCount.RLock()
-	calls = mock.calls.EventCount
-	mock.lockEventCount.RUnlock()
-	return calls
-}
-
-// EventsAppend calls EventsAppendFunc.
-func (mock *StoreMock) EventsAppend(ctx context.Context, arg db.EventsAppendParams) (int64, error) {
-	if mock.EventsAppendFunc == nil {
-		panic("StoreMock.EventsAppendFunc: method is nil but Store.EventsAppend was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-		Arg db.EventsAppendParams
-	}{
-		Ctx: ctx,
-		Arg: arg,
-	}
-	mock.lockEventsAppend.Lock()
-	mock.calls.EventsAppend = append(mock.calls.EventsAppend, callInfo)
-	mock.lockEventsAppend.Unlock()
-	return mock.EventsAppendFunc(ctx, arg)
-}
-
-// EventsAppendCalls gets all the calls that were made to EventsAppend.
-// Check the length with:
-//
-//	len(mockedStore.EventsAppendCalls())
-func (mock *StoreMock) EventsAppendCalls() []struct {
-	Ctx context.Context
-	Arg db.EventsAppendParams
-} {
-	var calls []struct {
-		Ctx context.Context
-		Arg db.EventsAppendParams
-	}
-	mock.lockEventsAppend.RLock()
-	calls = mock.calls.EventsAppend
-	mock.lockEventsAppend.RUnlock()
-	return calls
-}
-
-// EventsForStream calls EventsForStreamFunc.
-func (mock *StoreMock) EventsForStream(ctx context.Context, streamID uuid.UUID) ([]db.WhEventStore, error) {
-	if mock.EventsForStreamFunc == nil {
-		panic("StoreMock.EventsForStreamFunc: method is nil but Store.EventsForStream was just called")
-	}
-	callInfo := struct {
-		Ctx      context.Context
-		StreamID uuid.UUID
-	}{
-		Ctx:      ctx,
-		StreamID: streamID,
-	}
-	mock.lockEventsForStream.Lock()
-	mock.calls.EventsForStream = append(mock.calls.EventsForStream, callInfo)
-	mock.lockEventsForStream.Unlock()
-	return mock.EventsForStreamFunc(ctx, streamID)
-}
-
-// EventsForStreamCalls gets all the calls that were made to EventsForStream.
-// Check the length with:
-//
-//	len(mockedStore.EventsForStreamCalls())
-func (mock *StoreMock) EventsForStreamCalls() []struct {
-	Ctx      context.Context
-	StreamID uuid.UUID
-} {
-	var calls []struct {
-		Ctx      context.Context
-		StreamID uuid.UUID
-	}
-	mock.lockEventsForStream.RLock()
-	calls = mock.calls.EventsForStream
-	mock.lockEventsForStream.RUnlock()
-	return calls
-}
-
-// EventsReplayPage calls EventsReplayPageFunc.
-func (mock *StoreMock) EventsReplayPage(ctx context.Context, arg db.EventsReplayPageParams) ([]db.WhEventStore, error) {
-	if mock.EventsReplayPageFunc == nil {
-		panic("StoreMock.EventsReplayPageFunc: method is nil but Store.EventsReplayPage was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-		Arg db.EventsReplayPageParams
-	}{
-		Ctx: ctx,
-		Arg: arg,
-	}
-	mock.lockEventsReplayPage.Lock()
-	mock.calls.EventsReplayPage = append(mock.calls.EventsReplayPage, callInfo)
-	mock.lockEventsReplayPage.Unlock()
-	return mock.EventsReplayPageFunc(ctx, arg)
-}
-
-// EventsReplayPageCalls gets all the calls that were made to EventsReplayPage.
-// Check the length with:
-//
-//	len(mockedStore.EventsReplayPageCalls())
-func (mock *StoreMock) EventsReplayPageCalls() []struct {
-	Ctx context.Context
-	Arg db.EventsReplayPageParams
-} {
-	var calls []struct {
-		Ctx context.Context
-		Arg db.EventsReplayPageParams
-	}
-	mock.lockEventsReplayPage.RLock()
-	calls = mock.calls.EventsReplayPage
-	mock.lockEventsReplayPage.RUnlock()
-	return calls
-}
-
-// InTx calls InTxFunc.
-func (mock *StoreMock) InTx(ctx context.Context, fn func(q db.Querier) error) error {
-	if mock.InTxFunc == nil {
-		panic("StoreMock.InTxFunc: method is nil but Store.InTx was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-		Fn  func(q db.Querier) error
-	}{
-		Ctx: ctx,
-		Fn:  fn,
-	}
-	mock.lockInTx.Lock()
-	mock.calls.InTx = append(mock.calls.InTx, callInfo)
-	mock.lockInTx.Unlock()
-	return mock.InTxFunc(ctx, fn)
-}
-
-// InTxCalls gets all the calls that were made to InTx.
-// Check the length with:
-//
-//	len(mockedStore.InTxCalls())
-func (mock *StoreMock) InTxCalls() []struct {
-	Ctx context.Context
-	Fn  func(q db.Querier) error
-} {
-	var calls []struct {
-		Ctx context.Context
-		Fn  func(q db.Querier) error
-	}
-	mock.lockInTx.RLock()
-	calls = mock.calls.InTx
-	mock.lockInTx.RUnlock()
+	mock.lockClaim.RLock()
+	calls = mock.calls.Claim
+	mock.lockClaim.RUnlock()
 	return calls
 }
 
@@ -1283,468 +350,88 @@ func (mock *StoreMock) ListenCalls() []struct {
 	return calls
 }
 
-// ModelDelete calls ModelDeleteFunc.
-func (mock *StoreMock) ModelDelete(ctx context.Context, arg db.ModelDeleteParams) (int64, error) {
-	if mock.ModelDeleteFunc == nil {
-		panic("StoreMock.ModelDeleteFunc: method is nil but Store.ModelDelete was just called")
+// MarkFailed calls MarkFailedFunc.
+func (mock *StoreMock) MarkFailed(ctx context.Context, p worker.Pair, cause string) error {
+	if mock.MarkFailedFunc == nil {
+		panic("StoreMock.MarkFailedFunc: method is nil but Store.MarkFailed was just called")
 	}
 	callInfo := struct {
-		Ctx context.Context
-		Arg db.ModelDeleteParams
+		Ctx   context.Context
+		P     worker.Pair
+		Cause string
 	}{
-		Ctx: ctx,
-		Arg: arg,
+		Ctx:   ctx,
+		P:     p,
+		Cause: cause,
 	}
-	mock.lockModelDelete.Lock()
-	mock.calls.ModelDelete = append(mock.calls.ModelDelete, callInfo)
-	mock.lockModelDelete.Unlock()
-	return mock.ModelDeleteFunc(ctx, arg)
+	mock.lockMarkFailed.Lock()
+	mock.calls.MarkFailed = append(mock.calls.MarkFailed, callInfo)
+	mock.lockMarkFailed.Unlock()
+	return mock.MarkFailedFunc(ctx, p, cause)
 }
 
-// ModelDeleteCalls gets all the calls that were made to ModelDelete.
+// MarkFailedCalls gets all the calls that were made to MarkFailed.
 // Check the length with:
 //
-//	len(mockedStore.ModelDeleteCalls())
-func (mock *StoreMock) ModelDeleteCalls() []struct {
-	Ctx context.Context
-	Arg db.ModelDeleteParams
+//	len(mockedStore.MarkFailedCalls())
+func (mock *StoreMock) MarkFailedCalls() []struct {
+	Ctx   context.Context
+	P     worker.Pair
+	Cause string
 } {
 	var calls []struct {
-		Ctx context.Context
-		Arg db.ModelDeleteParams
+		Ctx   context.Context
+		P     worker.Pair
+		Cause string
 	}
-	mock.lockModelDelete.RLock()
-	calls = mock.calls.ModelDelete
-	mock.lockModelDelete.RUnlock()
+	mock.lockMarkFailed.RLock()
+	calls = mock.calls.MarkFailed
+	mock.lockMarkFailed.RUnlock()
 	return calls
 }
 
-// ModelGet calls ModelGetFunc.
-func (mock *StoreMock) ModelGet(ctx context.Context, arg db.ModelGetParams) (db.ModelGetRow, error) {
-	if mock.ModelGetFunc == nil {
-		panic("StoreMock.ModelGetFunc: method is nil but Store.ModelGet was just called")
+// Purge calls PurgeFunc.
+func (mock *StoreMock) Purge(ctx context.Context, p worker.Pair, holder uuid.UUID) error {
+	if mock.PurgeFunc == nil {
+		panic("StoreMock.PurgeFunc: method is nil but Store.Purge was just called")
 	}
 	callInfo := struct {
-		Ctx context.Context
-		Arg db.ModelGetParams
+		Ctx    context.Context
+		P      worker.Pair
+		Holder uuid.UUID
 	}{
-		Ctx: ctx,
-		Arg: arg,
+		Ctx:    ctx,
+		P:      p,
+		Holder: holder,
 	}
-	mock.lockModelGet.Lock()
-	mock.calls.ModelGet = append(mock.calls.ModelGet, callInfo)
-	mock.lockModelGet.Unlock()
-	return mock.ModelGetFunc(ctx, arg)
+	mock.lockPurge.Lock()
+	mock.calls.Purge = append(mock.calls.Purge, callInfo)
+	mock.lockPurge.Unlock()
+	return mock.PurgeFunc(ctx, p, holder)
 }
 
-// ModelGetCalls gets all the calls that were made to ModelGet.
+// PurgeCalls gets all the calls that were made to Purge.
 // Check the length with:
 //
-//	len(mockedStore.ModelGetCalls())
-func (mock *StoreMock) ModelGetCalls() []struct {
-	Ctx context.Context
-	Arg db.ModelGetParams
+//	len(mockedStore.PurgeCalls())
+func (mock *StoreMock) PurgeCalls() []struct {
+	Ctx    context.Context
+	P      worker.Pair
+	Holder uuid.UUID
 } {
 	var calls []struct {
-		Ctx context.Context
-		Arg db.ModelGetParams
+		Ctx    context.Context
+		P      worker.Pair
+		Holder uuid.UUID
 	}
-	mock.lockModelGet.RLock()
-	calls = mock.calls.ModelGet
-	mock.lockModelGet.RUnlock()
-	return calls
-}
-
-// ModelsGet calls ModelsGetFunc.
-func (mock *StoreMock) ModelsGet(ctx context.Context, arg db.ModelsGetParams) ([]db.ModelsGetRow, error) {
-	if mock.ModelsGetFunc == nil {
-		panic("StoreMock.ModelsGetFunc: method is nil but Store.ModelsGet was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-		Arg db.ModelsGetParams
-	}{
-		Ctx: ctx,
-		Arg: arg,
-	}
-	mock.lockModelsGet.Lock()
-	mock.calls.ModelsGet = append(mock.calls.ModelsGet, callInfo)
-	mock.lockModelsGet.Unlock()
-	return mock.ModelsGetFunc(ctx, arg)
-}
-
-// ModelsGetCalls gets all the calls that were made to ModelsGet.
-// Check the length with:
-//
-//	len(mockedStore.ModelsGetCalls())
-func (mock *StoreMock) ModelsGetCalls() []struct {
-	Ctx context.Context
-	Arg db.ModelsGetParams
-} {
-	var calls []struct {
-		Ctx context.Context
-		Arg db.ModelsGetParams
-	}
-	mock.lockModelsGet.RLock()
-	calls = mock.calls.ModelsGet
-	mock.lockModelsGet.RUnlock()
-	return calls
-}
-
-// PairApplyCommit calls PairApplyCommitFunc.
-func (mock *StoreMock) PairApplyCommit(ctx context.Context, arg db.PairApplyCommitParams) (int64, error) {
-	if mock.PairApplyCommitFunc == nil {
-		panic("StoreMock.PairApplyCommitFunc: method is nil but Store.PairApplyCommit was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-		Arg db.PairApplyCommitParams
-	}{
-		Ctx: ctx,
-		Arg: arg,
-	}
-	mock.lockPairApplyCommit.Lock()
-	mock.calls.PairApplyCommit = append(mock.calls.PairApplyCommit, callInfo)
-	mock.lockPairApplyCommit.Unlock()
-	return mock.PairApplyCommitFunc(ctx, arg)
-}
-
-// PairApplyCommitCalls gets all the calls that were made to PairApplyCommit.
-// Check the length with:
-//
-//	len(mockedStore.PairApplyCommitCalls())
-func (mock *StoreMock) PairApplyCommitCalls() []struct {
-	Ctx context.Context
-	Arg db.PairApplyCommitParams
-} {
-	var calls []struct {
-		Ctx context.Context
-		Arg db.PairApplyCommitParams
-	}
-	mock.lockPairApplyCommit.RLock()
-	calls = mock.calls.PairApplyCommit
-	mock.lockPairApplyCommit.RUnlock()
-	return calls
-}
-
-// PairLockForApply calls PairLockForApplyFunc.
-func (mock *StoreMock) PairLockForApply(ctx context.Context, arg db.PairLockForApplyParams) (db.PairLockForApplyRow, error) {
-	if mock.PairLockForApplyFunc == nil {
-		panic("StoreMock.PairLockForApplyFunc: method is nil but Store.PairLockForApply was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-		Arg db.PairLockForApplyParams
-	}{
-		Ctx: ctx,
-		Arg: arg,
-	}
-	mock.lockPairLockForApply.Lock()
-	mock.calls.PairLockForApply = append(mock.calls.PairLockForApply, callInfo)
-	mock.lockPairLockForApply.Unlock()
-	return mock.PairLockForApplyFunc(ctx, arg)
-}
-
-// PairLockForApplyCalls gets all the calls that were made to PairLockForApply.
-// Check the length with:
-//
-//	len(mockedStore.PairLockForApplyCalls())
-func (mock *StoreMock) PairLockForApplyCalls() []struct {
-	Ctx context.Context
-	Arg db.PairLockForApplyParams
-} {
-	var calls []struct {
-		Ctx context.Context
-		Arg db.PairLockForApplyParams
-	}
-	mock.lockPairLockForApply.RLock()
-	calls = mock.calls.PairLockForApply
-	mock.lockPairLockForApply.RUnlock()
-	return calls
-}
-
-// PairsApplyCommit calls PairsApplyCommitFunc.
-func (mock *StoreMock) PairsApplyCommit(ctx context.Context, arg db.PairsApplyCommitParams) (int64, error) {
-	if mock.PairsApplyCommitFunc == nil {
-		panic("StoreMock.PairsApplyCommitFunc: method is nil but Store.PairsApplyCommit was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-		Arg db.PairsApplyCommitParams
-	}{
-		Ctx: ctx,
-		Arg: arg,
-	}
-	mock.lockPairsApplyCommit.Lock()
-	mock.calls.PairsApplyCommit = append(mock.calls.PairsApplyCommit, callInfo)
-	mock.lockPairsApplyCommit.Unlock()
-	return mock.PairsApplyCommitFunc(ctx, arg)
-}
-
-// PairsApplyCommitCalls gets all the calls that were made to PairsApplyCommit.
-// Check the length with:
-//
-//	len(mockedStore.PairsApplyCommitCalls())
-func (mock *StoreMock) PairsApplyCommitCalls() []struct {
-	Ctx context.Context
-	Arg db.PairsApplyCommitParams
-} {
-	var calls []struct {
-		Ctx context.Context
-		Arg db.PairsApplyCommitParams
-	}
-	mock.lockPairsApplyCommit.RLock()
-	calls = mock.calls.PairsApplyCommit
-	mock.lockPairsApplyCommit.RUnlock()
-	return calls
-}
-
-// PairsLockForApply calls PairsLockForApplyFunc.
-func (mock *StoreMock) PairsLockForApply(ctx context.Context, arg db.PairsLockForApplyParams) ([]db.PairsLockForApplyRow, error) {
-	if mock.PairsLockForApplyFunc == nil {
-		panic("StoreMock.PairsLockForApplyFunc: method is nil but Store.PairsLockForApply was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-		Arg db.PairsLockForApplyParams
-	}{
-		Ctx: ctx,
-		Arg: arg,
-	}
-	mock.lockPairsLockForApply.Lock()
-	mock.calls.PairsLockForApply = append(mock.calls.PairsLockForApply, callInfo)
-	mock.lockPairsLockForApply.Unlock()
-	return mock.PairsLockForApplyFunc(ctx, arg)
-}
-
-// PairsLockForApplyCalls gets all the calls that were made to PairsLockForApply.
-// Check the length with:
-//
-//	len(mockedStore.PairsLockForApplyCalls())
-func (mock *StoreMock) PairsLockForApplyCalls() []struct {
-	Ctx context.Context
-	Arg db.PairsLockForApplyParams
-} {
-	var calls []struct {
-		Ctx context.Context
-		Arg db.PairsLockForApplyParams
-	}
-	mock.lockPairsLockForApply.RLock()
-	calls = mock.calls.PairsLockForApply
-	mock.lockPairsLockForApply.RUnlock()
-	return calls
-}
-
-// PerspectiveEnqueueBacklog calls PerspectiveEnqueueBacklogFunc.
-func (mock *StoreMock) PerspectiveEnqueueBacklog(ctx context.Context, perspectiveName string) (int64, error) {
-	if mock.PerspectiveEnqueueBacklogFunc == nil {
-		panic("StoreMock.PerspectiveEnqueueBacklogFunc: method is nil but Store.PerspectiveEnqueueBacklog was just called")
-	}
-	callInfo := struct {
-		Ctx             context.Context
-		PerspectiveName string
-	}{
-		Ctx:             ctx,
-		PerspectiveName: perspectiveName,
-	}
-	mock.lockPerspectiveEnqueueBacklog.Lock()
-	mock.calls.PerspectiveEnqueueBacklog = append(mock.calls.PerspectiveEnqueueBacklog, callInfo)
-	mock.lockPerspectiveEnqueueBacklog.Unlock()
-	return mock.PerspectiveEnqueueBacklogFunc(ctx, perspectiveName)
-}
-
-// PerspectiveEnqueueBacklogCalls gets all the calls that were made to PerspectiveEnqueueBacklog.
-// Check the length with:
-//
-//	len(mockedStore.PerspectiveEnqueueBacklogCalls())
-func (mock *StoreMock) PerspectiveEnqueueBacklogCalls() []struct {
-	Ctx             context.Context
-	PerspectiveName string
-} {
-	var calls []struct {
-		Ctx             context.Context
-		PerspectiveName string
-	}
-	mock.lockPerspectiveEnqueueBacklog.RLock()
-	calls = mock.calls.PerspectiveEnqueueBacklog
-	mock.lockPerspectiveEnqueueBacklog.RUnlock()
-	return calls
-}
-
-// PerspectiveExists calls PerspectiveExistsFunc.
-func (mock *StoreMock) PerspectiveExists(ctx context.Context, perspectiveName string) (bool, error) {
-	if mock.PerspectiveExistsFunc == nil {
-		panic("StoreMock.PerspectiveExistsFunc: method is nil but Store.PerspectiveExists was just called")
-	}
-	callInfo := struct {
-		Ctx             context.Context
-		PerspectiveName string
-	}{
-		Ctx:             ctx,
-		PerspectiveName: perspectiveName,
-	}
-	mock.lockPerspectiveExists.Lock()
-	mock.calls.PerspectiveExists = append(mock.calls.PerspectiveExists, callInfo)
-	mock.lockPerspectiveExists.Unlock()
-	return mock.PerspectiveExistsFunc(ctx, perspectiveName)
-}
-
-// PerspectiveExistsCalls gets all the calls that were made to PerspectiveExists.
-// Check the length with:
-//
-//	len(mockedStore.PerspectiveExistsCalls())
-func (mock *StoreMock) PerspectiveExistsCalls() []struct {
-	Ctx             context.Context
-	PerspectiveName string
-} {
-	var calls []struct {
-		Ctx             context.Context
-		PerspectiveName string
-	}
-	mock.lockPerspectiveExists.RLock()
-	calls = mock.calls.PerspectiveExists
-	mock.lockPerspectiveExists.RUnlock()
-	return calls
-}
-
-// PerspectiveList calls PerspectiveListFunc.
-func (mock *StoreMock) PerspectiveList(ctx context.Context) ([]db.WhPerspective, error) {
-	if mock.PerspectiveListFunc == nil {
-		panic("StoreMock.PerspectiveListFunc: method is nil but Store.PerspectiveList was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-	}{
-		Ctx: ctx,
-	}
-	mock.lockPerspectiveList.Lock()
-	mock.calls.PerspectiveList = append(mock.calls.PerspectiveList, callInfo)
-	mock.lockPerspectiveList.Unlock()
-	return mock.PerspectiveListFunc(ctx)
-}
-
-// PerspectiveListCalls gets all the calls that were made to PerspectiveList.
-// Check the length with:
-//
-//	len(mockedStore.PerspectiveListCalls())
-func (mock *StoreMock) PerspectiveListCalls() []struct {
-	Ctx context.Context
-} {
-	var calls []struct {
-		Ctx context.Context
-	}
-	mock.lockPerspectiveList.RLock()
-	calls = mock.calls.PerspectiveList
-	mock.lockPerspectiveList.RUnlock()
-	return calls
-}
-
-// PerspectiveRegister calls PerspectiveRegisterFunc.
-func (mock *StoreMock) PerspectiveRegister(ctx context.Context, perspectiveName string) (int64, error) {
-	if mock.PerspectiveRegisterFunc == nil {
-		panic("StoreMock.PerspectiveRegisterFunc: method is nil but Store.PerspectiveRegister was just called")
-	}
-	callInfo := struct {
-		Ctx             context.Context
-		PerspectiveName string
-	}{
-		Ctx:             ctx,
-		PerspectiveName: perspectiveName,
-	}
-	mock.lockPerspectiveRegister.Lock()
-	mock.calls.PerspectiveRegister = append(mock.calls.PerspectiveRegister, callInfo)
-	mock.lockPerspectiveRegister.Unlock()
-	return mock.PerspectiveRegisterFunc(ctx, perspectiveName)
-}
-
-// PerspectiveRegisterCalls gets all the calls that were made to PerspectiveRegister.
-// Check the length with:
-//
-//	len(mockedStore.PerspectiveRegisterCalls())
-func (mock *StoreMock) PerspectiveRegisterCalls() []struct {
-	Ctx             context.Context
-	PerspectiveName string
-} {
-	var calls []struct {
-		Ctx             context.Context
-		PerspectiveName string
-	}
-	mock.lockPerspectiveRegister.RLock()
-	calls = mock.calls.PerspectiveRegister
-	mock.lockPerspectiveRegister.RUnlock()
-	return calls
-}
-
-// QueueCount calls QueueCountFunc.
-func (mock *StoreMock) QueueCount(ctx context.Context) (int64, error) {
-	if mock.QueueCountFunc == nil {
-		panic("StoreMock.QueueCountFunc: method is nil but Store.QueueCount was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-	}{
-		Ctx: ctx,
-	}
-	mock.lockQueueCount.Lock()
-	mock.calls.QueueCount = append(mock.calls.QueueCount, callInfo)
-	mock.lockQueueCount.Unlock()
-	return mock.QueueCountFunc(ctx)
-}
-
-// QueueCountCalls gets all the calls that were made to QueueCount.
-// Check the length with:
-//
-//	len(mockedStore.QueueCountCalls())
-func (mock *StoreMock) QueueCountCalls() []struct {
-	Ctx context.Context
-} {
-	var calls []struct {
-		Ctx context.Context
-	}
-	mock.lockQueueCount.RLock()
-	calls = mock.calls.QueueCount
-	mock.lockQueueCount.RUnlock()
-	return calls
-}
-
-// QueueCountFor calls QueueCountForFunc.
-func (mock *StoreMock) QueueCountFor(ctx context.Context, arg db.QueueCountForParams) (int64, error) {
-	if mock.QueueCountForFunc == nil {
-		panic("StoreMock.QueueCountForFunc: method is nil but Store.QueueCountFor was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-		Arg db.QueueCountForParams
-	}{
-		Ctx: ctx,
-		Arg: arg,
-	}
-	mock.lockQueueCountFor.Lock()
-	mock.calls.QueueCountFor = append(mock.calls.QueueCountFor, callInfo)
-	mock.lockQueueCountFor.Unlock()
-	return mock.QueueCountForFunc(ctx, arg)
-}
-
-// QueueCountForCalls gets all the calls that were made to QueueCountFor.
-// Check the length with:
-//
-//	len(mockedStore.QueueCountForCalls())
-func (mock *StoreMock) QueueCountForCalls() []struct {
-	Ctx context.Context
-	Arg db.QueueCountForParams
-} {
-	var calls []struct {
-		Ctx context.Context
-		Arg db.QueueCountForParams
-	}
-	mock.lockQueueCountFor.RLock()
-	calls = mock.calls.QueueCountFor
-	mock.lockQueueCountFor.RUnlock()
+	mock.lockPurge.RLock()
+	calls = mock.calls.Purge
+	mock.lockPurge.RUnlock()
 	return calls
 }
 
 // QueueDepth calls QueueDepthFunc.
-func (mock *StoreMock) QueueDepth(ctx context.Context) ([]db.QueueDepthRow, error) {
+func (mock *StoreMock) QueueDepth(ctx context.Context) ([]worker.QueueDepth, error) {
 	if mock.QueueDepthFunc == nil {
 		panic("StoreMock.QueueDepthFunc: method is nil but Store.QueueDepth was just called")
 	}
@@ -1775,850 +462,158 @@ func (mock *StoreMock) QueueDepthCalls() []struct {
 	return calls
 }
 
-// QueueDuePairs calls QueueDuePairsFunc.
-func (mock *StoreMock) QueueDuePairs(ctx context.Context, arg db.QueueDuePairsParams) ([]db.QueueDuePairsRow, error) {
-	if mock.QueueDuePairsFunc == nil {
-		panic("StoreMock.QueueDuePairsFunc: method is nil but Store.QueueDuePairs was just called")
+// Register calls RegisterFunc.
+func (mock *StoreMock) Register(ctx context.Context, perspective string) (int64, error) {
+	if mock.RegisterFunc == nil {
+		panic("StoreMock.RegisterFunc: method is nil but Store.Register was just called")
 	}
 	callInfo := struct {
-		Ctx context.Context
-		Arg db.QueueDuePairsParams
+		Ctx         context.Context
+		Perspective string
 	}{
-		Ctx: ctx,
-		Arg: arg,
+		Ctx:         ctx,
+		Perspective: perspective,
 	}
-	mock.lockQueueDuePairs.Lock()
-	mock.calls.QueueDuePairs = append(mock.calls.QueueDuePairs, callInfo)
-	mock.lockQueueDuePairs.Unlock()
-	return mock.QueueDuePairsFunc(ctx, arg)
+	mock.lockRegister.Lock()
+	mock.calls.Register = append(mock.calls.Register, callInfo)
+	mock.lockRegister.Unlock()
+	return mock.RegisterFunc(ctx, perspective)
 }
 
-// QueueDuePairsCalls gets all the calls that were made to QueueDuePairs.
+// RegisterCalls gets all the calls that were made to Register.
 // Check the length with:
 //
-//	len(mockedStore.QueueDuePairsCalls())
-func (mock *StoreMock) QueueDuePairsCalls() []struct {
-	Ctx context.Context
-	Arg db.QueueDuePairsParams
+//	len(mockedStore.RegisterCalls())
+func (mock *StoreMock) RegisterCalls() []struct {
+	Ctx         context.Context
+	Perspective string
 } {
 	var calls []struct {
-		Ctx context.Context
-		Arg db.QueueDuePairsParams
+		Ctx         context.Context
+		Perspective string
 	}
-	mock.lockQueueDuePairs.RLock()
-	calls = mock.calls.QueueDuePairs
-	mock.lockQueueDuePairs.RUnlock()
+	mock.lockRegister.RLock()
+	calls = mock.calls.Register
+	mock.lockRegister.RUnlock()
 	return calls
 }
 
-// QueueEnqueueStream calls QueueEnqueueStreamFunc.
-func (mock *StoreMock) QueueEnqueueStream(ctx context.Context, arg db.QueueEnqueueStreamParams) (int64, error) {
-	if mock.QueueEnqueueStreamFunc == nil {
-		panic("StoreMock.QueueEnqueueStreamFunc: method is nil but Store.QueueEnqueueStream was just called")
+// Replay calls ReplayFunc.
+func (mock *StoreMock) Replay(ctx context.Context, stream uuid.UUID, after uuid.UUID, upto uuid.UUID, limit int) ([]worker.Event, error) {
+	if mock.ReplayFunc == nil {
+		panic("StoreMock.ReplayFunc: method is nil but Store.Replay was just called")
 	}
 	callInfo := struct {
-		Ctx context.Context
-		Arg db.QueueEnqueueStreamParams
+		Ctx    context.Context
+		Stream uuid.UUID
+		After  uuid.UUID
+		Upto   uuid.UUID
+		Limit  int
 	}{
-		Ctx: ctx,
-		Arg: arg,
+		Ctx:    ctx,
+		Stream: stream,
+		After:  after,
+		Upto:   upto,
+		Limit:  limit,
 	}
-	mock.lockQueueEnqueueStream.Lock()
-	mock.calls.QueueEnqueueStream = append(mock.calls.QueueEnqueueStream, callInfo)
-	mock.lockQueueEnqueueStream.Unlock()
-	return mock.QueueEnqueueStreamFunc(ctx, arg)
+	mock.lockReplay.Lock()
+	mock.calls.Replay = append(mock.calls.Replay, callInfo)
+	mock.lockReplay.Unlock()
+	return mock.ReplayFunc(ctx, stream, after, upto, limit)
 }
 
-// QueueEnqueueStreamCalls gets all the calls that were made to QueueEnqueueStream.
+// ReplayCalls gets all the calls that were made to Replay.
 // Check the length with:
 //
-//	len(mockedStore.QueueEnqueueStreamCalls())
-func (mock *StoreMock) QueueEnqueueStreamCalls() []struct {
-	Ctx context.Context
-	Arg db.QueueEnqueueStreamParams
+//	len(mockedStore.ReplayCalls())
+func (mock *StoreMock) ReplayCalls() []struct {
+	Ctx    context.Context
+	Stream uuid.UUID
+	After  uuid.UUID
+	Upto   uuid.UUID
+	Limit  int
 } {
 	var calls []struct {
-		Ctx context.Context
-		Arg db.QueueEnqueueStreamParams
+		Ctx    context.Context
+		Stream uuid.UUID
+		After  uuid.UUID
+		Upto   uuid.UUID
+		Limit  int
 	}
-	mock.lockQueueEnqueueStream.RLock()
-	calls = mock.calls.QueueEnqueueStream
-	mock.lockQueueEnqueueStream.RUnlock()
+	mock.lockReplay.RLock()
+	calls = mock.calls.Replay
+	mock.lockReplay.RUnlock()
 	return calls
 }
 
-// QueueEventsForPair calls QueueEventsForPairFunc.
-func (mock *StoreMock) QueueEventsForPair(ctx context.Context, arg db.QueueEventsForPairParams) ([]db.QueueEventsForPairRow, error) {
-	if mock.QueueEventsForPairFunc == nil {
-		panic("StoreMock.QueueEventsForPairFunc: method is nil but Store.QueueEventsForPair was just called")
+// RewindCommit calls RewindCommitFunc.
+func (mock *StoreMock) RewindCommit(ctx context.Context, c worker.RewindCommit) error {
+	if mock.RewindCommitFunc == nil {
+		panic("StoreMock.RewindCommitFunc: method is nil but Store.RewindCommit was just called")
 	}
 	callInfo := struct {
 		Ctx context.Context
-		Arg db.QueueEventsForPairParams
+		C   worker.RewindCommit
 	}{
 		Ctx: ctx,
-		Arg: arg,
+		C:   c,
 	}
-	mock.lockQueueEventsForPair.Lock()
-	mock.calls.QueueEventsForPair = append(mock.calls.QueueEventsForPair, callInfo)
-	mock.lockQueueEventsForPair.Unlock()
-	return mock.QueueEventsForPairFunc(ctx, arg)
+	mock.lockRewindCommit.Lock()
+	mock.calls.RewindCommit = append(mock.calls.RewindCommit, callInfo)
+	mock.lockRewindCommit.Unlock()
+	return mock.RewindCommitFunc(ctx, c)
 }
 
-// QueueEventsForPairCalls gets all the calls that were made to QueueEventsForPair.
+// RewindCommitCalls gets all the calls that were made to RewindCommit.
 // Check the length with:
 //
-//	len(mockedStore.QueueEventsForPairCalls())
-func (mock *StoreMock) QueueEventsForPairCalls() []struct {
+//	len(mockedStore.RewindCommitCalls())
+func (mock *StoreMock) RewindCommitCalls() []struct {
 	Ctx context.Context
-	Arg db.QueueEventsForPairParams
+	C   worker.RewindCommit
 } {
 	var calls []struct {
 		Ctx context.Context
-		Arg db.QueueEventsForPairParams
+		C   worker.RewindCommit
 	}
-	mock.lockQueueEventsForPair.RLock()
-	calls = mock.calls.QueueEventsForPair
-	mock.lockQueueEventsForPair.RUnlock()
+	mock.lockRewindCommit.RLock()
+	calls = mock.calls.RewindCommit
+	mock.lockRewindCommit.RUnlock()
 	return calls
 }
 
-// QueueEventsForPairs calls QueueEventsForPairsFunc.
-func (mock *StoreMock) QueueEventsForPairs(ctx context.Context, arg db.QueueEventsForPairsParams) ([]db.QueueEventsForPairsRow, error) {
-	if mock.QueueEventsForPairsFunc == nil {
-		panic("StoreMock.QueueEventsForPairsFunc: method is nil but Store.QueueEventsForPairs was just called")
+// RewindStart calls RewindStartFunc.
+func (mock *StoreMock) RewindStart(ctx context.Context, p worker.Pair) (worker.RewindStart, error) {
+	if mock.RewindStartFunc == nil {
+		panic("StoreMock.RewindStartFunc: method is nil but Store.RewindStart was just called")
 	}
 	callInfo := struct {
 		Ctx context.Context
-		Arg db.QueueEventsForPairsParams
+		P   worker.Pair
 	}{
 		Ctx: ctx,
-		Arg: arg,
+		P:   p,
 	}
-	mock.lockQueueEventsForPairs.Lock()
-	mock.calls.QueueEventsForPairs = append(mock.calls.QueueEventsForPairs, callInfo)
-	mock.lockQueueEventsForPairs.Unlock()
-	return mock.QueueEventsForPairsFunc(ctx, arg)
+	mock.lockRewindStart.Lock()
+	mock.calls.RewindStart = append(mock.calls.RewindStart, callInfo)
+	mock.lockRewindStart.Unlock()
+	return mock.RewindStartFunc(ctx, p)
 }
 
-// QueueEventsForPairsCalls gets all the calls that were made to QueueEventsForPairs.
+// RewindStartCalls gets all the calls that were made to RewindStart.
 // Check the length with:
 //
-//	len(mockedStore.QueueEventsForPairsCalls())
-func (mock *StoreMock) QueueEventsForPairsCalls() []struct {
+//	len(mockedStore.RewindStartCalls())
+func (mock *StoreMock) RewindStartCalls() []struct {
 	Ctx context.Context
-	Arg db.QueueEventsForPairsParams
+	P   worker.Pair
 } {
 	var calls []struct {
 		Ctx context.Context
-		Arg db.QueueEventsForPairsParams
+		P   worker.Pair
 	}
-	mock.lockQueueEventsForPairs.RLock()
-	calls = mock.calls.QueueEventsForPairs
-	mock.lockQueueEventsForPairs.RUnlock()
-	return calls
-}
-
-// QueueIDsForPair calls QueueIDsForPairFunc.
-func (mock *StoreMock) QueueIDsForPair(ctx context.Context, arg db.QueueIDsForPairParams) ([]uuid.UUID, error) {
-	if mock.QueueIDsForPairFunc == nil {
-		panic("StoreMock.QueueIDsForPairFunc: method is nil but Store.QueueIDsForPair was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-		Arg db.QueueIDsForPairParams
-	}{
-		Ctx: ctx,
-		Arg: arg,
-	}
-	mock.lockQueueIDsForPair.Lock()
-	mock.calls.QueueIDsForPair = append(mock.calls.QueueIDsForPair, callInfo)
-	mock.lockQueueIDsForPair.Unlock()
-	return mock.QueueIDsForPairFunc(ctx, arg)
-}
-
-// QueueIDsForPairCalls gets all the calls that were made to QueueIDsForPair.
-// Check the length with:
-//
-//	len(mockedStore.QueueIDsForPairCalls())
-func (mock *StoreMock) QueueIDsForPairCalls() []struct {
-	Ctx context.Context
-	Arg db.QueueIDsForPairParams
-} {
-	var calls []struct {
-		Ctx context.Context
-		Arg db.QueueIDsForPairParams
-	}
-	mock.lockQueueIDsForPair.RLock()
-	calls = mock.calls.QueueIDsForPair
-	mock.lockQueueIDsForPair.RUnlock()
-	return calls
-}
-
-// QueueListen calls QueueListenFunc.
-func (mock *StoreMock) QueueListen(ctx context.Context) error {
-	if mock.QueueListenFunc == nil {
-		panic("StoreMock.QueueListenFunc: method is nil but Store.QueueListen was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-	}{
-		Ctx: ctx,
-	}
-	mock.lockQueueListen.Lock()
-	mock.calls.QueueListen = append(mock.calls.QueueListen, callInfo)
-	mock.lockQueueListen.Unlock()
-	return mock.QueueListenFunc(ctx)
-}
-
-// QueueListenCalls gets all the calls that were made to QueueListen.
-// Check the length with:
-//
-//	len(mockedStore.QueueListenCalls())
-func (mock *StoreMock) QueueListenCalls() []struct {
-	Ctx context.Context
-} {
-	var calls []struct {
-		Ctx context.Context
-	}
-	mock.lockQueueListen.RLock()
-	calls = mock.calls.QueueListen
-	mock.lockQueueListen.RUnlock()
-	return calls
-}
-
-// QueueMarkFailed calls QueueMarkFailedFunc.
-func (mock *StoreMock) QueueMarkFailed(ctx context.Context, arg db.QueueMarkFailedParams) (int64, error) {
-	if mock.QueueMarkFailedFunc == nil {
-		panic("StoreMock.QueueMarkFailedFunc: method is nil but Store.QueueMarkFailed was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-		Arg db.QueueMarkFailedParams
-	}{
-		Ctx: ctx,
-		Arg: arg,
-	}
-	mock.lockQueueMarkFailed.Lock()
-	mock.calls.QueueMarkFailed = append(mock.calls.QueueMarkFailed, callInfo)
-	mock.lockQueueMarkFailed.Unlock()
-	return mock.QueueMarkFailedFunc(ctx, arg)
-}
-
-// QueueMarkFailedCalls gets all the calls that were made to QueueMarkFailed.
-// Check the length with:
-//
-//	len(mockedStore.QueueMarkFailedCalls())
-func (mock *StoreMock) QueueMarkFailedCalls() []struct {
-	Ctx context.Context
-	Arg db.QueueMarkFailedParams
-} {
-	var calls []struct {
-		Ctx context.Context
-		Arg db.QueueMarkFailedParams
-	}
-	mock.lockQueueMarkFailed.RLock()
-	calls = mock.calls.QueueMarkFailed
-	mock.lockQueueMarkFailed.RUnlock()
-	return calls
-}
-
-// RegisterLock calls RegisterLockFunc.
-func (mock *StoreMock) RegisterLock(ctx context.Context) error {
-	if mock.RegisterLockFunc == nil {
-		panic("StoreMock.RegisterLockFunc: method is nil but Store.RegisterLock was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-	}{
-		Ctx: ctx,
-	}
-	mock.lockRegisterLock.Lock()
-	mock.calls.RegisterLock = append(mock.calls.RegisterLock, callInfo)
-	mock.lockRegisterLock.Unlock()
-	return mock.RegisterLockFunc(ctx)
-}
-
-// RegisterLockCalls gets all the calls that were made to RegisterLock.
-// Check the length with:
-//
-//	len(mockedStore.RegisterLockCalls())
-func (mock *StoreMock) RegisterLockCalls() []struct {
-	Ctx context.Context
-} {
-	var calls []struct {
-		Ctx context.Context
-	}
-	mock.lockRegisterLock.RLock()
-	calls = mock.calls.RegisterLock
-	mock.lockRegisterLock.RUnlock()
-	return calls
-}
-
-// SnapshotIDs calls SnapshotIDsFunc.
-func (mock *StoreMock) SnapshotIDs(ctx context.Context, arg db.SnapshotIDsParams) ([]uuid.UUID, error) {
-	if mock.SnapshotIDsFunc == nil {
-		panic("StoreMock.SnapshotIDsFunc: method is nil but Store.SnapshotIDs was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-		Arg db.SnapshotIDsParams
-	}{
-		Ctx: ctx,
-		Arg: arg,
-	}
-	mock.lockSnapshotIDs.Lock()
-	mock.calls.SnapshotIDs = append(mock.calls.SnapshotIDs, callInfo)
-	mock.lockSnapshotIDs.Unlock()
-	return mock.SnapshotIDsFunc(ctx, arg)
-}
-
-// SnapshotIDsCalls gets all the calls that were made to SnapshotIDs.
-// Check the length with:
-//
-//	len(mockedStore.SnapshotIDsCalls())
-func (mock *StoreMock) SnapshotIDsCalls() []struct {
-	Ctx context.Context
-	Arg db.SnapshotIDsParams
-} {
-	var calls []struct {
-		Ctx context.Context
-		Arg db.SnapshotIDsParams
-	}
-	mock.lockSnapshotIDs.RLock()
-	calls = mock.calls.SnapshotIDs
-	mock.lockSnapshotIDs.RUnlock()
-	return calls
-}
-
-// SnapshotInsert calls SnapshotInsertFunc.
-func (mock *StoreMock) SnapshotInsert(ctx context.Context, arg db.SnapshotInsertParams) error {
-	if mock.SnapshotInsertFunc == nil {
-		panic("StoreMock.SnapshotInsertFunc: method is nil but Store.SnapshotInsert was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-		Arg db.SnapshotInsertParams
-	}{
-		Ctx: ctx,
-		Arg: arg,
-	}
-	mock.lockSnapshotInsert.Lock()
-	mock.calls.SnapshotInsert = append(mock.calls.SnapshotInsert, callInfo)
-	mock.lockSnapshotInsert.Unlock()
-	return mock.SnapshotInsertFunc(ctx, arg)
-}
-
-// SnapshotInsertCalls gets all the calls that were made to SnapshotInsert.
-// Check the length with:
-//
-//	len(mockedStore.SnapshotInsertCalls())
-func (mock *StoreMock) SnapshotInsertCalls() []struct {
-	Ctx context.Context
-	Arg db.SnapshotInsertParams
-} {
-	var calls []struct {
-		Ctx context.Context
-		Arg db.SnapshotInsertParams
-	}
-	mock.lockSnapshotInsert.RLock()
-	calls = mock.calls.SnapshotInsert
-	mock.lockSnapshotInsert.RUnlock()
-	return calls
-}
-
-// SnapshotLatestBefore calls SnapshotLatestBeforeFunc.
-func (mock *StoreMock) SnapshotLatestBefore(ctx context.Context, arg db.SnapshotLatestBeforeParams) (db.SnapshotLatestBeforeRow, error) {
-	if mock.SnapshotLatestBeforeFunc == nil {
-		panic("StoreMock.SnapshotLatestBeforeFunc: method is nil but Store.SnapshotLatestBefore was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-		Arg db.SnapshotLatestBeforeParams
-	}{
-		Ctx: ctx,
-		Arg: arg,
-	}
-	mock.lockSnapshotLatestBefore.Lock()
-	mock.calls.SnapshotLatestBefore = append(mock.calls.SnapshotLatestBefore, callInfo)
-	mock.lockSnapshotLatestBefore.Unlock()
-	return mock.SnapshotLatestBeforeFunc(ctx, arg)
-}
-
-// SnapshotLatestBeforeCalls gets all the calls that were made to SnapshotLatestBefore.
-// Check the length with:
-//
-//	len(mockedStore.SnapshotLatestBeforeCalls())
-func (mock *StoreMock) SnapshotLatestBeforeCalls() []struct {
-	Ctx context.Context
-	Arg db.SnapshotLatestBeforeParams
-} {
-	var calls []struct {
-		Ctx context.Context
-		Arg db.SnapshotLatestBeforeParams
-	}
-	mock.lockSnapshotLatestBefore.RLock()
-	calls = mock.calls.SnapshotLatestBefore
-	mock.lockSnapshotLatestBefore.RUnlock()
-	return calls
-}
-
-// SnapshotsDelete calls SnapshotsDeleteFunc.
-func (mock *StoreMock) SnapshotsDelete(ctx context.Context, arg db.SnapshotsDeleteParams) (int64, error) {
-	if mock.SnapshotsDeleteFunc == nil {
-		panic("StoreMock.SnapshotsDeleteFunc: method is nil but Store.SnapshotsDelete was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-		Arg db.SnapshotsDeleteParams
-	}{
-		Ctx: ctx,
-		Arg: arg,
-	}
-	mock.lockSnapshotsDelete.Lock()
-	mock.calls.SnapshotsDelete = append(mock.calls.SnapshotsDelete, callInfo)
-	mock.lockSnapshotsDelete.Unlock()
-	return mock.SnapshotsDeleteFunc(ctx, arg)
-}
-
-// SnapshotsDeleteCalls gets all the calls that were made to SnapshotsDelete.
-// Check the length with:
-//
-//	len(mockedStore.SnapshotsDeleteCalls())
-func (mock *StoreMock) SnapshotsDeleteCalls() []struct {
-	Ctx context.Context
-	Arg db.SnapshotsDeleteParams
-} {
-	var calls []struct {
-		Ctx context.Context
-		Arg db.SnapshotsDeleteParams
-	}
-	mock.lockSnapshotsDelete.RLock()
-	calls = mock.calls.SnapshotsDelete
-	mock.lockSnapshotsDelete.RUnlock()
-	return calls
-}
-
-// SnapshotsDeleteAll calls SnapshotsDeleteAllFunc.
-func (mock *StoreMock) SnapshotsDeleteAll(ctx context.Context, arg db.SnapshotsDeleteAllParams) (int64, error) {
-	if mock.SnapshotsDeleteAllFunc == nil {
-		panic("StoreMock.SnapshotsDeleteAllFunc: method is nil but Store.SnapshotsDeleteAll was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-		Arg db.SnapshotsDeleteAllParams
-	}{
-		Ctx: ctx,
-		Arg: arg,
-	}
-	mock.lockSnapshotsDeleteAll.Lock()
-	mock.calls.SnapshotsDeleteAll = append(mock.calls.SnapshotsDeleteAll, callInfo)
-	mock.lockSnapshotsDeleteAll.Unlock()
-	return mock.SnapshotsDeleteAllFunc(ctx, arg)
-}
-
-// SnapshotsDeleteAllCalls gets all the calls that were made to SnapshotsDeleteAll.
-// Check the length with:
-//
-//	len(mockedStore.SnapshotsDeleteAllCalls())
-func (mock *StoreMock) SnapshotsDeleteAllCalls() []struct {
-	Ctx context.Context
-	Arg db.SnapshotsDeleteAllParams
-} {
-	var calls []struct {
-		Ctx context.Context
-		Arg db.SnapshotsDeleteAllParams
-	}
-	mock.lockSnapshotsDeleteAll.RLock()
-	calls = mock.calls.SnapshotsDeleteAll
-	mock.lockSnapshotsDeleteAll.RUnlock()
-	return calls
-}
-
-// SnapshotsDeleteFrom calls SnapshotsDeleteFromFunc.
-func (mock *StoreMock) SnapshotsDeleteFrom(ctx context.Context, arg db.SnapshotsDeleteFromParams) (int64, error) {
-	if mock.SnapshotsDeleteFromFunc == nil {
-		panic("StoreMock.SnapshotsDeleteFromFunc: method is nil but Store.SnapshotsDeleteFrom was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-		Arg db.SnapshotsDeleteFromParams
-	}{
-		Ctx: ctx,
-		Arg: arg,
-	}
-	mock.lockSnapshotsDeleteFrom.Lock()
-	mock.calls.SnapshotsDeleteFrom = append(mock.calls.SnapshotsDeleteFrom, callInfo)
-	mock.lockSnapshotsDeleteFrom.Unlock()
-	return mock.SnapshotsDeleteFromFunc(ctx, arg)
-}
-
-// SnapshotsDeleteFromCalls gets all the calls that were made to SnapshotsDeleteFrom.
-// Check the length with:
-//
-//	len(mockedStore.SnapshotsDeleteFromCalls())
-func (mock *StoreMock) SnapshotsDeleteFromCalls() []struct {
-	Ctx context.Context
-	Arg db.SnapshotsDeleteFromParams
-} {
-	var calls []struct {
-		Ctx context.Context
-		Arg db.SnapshotsDeleteFromParams
-	}
-	mock.lockSnapshotsDeleteFrom.RLock()
-	calls = mock.calls.SnapshotsDeleteFrom
-	mock.lockSnapshotsDeleteFrom.RUnlock()
-	return calls
-}
-
-// SnapshotsInsertMany calls SnapshotsInsertManyFunc.
-func (mock *StoreMock) SnapshotsInsertMany(ctx context.Context, arg db.SnapshotsInsertManyParams) error {
-	if mock.SnapshotsInsertManyFunc == nil {
-		panic("StoreMock.SnapshotsInsertManyFunc: method is nil but Store.SnapshotsInsertMany was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-		Arg db.SnapshotsInsertManyParams
-	}{
-		Ctx: ctx,
-		Arg: arg,
-	}
-	mock.lockSnapshotsInsertMany.Lock()
-	mock.calls.SnapshotsInsertMany = append(mock.calls.SnapshotsInsertMany, callInfo)
-	mock.lockSnapshotsInsertMany.Unlock()
-	return mock.SnapshotsInsertManyFunc(ctx, arg)
-}
-
-// SnapshotsInsertManyCalls gets all the calls that were made to SnapshotsInsertMany.
-// Check the length with:
-//
-//	len(mockedStore.SnapshotsInsertManyCalls())
-func (mock *StoreMock) SnapshotsInsertManyCalls() []struct {
-	Ctx context.Context
-	Arg db.SnapshotsInsertManyParams
-} {
-	var calls []struct {
-		Ctx context.Context
-		Arg db.SnapshotsInsertManyParams
-	}
-	mock.lockSnapshotsInsertMany.RLock()
-	calls = mock.calls.SnapshotsInsertMany
-	mock.lockSnapshotsInsertMany.RUnlock()
-	return calls
-}
-
-// SnapshotsPrune calls SnapshotsPruneFunc.
-func (mock *StoreMock) SnapshotsPrune(ctx context.Context, arg db.SnapshotsPruneParams) (int64, error) {
-	if mock.SnapshotsPruneFunc == nil {
-		panic("StoreMock.SnapshotsPruneFunc: method is nil but Store.SnapshotsPrune was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-		Arg db.SnapshotsPruneParams
-	}{
-		Ctx: ctx,
-		Arg: arg,
-	}
-	mock.lockSnapshotsPrune.Lock()
-	mock.calls.SnapshotsPrune = append(mock.calls.SnapshotsPrune, callInfo)
-	mock.lockSnapshotsPrune.Unlock()
-	return mock.SnapshotsPruneFunc(ctx, arg)
-}
-
-// SnapshotsPruneCalls gets all the calls that were made to SnapshotsPrune.
-// Check the length with:
-//
-//	len(mockedStore.SnapshotsPruneCalls())
-func (mock *StoreMock) SnapshotsPruneCalls() []struct {
-	Ctx context.Context
-	Arg db.SnapshotsPruneParams
-} {
-	var calls []struct {
-		Ctx context.Context
-		Arg db.SnapshotsPruneParams
-	}
-	mock.lockSnapshotsPrune.RLock()
-	calls = mock.calls.SnapshotsPrune
-	mock.lockSnapshotsPrune.RUnlock()
-	return calls
-}
-
-// StreamIDs calls StreamIDsFunc.
-func (mock *StoreMock) StreamIDs(ctx context.Context) ([]uuid.UUID, error) {
-	if mock.StreamIDsFunc == nil {
-		panic("StoreMock.StreamIDsFunc: method is nil but Store.StreamIDs was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-	}{
-		Ctx: ctx,
-	}
-	mock.lockStreamIDs.Lock()
-	mock.calls.StreamIDs = append(mock.calls.StreamIDs, callInfo)
-	mock.lockStreamIDs.Unlock()
-	return mock.StreamIDsFunc(ctx)
-}
-
-// StreamIDsCalls gets all the calls that were made to StreamIDs.
-// Check the length with:
-//
-//	len(mockedStore.StreamIDsCalls())
-func (mock *StoreMock) StreamIDsCalls() []struct {
-	Ctx context.Context
-} {
-	var calls []struct {
-		Ctx context.Context
-	}
-	mock.lockStreamIDs.RLock()
-	calls = mock.calls.StreamIDs
-	mock.lockStreamIDs.RUnlock()
-	return calls
-}
-
-// StreamLockAcquire calls StreamLockAcquireFunc.
-func (mock *StoreMock) StreamLockAcquire(ctx context.Context, arg db.StreamLockAcquireParams) (bool, error) {
-	if mock.StreamLockAcquireFunc == nil {
-		panic("StoreMock.StreamLockAcquireFunc: method is nil but Store.StreamLockAcquire was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-		Arg db.StreamLockAcquireParams
-	}{
-		Ctx: ctx,
-		Arg: arg,
-	}
-	mock.lockStreamLockAcquire.Lock()
-	mock.calls.StreamLockAcquire = append(mock.calls.StreamLockAcquire, callInfo)
-	mock.lockStreamLockAcquire.Unlock()
-	return mock.StreamLockAcquireFunc(ctx, arg)
-}
-
-// StreamLockAcquireCalls gets all the calls that were made to StreamLockAcquire.
-// Check the length with:
-//
-//	len(mockedStore.StreamLockAcquireCalls())
-func (mock *StoreMock) StreamLockAcquireCalls() []struct {
-	Ctx context.Context
-	Arg db.StreamLockAcquireParams
-} {
-	var calls []struct {
-		Ctx context.Context
-		Arg db.StreamLockAcquireParams
-	}
-	mock.lockStreamLockAcquire.RLock()
-	calls = mock.calls.StreamLockAcquire
-	mock.lockStreamLockAcquire.RUnlock()
-	return calls
-}
-
-// StreamLockAcquireFree calls StreamLockAcquireFreeFunc.
-func (mock *StoreMock) StreamLockAcquireFree(ctx context.Context, arg db.StreamLockAcquireFreeParams) (int64, error) {
-	if mock.StreamLockAcquireFreeFunc == nil {
-		panic("StoreMock.StreamLockAcquireFreeFunc: method is nil but Store.StreamLockAcquireFree was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-		Arg db.StreamLockAcquireFreeParams
-	}{
-		Ctx: ctx,
-		Arg: arg,
-	}
-	mock.lockStreamLockAcquireFree.Lock()
-	mock.calls.StreamLockAcquireFree = append(mock.calls.StreamLockAcquireFree, callInfo)
-	mock.lockStreamLockAcquireFree.Unlock()
-	return mock.StreamLockAcquireFreeFunc(ctx, arg)
-}
-
-// StreamLockAcquireFreeCalls gets all the calls that were made to StreamLockAcquireFree.
-// Check the length with:
-//
-//	len(mockedStore.StreamLockAcquireFreeCalls())
-func (mock *StoreMock) StreamLockAcquireFreeCalls() []struct {
-	Ctx context.Context
-	Arg db.StreamLockAcquireFreeParams
-} {
-	var calls []struct {
-		Ctx context.Context
-		Arg db.StreamLockAcquireFreeParams
-	}
-	mock.lockStreamLockAcquireFree.RLock()
-	calls = mock.calls.StreamLockAcquireFree
-	mock.lockStreamLockAcquireFree.RUnlock()
-	return calls
-}
-
-// StreamLockForceRelease calls StreamLockForceReleaseFunc.
-func (mock *StoreMock) StreamLockForceRelease(ctx context.Context, arg db.StreamLockForceReleaseParams) (int64, error) {
-	if mock.StreamLockForceReleaseFunc == nil {
-		panic("StoreMock.StreamLockForceReleaseFunc: method is nil but Store.StreamLockForceRelease was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-		Arg db.StreamLockForceReleaseParams
-	}{
-		Ctx: ctx,
-		Arg: arg,
-	}
-	mock.lockStreamLockForceRelease.Lock()
-	mock.calls.StreamLockForceRelease = append(mock.calls.StreamLockForceRelease, callInfo)
-	mock.lockStreamLockForceRelease.Unlock()
-	return mock.StreamLockForceReleaseFunc(ctx, arg)
-}
-
-// StreamLockForceReleaseCalls gets all the calls that were made to StreamLockForceRelease.
-// Check the length with:
-//
-//	len(mockedStore.StreamLockForceReleaseCalls())
-func (mock *StoreMock) StreamLockForceReleaseCalls() []struct {
-	Ctx context.Context
-	Arg db.StreamLockForceReleaseParams
-} {
-	var calls []struct {
-		Ctx context.Context
-		Arg db.StreamLockForceReleaseParams
-	}
-	mock.lockStreamLockForceRelease.RLock()
-	calls = mock.calls.StreamLockForceRelease
-	mock.lockStreamLockForceRelease.RUnlock()
-	return calls
-}
-
-// StreamLockGet calls StreamLockGetFunc.
-func (mock *StoreMock) StreamLockGet(ctx context.Context, arg db.StreamLockGetParams) (db.StreamLockGetRow, error) {
-	if mock.StreamLockGetFunc == nil {
-		panic("StoreMock.StreamLockGetFunc: method is nil but Store.StreamLockGet was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-		Arg db.StreamLockGetParams
-	}{
-		Ctx: ctx,
-		Arg: arg,
-	}
-	mock.lockStreamLockGet.Lock()
-	mock.calls.StreamLockGet = append(mock.calls.StreamLockGet, callInfo)
-	mock.lockStreamLockGet.Unlock()
-	return mock.StreamLockGetFunc(ctx, arg)
-}
-
-// StreamLockGetCalls gets all the calls that were made to StreamLockGet.
-// Check the length with:
-//
-//	len(mockedStore.StreamLockGetCalls())
-func (mock *StoreMock) StreamLockGetCalls() []struct {
-	Ctx context.Context
-	Arg db.StreamLockGetParams
-} {
-	var calls []struct {
-		Ctx context.Context
-		Arg db.StreamLockGetParams
-	}
-	mock.lockStreamLockGet.RLock()
-	calls = mock.calls.StreamLockGet
-	mock.lockStreamLockGet.RUnlock()
-	return calls
-}
-
-// StreamLockList calls StreamLockListFunc.
-func (mock *StoreMock) StreamLockList(ctx context.Context) ([]db.StreamLockListRow, error) {
-	if mock.StreamLockListFunc == nil {
-		panic("StoreMock.StreamLockListFunc: method is nil but Store.StreamLockList was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-	}{
-		Ctx: ctx,
-	}
-	mock.lockStreamLockList.Lock()
-	mock.calls.StreamLockList = append(mock.calls.StreamLockList, callInfo)
-	mock.lockStreamLockList.Unlock()
-	return mock.StreamLockListFunc(ctx)
-}
-
-// StreamLockListCalls gets all the calls that were made to StreamLockList.
-// Check the length with:
-//
-//	len(mockedStore.StreamLockListCalls())
-func (mock *StoreMock) StreamLockListCalls() []struct {
-	Ctx context.Context
-} {
-	var calls []struct {
-		Ctx context.Context
-	}
-	mock.lockStreamLockList.RLock()
-	calls = mock.calls.StreamLockList
-	mock.lockStreamLockList.RUnlock()
-	return calls
-}
-
-// StreamLockRelease calls StreamLockReleaseFunc.
-func (mock *StoreMock) StreamLockRelease(ctx context.Context, arg db.StreamLockReleaseParams) (int64, error) {
-	if mock.StreamLockReleaseFunc == nil {
-		panic("StoreMock.StreamLockReleaseFunc: method is nil but Store.StreamLockRelease was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-		Arg db.StreamLockReleaseParams
-	}{
-		Ctx: ctx,
-		Arg: arg,
-	}
-	mock.lockStreamLockRelease.Lock()
-	mock.calls.StreamLockRelease = append(mock.calls.StreamLockRelease, callInfo)
-	mock.lockStreamLockRelease.Unlock()
-	return mock.StreamLockReleaseFunc(ctx, arg)
-}
-
-// StreamLockReleaseCalls gets all the calls that were made to StreamLockRelease.
-// Check the length with:
-//
-//	len(mockedStore.StreamLockReleaseCalls())
-func (mock *StoreMock) StreamLockReleaseCalls() []struct {
-	Ctx context.Context
-	Arg db.StreamLockReleaseParams
-} {
-	var calls []struct {
-		Ctx context.Context
-		Arg db.StreamLockReleaseParams
-	}
-	mock.lockStreamLockRelease.RLock()
-	calls = mock.calls.StreamLockRelease
-	mock.lockStreamLockRelease.RUnlock()
-	return calls
-}
-
-// StreamLockRenew calls StreamLockRenewFunc.
-func (mock *StoreMock) StreamLockRenew(ctx context.Context, arg db.StreamLockRenewParams) (int64, error) {
-	if mock.StreamLockRenewFunc == nil {
-		panic("StoreMock.StreamLockRenewFunc: method is nil but Store.StreamLockRenew was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-		Arg db.StreamLockRenewParams
-	}{
-		Ctx: ctx,
-		Arg: arg,
-	}
-	mock.lockStreamLockRenew.Lock()
-	mock.calls.StreamLockRenew = append(mock.calls.StreamLockRenew, callInfo)
-	mock.lockStreamLockRenew.Unlock()
-	return mock.StreamLockRenewFunc(ctx, arg)
-}
-
-// StreamLockRenewCalls gets all the calls that were made to StreamLockRenew.
-// Check the length with:
-//
-//	len(mockedStore.StreamLockRenewCalls())
-func (mock *StoreMock) StreamLockRenewCalls() []struct {
-	Ctx context.Context
-	Arg db.StreamLockRenewParams
-} {
-	var calls []struct {
-		Ctx context.Context
-		Arg db.StreamLockRenewParams
-	}
-	mock.lockStreamLockRenew.RLock()
-	calls = mock.calls.StreamLockRenew
-	mock.lockStreamLockRenew.RUnlock()
+	mock.lockRewindStart.RLock()
+	calls = mock.calls.RewindStart
+	mock.lockRewindStart.RUnlock()
 	return calls
 }

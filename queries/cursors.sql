@@ -1,8 +1,3 @@
--- name: CursorEnsure :exec
-INSERT INTO wh_perspective_cursors (stream_id, perspective_name)
-VALUES (@stream_id, @perspective_name)
-ON CONFLICT (stream_id, perspective_name) DO NOTHING;
-
 -- name: CursorGet :one
 SELECT stream_id, perspective_name, last_event_id, version, status, last_error, attempts,
        events_since_snapshot,
@@ -13,23 +8,14 @@ WHERE stream_id = @stream_id AND perspective_name = @perspective_name;
 
 -- name: CursorLock :one
 -- Locks the cursor row, waiting for other writers (final writes of long operations).
--- lock_live uses clock_timestamp(): the fencing check must see the time after the wait.
-SELECT last_event_id, version, events_since_snapshot, attempts, stream_lock_instance_id,
-       COALESCE(stream_lock_expiry > clock_timestamp(), false)::bool AS lock_live
+-- lock_holder is the holder of an unexpired stream lock (the nil UUID: none), judged with clock_timestamp(): the
+-- fencing check must see the time after the wait.
+SELECT last_event_id, version,
+       COALESCE(CASE WHEN stream_lock_expiry > clock_timestamp() THEN stream_lock_instance_id END,
+                '00000000-0000-0000-0000-000000000000')::uuid AS lock_holder
 FROM wh_perspective_cursors
 WHERE stream_id = @stream_id AND perspective_name = @perspective_name
 FOR UPDATE;
-
--- name: CursorMarkFailed :one
--- Records a failure and schedules the retry with exponential backoff; returns the retry time.
-UPDATE wh_perspective_cursors
-SET status = 'failed',
-    last_error = @last_error,
-    attempts = attempts + 1,
-    next_attempt_at = now() + make_interval(secs => @backoff_seconds::float8),
-    updated_at = now()
-WHERE stream_id = @stream_id AND perspective_name = @perspective_name
-RETURNING attempts, next_attempt_at::timestamptz AS next_attempt_at;
 
 -- name: CursorReset :exec
 UPDATE wh_perspective_cursors

@@ -2,13 +2,13 @@
 -- advisory lock and registration the exclusive one, so an event committed while a
 -- perspective registers is never missed by that perspective's backlog.
 
--- name: AppendLock :exec
--- Also queues the wake-up notification for listening workers: PostgreSQL delivers it only
+-- name: AppendLockAndNotify :exec
+-- Takes the shared append lock and queues the wake-up notification for listening workers: PostgreSQL delivers it only
 -- if the transaction commits, and once per transaction.
 SELECT pg_advisory_xact_lock_shared(7214082031553392641), pg_notify('wh_perspective_events', '');
 
 -- name: QueueListen :exec
--- Subscribes the session to the notification AppendLock queues.
+-- Subscribes the session to the notification AppendLockAndNotify queues.
 LISTEN wh_perspective_events;
 
 -- name: RegisterLock :exec

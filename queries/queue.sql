@@ -52,29 +52,10 @@ FROM due
 WHERE due.ok
 LIMIT @pair_limit;
 
--- name: QueueEventsForPair :many
--- The queued events of one pair with their data, in event-ID order.
-SELECT q.event_id, e.event_type, e.data, e.created_at
-FROM wh_perspective_events q
-JOIN wh_event_store e ON e.event_id = q.event_id
-WHERE q.stream_id = @stream_id
-  AND q.perspective_name = @perspective_name
-ORDER BY q.event_id
-LIMIT @row_limit;
-
 -- name: QueueIDsForPair :many
 SELECT event_id FROM wh_perspective_events
 WHERE stream_id = @stream_id AND perspective_name = @perspective_name
 ORDER BY event_id;
-
--- name: QueueMarkFailed :execrows
--- Records a failure on every queued row of the pair and pushes them back.
-UPDATE wh_perspective_events
-SET attempts = attempts + 1,
-    last_error = @last_error,
-    next_attempt_at = @next_attempt_at
-WHERE stream_id = @stream_id
-  AND perspective_name = @perspective_name;
 
 -- name: QueueDepth :many
 -- Queue depth per perspective, and the age of its oldest row on the database clock.

@@ -6,161 +6,248 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
-
-	"github.com/perspectives-go/perspectives/db"
 )
 
-// normalResult says what the normal path did or found.
-type normalResult struct {
-	applied        int       // events applied and committed
-	rewindFrom     uuid.UUID // a queued event older than the cursor: rewind from it
-	needsBootstrap bool      // the pair has a model but no snapshot
-}
-
-// applyNormal applies the pair's queued events, in ID order, in one short transaction that
-// holds the cursor row. It writes nothing when the pair is busy, locked by another
-// instance, needs a rewind (a queued event is not newer than the cursor) or a bootstrap.
-// An event whose Apply fails ends the batch: the events before it are committed, it and
-// the ones after stay queued, and the failure is recorded for a retry with backoff.
-func (w *Worker) applyNormal(ctx context.Context, k pairKey, persp Perspective) (normalResult, error) {
-	var res normalResult
-	var applyErr error
-	err := w.store.InTx(ctx, func(q db.Querier) error {
-		res, applyErr = normalResult{}, nil
-		cur, err := w.lockPairNoWait(ctx, q, k)
-		if errors.Is(err, errBusy) {
-			return nil // another transaction is applying the pair
+// runJob runs one job under the apply coordinator and reports to the loop. A pair that
+// another goroutine of this process holds (a Purge) is skipped and reported busy.
+func (w *Worker) runJob(ctx context.Context, j job) jobResult {
+	r := jobResult{job: j}
+	var mine []Pair
+	for _, p := range j.pairs {
+		if w.persp[p.Perspective] == nil {
+			continue
+		}
+		release, ok := w.coord.tryLock(p)
+		if !ok {
+			r.busy = append(r.busy, p)
+			continue
+		}
+		defer release()
+		mine = append(mine, p)
+	}
+	if len(mine) == 0 {
+		return r
+	}
+	switch j.kind {
+	case jobApply:
+		w.applyPairs(ctx, mine, &r)
+	case jobRewind:
+		p := mine[0]
+		var contended bool
+		err := w.recovered(p, func() (err error) {
+			contended, err = w.rewind(ctx, p)
+			return err
+		})
+		if contended {
+			r.contended = append(r.contended, p)
 		}
 		if err != nil {
-			return err
+			w.fail(ctx, p, err)
 		}
-		if w.lockedElsewhere(cur.StreamLockInstanceID, cur.LockLive) {
-			return nil // another instance holds the stream lock: its events stay queued
+	case jobBootstrap:
+		p := mine[0]
+		if err := w.recovered(p, func() error { return w.bootstrap(ctx, p) }); err != nil {
+			w.fail(ctx, p, err)
+			break
 		}
-		queued, err := q.QueueEventsForPair(ctx, db.QueueEventsForPairParams{
-			StreamID: k.Stream, PerspectiveName: k.Perspective, RowLimit: int32(w.cfg.BatchSize),
-		})
-		if err != nil || len(queued) == 0 {
-			return err
-		}
-		if next, ok := w.followUp(cur.LastEventID, cur.HasSnapshot, queued[0].EventID); ok {
-			res = next
-			return nil
-		}
-		var model json.RawMessage
-		if cur.LastEventID.Valid {
-			// Read after the row lock, in a statement of its own (see PairLockForApply):
-			// no other writer can change the model while this transaction holds the row.
-			m, err := q.ModelGet(ctx, db.ModelGetParams{StreamID: k.Stream, PerspectiveName: k.Perspective})
-			if err != nil {
-				return fmt.Errorf("load model: %w", err)
-			}
-			if m.LastEventID != cur.LastEventID.UUID {
-				return fmt.Errorf("model is at event %s but the cursor is at %s", m.LastEventID, cur.LastEventID.UUID)
-			}
-			model = json.RawMessage(m.Model)
-		}
+		r.next = append(r.next, job{kind: jobApply, pairs: []Pair{p}})
+	}
+	return r
+}
 
-		events := make([]Event, len(queued))
-		for i, qe := range queued {
-			events[i] = Event{ID: qe.EventID, StreamID: k.Stream, Type: qe.EventType, Data: json.RawMessage(qe.Data), CreatedAt: qe.CreatedAt}
+// recovered runs fn, work on p, turning a panic into an error.
+func (w *Worker) recovered(p Pair, fn func() error) (err error) {
+	defer func() {
+		if rec := recover(); rec != nil {
+			w.log.Error("panic while processing pair",
+				slog.String("perspective", p.Perspective), slog.String("stream", p.Stream.String()),
+				slog.Any("panic", rec), slog.String("stack", string(debug.Stack())))
+			err = fmt.Errorf("panic: %v", rec)
 		}
-		f := w.fold(ctx, persp, model, int(cur.EventsSinceSnapshot), events)
-		applied := f.applied
-		applyErr = f.err
-		if len(applied) > 0 {
-			deleted, err := q.PairApplyCommit(ctx, db.PairApplyCommitParams{
-				StreamID: k.Stream, PerspectiveName: k.Perspective, Model: []byte(f.model),
-				LastEventID: applied[len(applied)-1], EventsSinceSnapshot: int32(f.since), EventIds: applied,
-			})
-			if err != nil {
-				return fmt.Errorf("write model: %w", err)
-			}
-			if int(deleted) != len(applied) {
-				return fmt.Errorf("deleted %d queue rows for %d applied events", deleted, len(applied))
-			}
-			if err := w.writeSnapshots(ctx, q, k, f.snaps); err != nil {
-				return err
-			}
-			res.applied = len(applied)
+	}()
+	return fn()
+}
+
+// applyPairs runs the normal path for pairs in one transaction. When that transaction
+// fails as a whole, nothing of it was written: each pair is then applied alone, so that a
+// pair whose failure breaks the transaction has it recorded on itself only.
+func (w *Worker) applyPairs(ctx context.Context, pairs []Pair, r *jobResult) {
+	out, err := w.applyGroup(ctx, pairs)
+	if err != nil {
+		if ctx.Err() != nil {
+			return
 		}
-		if applyErr != nil {
-			return w.markFailed(ctx, q, k, applyErr)
+		if len(pairs) == 1 {
+			w.fail(ctx, pairs[0], err)
+			return
 		}
-		return nil
+		w.log.Warn("group transaction failed; applying its pairs one at a time",
+			slog.Int("pairs", len(pairs)), slog.Any("error", err))
+		for _, p := range pairs {
+			w.applyPairs(ctx, []Pair{p}, r)
+		}
+		return
+	}
+	for _, rep := range out.reports {
+		w.reportApplied(ctx, rep)
+	}
+	r.next = append(r.next, out.next...)
+	r.busy = append(r.busy, out.busy...)
+}
+
+// applyOutcome is what one apply transaction committed and left to do.
+type applyOutcome struct {
+	reports []pairReport // per pair that applied events or failed
+	next    []job        // rewinds and bootstraps to run next
+	busy    []Pair       // cursor row held by another transaction: skipped
+}
+
+// pairReport is one pair's committed application.
+type pairReport struct {
+	pair    Pair
+	applied int
+	err     error // the failure that stopped it (recorded with backoff), if any
+}
+
+// applyGroup is the normal path: in one transaction it applies the queued events of
+// pairs, in ID order, at most BatchSize per pair. A pair is left alone, its events staying
+// queued, when another transaction holds its cursor row or another instance holds its
+// stream lock; one that needs a rewind or a bootstrap is returned as a follow-up. An event
+// whose Apply fails ends its pair's batch: the events before it are committed, it and the
+// ones after stay queued, and the failure is recorded for a retry with backoff.
+func (w *Worker) applyGroup(ctx context.Context, pairs []Pair) (out applyOutcome, err error) {
+	defer func() {
+		if rec := recover(); rec != nil {
+			w.log.Error("panic while applying a group", slog.Int("pairs", len(pairs)),
+				slog.Any("panic", rec), slog.String("stack", string(debug.Stack())))
+			err = fmt.Errorf("panic: %v", rec)
+		}
+	}()
+	busy, err := w.store.Apply(ctx, pairs, w.cfg.BatchSize, func(states []PairState) []PairWrite {
+		out = applyOutcome{}
+		return w.decide(ctx, states, &out)
 	})
 	if err != nil {
-		return normalResult{}, fmt.Errorf("apply: %w", err)
+		return applyOutcome{}, fmt.Errorf("apply: %w", err)
 	}
-	w.reportApplied(ctx, k, res.applied, applyErr)
-	return res, nil
+	out.busy = busy
+	return out, nil
 }
 
-// lockedElsewhere says whether a cursor's stream lock (its holder, and whether it is
-// unexpired) belongs to another instance: the pair's events then stay queued.
-func (w *Worker) lockedElsewhere(holder uuid.NullUUID, live bool) bool {
-	return holder.Valid && live && holder.UUID != w.cfg.InstanceID
+// decide folds each pair's queued events into its model, and says what to write.
+func (w *Worker) decide(ctx context.Context, states []PairState, out *applyOutcome) []PairWrite {
+	writes := make([]PairWrite, 0, len(states))
+	for _, st := range states {
+		persp := w.persp[st.Perspective]
+		if persp == nil || len(st.Events) == 0 || w.lockedElsewhere(st.LockHolder) {
+			continue // another instance holds the stream lock: its events stay queued
+		}
+		if next, ok := w.followUp(st); ok {
+			out.next = append(out.next, next)
+			continue
+		}
+		var model json.RawMessage
+		if st.LastEventID.Valid {
+			if st.Model == nil || st.ModelAt != st.LastEventID.UUID {
+				err := fmt.Errorf("model is at event %s but the cursor is at %s", st.ModelAt, st.LastEventID.UUID)
+				writes = append(writes, PairWrite{Pair: st.Pair, Failure: failureText(err)})
+				out.reports = append(out.reports, pairReport{pair: st.Pair, err: err})
+				continue
+			}
+			model = st.Model
+		}
+		f := w.fold(ctx, persp, model, st.SinceSnapshot, st.Events)
+		wr := PairWrite{Pair: st.Pair, Applied: f.applied, Model: f.model, SinceSnapshot: f.since}
+		if len(f.applied) > 0 {
+			wr.LastEventID = f.applied[len(f.applied)-1]
+		}
+		wr.Snapshots, wr.DropSnapshots = w.retain(f.snaps, st.Snapshots)
+		if f.err != nil {
+			wr.Failure = failureText(f.err)
+		}
+		writes = append(writes, wr)
+		out.reports = append(out.reports, pairReport{pair: st.Pair, applied: len(f.applied), err: f.err})
+	}
+	return writes
 }
 
-// followUp says what a pair needs before its queued events (the lowest is first) can be
-// applied to the model at last: a rewind when first is not newer than last, a bootstrap
-// when the pair has a model but no snapshot (snapshots enabled).
-func (w *Worker) followUp(last uuid.NullUUID, hasSnapshot bool, first uuid.UUID) (normalResult, bool) {
+// lockedElsewhere says whether a stream lock's holder is another instance.
+func (w *Worker) lockedElsewhere(holder uuid.UUID) bool {
+	return holder != uuid.Nil && holder != w.cfg.InstanceID
+}
+
+// followUp says what a pair needs before its queued events can be applied to its model: a
+// rewind when the first is not newer than the cursor (it arrived late), a bootstrap when the
+// pair's history is long enough for a snapshot to pay (EveryNEvents events since the last
+// one) but it has none.
+func (w *Worker) followUp(st PairState) (job, bool) {
 	switch {
-	case last.Valid && !less(last.UUID, first):
-		return normalResult{rewindFrom: first}, true
-	case last.Valid && !w.cfg.Snapshots.Disabled && !hasSnapshot:
-		return normalResult{needsBootstrap: true}, true
+	case st.LastEventID.Valid && !less(st.LastEventID.UUID, st.Events[0].ID):
+		return job{kind: jobRewind, pairs: []Pair{st.Pair}}, true
+	case st.LastEventID.Valid && !w.cfg.Snapshots.Disabled && len(st.Snapshots) == 0 &&
+		st.SinceSnapshot >= w.cfg.Snapshots.EveryNEvents:
+		return job{kind: jobBootstrap, pairs: []Pair{st.Pair}}, true
 	}
-	return normalResult{}, false
+	return job{}, false
 }
 
-// reportApplied records the metrics and logs of one pair's committed application: applied
-// events, and the Apply failure that stopped it, if any.
-func (w *Worker) reportApplied(ctx context.Context, k pairKey, applied int, applyErr error) {
-	if applyErr != nil {
+// reportApplied records the metrics and logs of one pair's committed application.
+func (w *Worker) reportApplied(ctx context.Context, rep pairReport) {
+	k := rep.pair
+	if rep.err != nil {
+		w.tel.applyErrors.Add(ctx, 1, perspAttrs(k))
 		w.log.Error("event application failed; will retry with backoff",
 			slog.String("perspective", k.Perspective), slog.String("stream", k.Stream.String()),
-			slog.Int("applied_before_failure", applied), slog.Any("error", applyErr))
+			slog.Int("applied_before_failure", rep.applied), slog.Any("error", rep.err))
 	}
-	if applied > 0 {
-		w.tel.eventsApplied.Add(ctx, int64(applied), perspAttrs(k))
-	}
-	if applyErr == nil && applied > 0 {
-		w.log.Debug("events applied",
-			slog.String("perspective", k.Perspective), slog.String("stream", k.Stream.String()), slog.Int("events", applied))
+	if rep.applied > 0 {
+		w.tel.eventsApplied.Add(ctx, int64(rep.applied), perspAttrs(k))
+		if rep.err == nil {
+			w.log.Debug("events applied",
+				slog.String("perspective", k.Perspective), slog.String("stream", k.Stream.String()), slog.Int("events", rep.applied))
+		}
 	}
 }
 
-var errBusy = errors.New("pair is being applied by another transaction")
-
-// lockPairNoWait locks k's cursor row in the current transaction, creating it when missing
-// (Append and registration create it; this covers a row removed by hand).
-// errBusy means another transaction holds it.
-func (w *Worker) lockPairNoWait(ctx context.Context, q db.Querier, k pairKey) (db.PairLockForApplyRow, error) {
-	params := db.PairLockForApplyParams{StreamID: k.Stream, PerspectiveName: k.Perspective}
-	cur, err := q.PairLockForApply(ctx, params)
-	if !errors.Is(err, pgx.ErrNoRows) {
-		return cur, err
+// fail records a failed operation on the pair (retried with backoff), unless it is a
+// shutdown or a race that another writer won (the next cycle retries that at once).
+func (w *Worker) fail(ctx context.Context, k Pair, cause error) {
+	attrs := []any{slog.String("perspective", k.Perspective), slog.String("stream", k.Stream.String()), slog.Any("error", cause)}
+	if ctx.Err() != nil {
+		w.log.Info("operation interrupted by shutdown", attrs...)
+		return
 	}
-	if err := q.CursorEnsure(ctx, db.CursorEnsureParams{StreamID: k.Stream, PerspectiveName: k.Perspective}); err != nil {
-		return cur, err
+	if errors.Is(cause, ErrCursorMoved) {
+		w.log.Warn("operation refused at commit; will retry", attrs...)
+		return
 	}
-	cur, err = q.PairLockForApply(ctx, params)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return cur, errBusy
+	w.log.Error("processing failed; will retry with backoff", attrs...)
+	w.tel.applyErrors.Add(context.WithoutCancel(ctx), 1, perspAttrs(k))
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	if err := w.store.MarkFailed(rctx, k, failureText(cause)); err != nil {
+		w.log.Error("recording failure failed", append(attrs, slog.Any("record_error", err))...)
 	}
-	return cur, err
 }
 
-// folded is the outcome of applying a pair's queued events in order.
+// failureText is the error recorded on a failed pair (its column has no length limit; a
+// bound keeps one poison event from writing megabytes per attempt).
+func failureText(err error) string {
+	s := err.Error()
+	if len(s) > 2000 {
+		s = s[:2000]
+	}
+	return s
+}
+
+// folded is the outcome of applying a pair's events in order.
 type folded struct {
 	model   json.RawMessage // the model after the applied events
 	applied []uuid.UUID     // the events applied, in order
-	snaps   []snapshot      // the snapshots due among them
+	snaps   []Snapshot      // the snapshots due among them, oldest first
 	since   int             // events since the last snapshot, after the applied ones
 	err     error           // the Apply failure that ended the fold (its event and later ones not applied)
 }
@@ -180,7 +267,7 @@ func (w *Worker) fold(ctx context.Context, persp Perspective, model json.RawMess
 		f.applied = append(f.applied, ev.ID)
 		f.since++
 		if !w.cfg.Snapshots.Disabled && f.since >= w.cfg.Snapshots.EveryNEvents {
-			f.snaps = append(f.snaps, snapshot{eventID: ev.ID, model: f.model})
+			f.snaps = append(f.snaps, Snapshot{EventID: ev.ID, Model: f.model})
 			f.since = 0
 		}
 	}

@@ -3,22 +3,14 @@ package worker
 import (
 	"context"
 	"sync"
-
-	"github.com/google/uuid"
 )
-
-// pairKey names one (stream, perspective).
-type pairKey struct {
-	Stream      uuid.UUID
-	Perspective string
-}
 
 // coordinator is the in-process apply coordinator: a mutex per (stream, perspective) around
 // every apply, rewind, bootstrap and purge. Entries are reference-counted and removed when
 // no goroutine holds or waits for them.
 type coordinator struct {
 	mu      sync.Mutex
-	entries map[pairKey]*coordEntry
+	entries map[Pair]*coordEntry
 }
 
 type coordEntry struct {
@@ -27,12 +19,12 @@ type coordEntry struct {
 }
 
 func newCoordinator() *coordinator {
-	return &coordinator{entries: make(map[pairKey]*coordEntry)}
+	return &coordinator{entries: make(map[Pair]*coordEntry)}
 }
 
 // lock waits for the pair and returns the function that releases it. It gives up with the
 // context's error when ctx ends first.
-func (c *coordinator) lock(ctx context.Context, k pairKey) (func(), error) {
+func (c *coordinator) lock(ctx context.Context, k Pair) (func(), error) {
 	e := c.ref(k)
 	select {
 	case e.sem <- struct{}{}:
@@ -45,7 +37,7 @@ func (c *coordinator) lock(ctx context.Context, k pairKey) (func(), error) {
 
 // tryLock takes the pair when it is free, without waiting: it returns the function that
 // releases it, or false when another goroutine holds the pair.
-func (c *coordinator) tryLock(k pairKey) (func(), bool) {
+func (c *coordinator) tryLock(k Pair) (func(), bool) {
 	e := c.ref(k)
 	select {
 	case e.sem <- struct{}{}:
@@ -57,7 +49,7 @@ func (c *coordinator) tryLock(k pairKey) (func(), bool) {
 }
 
 // ref returns k's entry, created when missing, counting the caller in.
-func (c *coordinator) ref(k pairKey) *coordEntry {
+func (c *coordinator) ref(k Pair) *coordEntry {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e := c.entries[k]
@@ -70,7 +62,7 @@ func (c *coordinator) ref(k pairKey) *coordEntry {
 }
 
 // releaser is the idempotent release of a held entry.
-func (c *coordinator) releaser(k pairKey, e *coordEntry) func() {
+func (c *coordinator) releaser(k Pair, e *coordEntry) func() {
 	var once sync.Once
 	return func() {
 		once.Do(func() {
@@ -80,7 +72,7 @@ func (c *coordinator) releaser(k pairKey, e *coordEntry) func() {
 	}
 }
 
-func (c *coordinator) unref(k pairKey, e *coordEntry) {
+func (c *coordinator) unref(k Pair, e *coordEntry) {
 	c.mu.Lock()
 	e.refs--
 	if e.refs == 0 {

@@ -91,8 +91,8 @@ func Append(ctx context.Context, dbtx DBTX, events ...Event) error {
 
 	run := func(q *db.Queries) error {
 		// The shared advisory lock orders this append against perspective registration
-		// (which takes it exclusively): see registerPerspective.
-		if err := q.AppendLock(ctx); err != nil {
+		// (which takes it exclusively): see Store.Register.
+		if err := q.AppendLockAndNotify(ctx); err != nil {
 			return err
 		}
 		_, err := q.EventsAppend(ctx, p)
@@ -127,12 +127,12 @@ func LoadModel(ctx context.Context, dbtx DBTX, perspectiveName string, streamID 
 	if err := locker.ValidatePair(streamID, perspectiveName); err != nil {
 		return nil, false, fmt.Errorf("worker: load model: %w", err)
 	}
-	row, err := db.New(dbtx).ModelGet(ctx, db.ModelGetParams{StreamID: streamID, PerspectiveName: perspectiveName})
-	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, false, nil
-	}
+	rows, err := db.New(dbtx).ModelsGet(ctx, db.ModelsGetParams{StreamIds: []uuid.UUID{streamID}, PerspectiveNames: []string{perspectiveName}})
 	if err != nil {
 		return nil, false, fmt.Errorf("worker: load model: %w", err)
 	}
-	return json.RawMessage(row.Model), true, nil
+	if len(rows) == 0 {
+		return nil, false, nil
+	}
+	return json.RawMessage(rows[0].Model), true, nil
 }

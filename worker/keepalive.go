@@ -12,11 +12,12 @@ import (
 	"github.com/perspectives-go/perspectives/locker"
 )
 
-// ErrLockLost is the cause of an operation's cancellation when a renewal reports that the
-// stream lock is no longer held; its final write is then refused.
+// ErrLockLost is the cause of an operation's cancellation when its stream lock is no longer
+// held (a renewal said so, or the lease ran out before a renewal succeeded), and the error
+// of a final write that the fencing check refused.
 var ErrLockLost = errors.New("stream lock lost")
 
-// keepAlive renews a stream lock every interval while an operation runs.
+// keepAlive renews a stream lock every KeepAliveInterval while an operation runs.
 type keepAlive struct {
 	cancel context.CancelCauseFunc
 	done   chan struct{}
@@ -26,46 +27,74 @@ type keepAlive struct {
 // keepAliveHooks observe renewals (metrics); nil fields are skipped.
 type keepAliveHooks struct {
 	renewFailed func()
-	lost        func()
+	lost        func(stage string) // "renew": a renewal said lost; "deadline": the lease ran out
 }
 
-// startKeepAlive starts renewing the lock on k for instance every interval. The returned
-// context is cancelled, with cause ErrLockLost, as soon as a renewal reports the lock lost;
-// a renewal error is logged and retried at the next tick.
-func startKeepAlive(parent context.Context, l locker.Locker, k pairKey, instance uuid.UUID, interval time.Duration, log *slog.Logger, hooks keepAliveHooks) (context.Context, *keepAlive) {
+// leaseMargin is how long before the end of its lease a holder stops trusting it: the
+// time a final commit may take, and what the two clocks may drift apart in one lease.
+func leaseMargin(opts locker.Options) time.Duration { return opts.LockTimeout / 10 }
+
+// startKeepAlive starts renewing the lock on k for instance every opts.KeepAliveInterval;
+// acquired is when the acquire was sent. The returned context is cancelled, with cause
+// ErrLockLost, as soon as a renewal reports the lock lost, or when LockTimeout less
+// leaseMargin has passed since the last successful acquire or renewal was sent (the lease
+// may have run out: fencing at commit would refuse the work anyway, so stop doing it). Each
+// renewal is bounded by the interval and by that deadline; a failed one is logged and
+// retried at the next tick.
+func startKeepAlive(parent context.Context, l locker.Locker, k Pair, instance uuid.UUID, opts locker.Options, acquired time.Time, log *slog.Logger, hooks keepAliveHooks) (context.Context, *keepAlive) {
 	ctx, cancel := context.WithCancelCause(parent)
 	ka := &keepAlive{cancel: cancel, done: make(chan struct{})}
+	trust := opts.LockTimeout - leaseMargin(opts)
+	attrs := []any{slog.String("perspective", k.Perspective), slog.String("stream", k.Stream.String())}
+	lost := func(stage, msg string) {
+		if hooks.lost != nil {
+			hooks.lost(stage)
+		}
+		log.Warn(msg, attrs...)
+		cancel(ErrLockLost)
+	}
 	go func() {
 		defer close(ka.done)
-		t := time.NewTicker(interval)
-		defer t.Stop()
+		deadline := acquired.Add(trust)
+		expire := time.NewTimer(time.Until(deadline))
+		defer expire.Stop()
+		tick := time.NewTicker(opts.KeepAliveInterval)
+		defer tick.Stop()
 		for {
 			select {
 			case <-ctx.Done():
 				return
-			case <-t.C:
-			}
-			held, err := l.Renew(ctx, k.Stream, k.Perspective, instance)
-			if ctx.Err() != nil {
+			case <-expire.C:
+				lost("deadline", "stream lock lease ran out before a renewal succeeded; cancelling operation")
 				return
+			case <-tick.C:
 			}
-			if err != nil {
+			sent := time.Now()
+			bound := sent.Add(opts.KeepAliveInterval)
+			if deadline.Before(bound) {
+				bound = deadline
+			}
+			rctx, rcancel := context.WithDeadline(ctx, bound)
+			held, err := l.Renew(rctx, k.Stream, k.Perspective, instance)
+			rcancel()
+			switch {
+			case ctx.Err() != nil:
+				return
+			case err != nil:
 				if hooks.renewFailed != nil {
 					hooks.renewFailed()
 				}
-				log.Warn("stream lock renewal failed; retrying at next tick",
-					slog.String("perspective", k.Perspective), slog.String("stream", k.Stream.String()),
-					slog.Any("error", err))
-				continue
-			}
-			if !held {
-				if hooks.lost != nil {
-					hooks.lost()
+				if !time.Now().Before(deadline) {
+					lost("deadline", "stream lock lease ran out before a renewal succeeded; cancelling operation")
+					return
 				}
-				log.Warn("stream lock lost; cancelling operation",
-					slog.String("perspective", k.Perspective), slog.String("stream", k.Stream.String()))
-				cancel(ErrLockLost)
+				log.Warn("stream lock renewal failed; retrying at next tick", append(attrs, slog.Any("error", err))...)
+			case !held:
+				lost("renew", "stream lock lost; cancelling operation")
 				return
+			default:
+				deadline = sent.Add(trust)
+				expire.Reset(time.Until(deadline))
 			}
 		}
 	}()

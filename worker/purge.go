@@ -29,7 +29,7 @@ func (w *Worker) Purge(ctx context.Context, streamID uuid.UUID, perspectiveName 
 		return fmt.Errorf("worker: purge: %w: unknown perspective %q (this worker runs %v)",
 			locker.ErrInvalidArgument, perspectiveName, w.names)
 	}
-	k := pairKey{Stream: streamID, Perspective: perspectiveName}
+	k := Pair{Stream: streamID, Perspective: perspectiveName}
 	ctx, span := w.tel.startSpan(ctx, "perspectives.purge", k, w.cfg.InstanceID)
 	defer func() {
 		result := "ok"
@@ -47,58 +47,36 @@ func (w *Worker) Purge(ctx context.Context, streamID uuid.UUID, perspectiveName 
 		return fmt.Errorf("worker: purge: %w", err)
 	}
 	defer releaseCoord()
+	holder := uuid.Nil
 	if w.locker != nil {
-		ok, release, err := w.acquire(ctx, k, locker.ReasonPurge)
+		l, err := w.acquire(ctx, k, locker.ReasonPurge)
 		if err != nil {
 			return fmt.Errorf("worker: purge: acquire stream lock: %w", err)
 		}
-		defer release()
-		if !ok {
+		if l == nil {
 			return fmt.Errorf("worker: purge %s/%s: %w", perspectiveName, streamID, ErrLocked)
 		}
+		defer l.release()
+		holder = w.cfg.InstanceID
 	}
-	if err := purgePair(ctx, w.store, k, w.cfg.InstanceID, w.locker != nil); err != nil {
+	if err := w.store.Purge(ctx, k, holder); err != nil {
 		return fmt.Errorf("worker: purge: %w", err)
 	}
 	w.log.Info("pair purged", slog.String("perspective", perspectiveName), slog.String("stream", streamID.String()))
 	return nil
 }
 
-// purgePair deletes the pair's model and snapshots and resets its cursor in one transaction
-// holding the cursor row. When fenced, it first checks that instance holds an unexpired
-// stream lock on the pair, and writes nothing otherwise.
-func purgePair(ctx context.Context, store Store, k pairKey, instance uuid.UUID, fenced bool) error {
-	return store.InTx(ctx, func(q db.Querier) error {
-		if err := q.CursorEnsure(ctx, db.CursorEnsureParams{StreamID: k.Stream, PerspectiveName: k.Perspective}); err != nil {
-			return err
-		}
-		cur, err := q.CursorLock(ctx, db.CursorLockParams{StreamID: k.Stream, PerspectiveName: k.Perspective})
-		if err != nil {
-			return fmt.Errorf("lock cursor: %w", err)
-		}
-		if fenced && !holdsLock(cur, instance) {
-			return ErrLockLost
-		}
-		if _, err := q.ModelDelete(ctx, db.ModelDeleteParams{StreamID: k.Stream, PerspectiveName: k.Perspective}); err != nil {
-			return fmt.Errorf("delete model: %w", err)
-		}
-		if _, err := q.SnapshotsDeleteAll(ctx, db.SnapshotsDeleteAllParams{StreamID: k.Stream, PerspectiveName: k.Perspective}); err != nil {
-			return fmt.Errorf("delete snapshots: %w", err)
-		}
-		return q.CursorReset(ctx, db.CursorResetParams{StreamID: k.Stream, PerspectiveName: k.Perspective})
-	})
-}
-
 // Admin runs operators' actions on a database without running any perspective: purging a
 // pair and queueing a rebuild, under the stream lock. Running workers apply the results.
 type Admin struct {
-	store    Store
+	store    *pgStore
 	locker   locker.Locker
 	instance uuid.UUID
 }
 
-// NewAdmin returns an Admin on pool. l is the locker the workers use (nil: none); the
-// Admin takes stream locks under its own new instance ID.
+// NewAdmin returns an Admin on pool. l is the locker the workers use (nil: none); like the
+// worker's, it must keep its locks on the cursor rows (locker.CursorRowLocker). The Admin
+// takes stream locks under its own new instance ID.
 func NewAdmin(pool *pgxpool.Pool, l locker.Locker) (*Admin, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("worker: admin: %w: pool is nil", locker.ErrInvalidArgument)
@@ -106,17 +84,20 @@ func NewAdmin(pool *pgxpool.Pool, l locker.Locker) (*Admin, error) {
 	if l != nil && isNil(l) {
 		return nil, fmt.Errorf("worker: admin: %w: locker is a nil %T: pass a locker, or nil for none", locker.ErrInvalidArgument, l)
 	}
+	if _, ok := l.(locker.CursorRowLocker); l != nil && !ok {
+		return nil, fmt.Errorf("worker: admin: %w: locker is a %T, which does not keep its locks on the cursor rows (see locker.CursorRowLocker)", locker.ErrInvalidArgument, l)
+	}
 	id, err := uuid.NewV7()
 	if err != nil {
 		return nil, fmt.Errorf("worker: admin: %w", err)
 	}
-	return &Admin{store: newPGStore(pool), locker: l, instance: id}, nil
+	return &Admin{store: newPGStore(pool, DefaultRetryBackoff, DefaultMaxRetryBackoff), locker: l, instance: id}, nil
 }
 
 // Purge is Worker.Purge for a registered perspective, from outside any worker.
 func (a *Admin) Purge(ctx context.Context, streamID uuid.UUID, perspectiveName string) error {
-	return a.withLock(ctx, streamID, perspectiveName, "purge", func(k pairKey) error {
-		return purgePair(ctx, a.store, k, a.instance, a.locker != nil)
+	return a.withLock(ctx, streamID, perspectiveName, "purge", func(k Pair, holder uuid.UUID) error {
+		return a.store.Purge(ctx, k, holder)
 	})
 }
 
@@ -125,29 +106,32 @@ func (a *Admin) Purge(ctx context.Context, streamID uuid.UUID, perspectiveName s
 // number of events queued.
 func (a *Admin) Rebuild(ctx context.Context, streamID uuid.UUID, perspectiveName string) (int64, error) {
 	var queued int64
-	err := a.withLock(ctx, streamID, perspectiveName, "rebuild", func(k pairKey) error {
-		if err := purgePair(ctx, a.store, k, a.instance, a.locker != nil); err != nil {
+	err := a.withLock(ctx, streamID, perspectiveName, "rebuild", func(k Pair, holder uuid.UUID) error {
+		if err := a.store.Purge(ctx, k, holder); err != nil {
 			return err
 		}
-		n, err := a.store.QueueEnqueueStream(ctx, db.QueueEnqueueStreamParams{StreamID: streamID, PerspectiveName: perspectiveName})
+		n, err := a.store.q.QueueEnqueueStream(ctx, db.QueueEnqueueStreamParams{StreamID: streamID, PerspectiveName: perspectiveName})
 		queued = n
 		return err
 	})
 	return queued, err
 }
 
-func (a *Admin) withLock(ctx context.Context, streamID uuid.UUID, perspectiveName, op string, fn func(pairKey) error) error {
+// withLock runs fn on the pair under the stream lock (reason purge) when the Admin has a
+// locker; fn gets the holder to fence its write with (uuid.Nil without a locker).
+func (a *Admin) withLock(ctx context.Context, streamID uuid.UUID, perspectiveName, op string, fn func(k Pair, holder uuid.UUID) error) error {
 	if err := locker.ValidatePair(streamID, perspectiveName); err != nil {
 		return fmt.Errorf("worker: %s: %w", op, err)
 	}
-	known, err := a.store.PerspectiveExists(ctx, perspectiveName)
+	known, err := a.store.q.PerspectiveExists(ctx, perspectiveName)
 	if err != nil {
 		return fmt.Errorf("worker: %s: %w", op, err)
 	}
 	if !known {
 		return fmt.Errorf("worker: %s: %w: perspective %q is not registered", op, locker.ErrInvalidArgument, perspectiveName)
 	}
-	k := pairKey{Stream: streamID, Perspective: perspectiveName}
+	k := Pair{Stream: streamID, Perspective: perspectiveName}
+	holder := uuid.Nil
 	if a.locker != nil {
 		ok, err := a.locker.TryAcquire(ctx, streamID, perspectiveName, a.instance, locker.ReasonPurge)
 		if err != nil {
@@ -161,8 +145,9 @@ func (a *Admin) withLock(ctx context.Context, streamID uuid.UUID, perspectiveNam
 			defer cancel()
 			_ = a.locker.Release(rctx, streamID, perspectiveName, a.instance)
 		}()
+		holder = a.instance
 	}
-	if err := fn(k); err != nil {
+	if err := fn(k, holder); err != nil {
 		return fmt.Errorf("worker: %s: %w", op, err)
 	}
 	return nil

@@ -1,57 +1,17 @@
 package worker
 
 import (
-	"context"
-	"encoding/json"
-	"fmt"
+	"slices"
 
 	"github.com/google/uuid"
-
-	"github.com/perspectives-go/perspectives/db"
 )
 
-// snapshot is a model as of an event (inclusive).
-type snapshot struct {
-	eventID uuid.UUID
-	model   json.RawMessage
-}
+// The snapshot retention, the one rule every writer of snapshots applies: of a pair's
+// snapshots, newest first, keep the newest MaxPerStream-1 and the oldest (so that a very
+// late event still finds a restore point), or only the newest when MaxPerStream is 1.
 
-// writeSnapshots stores snaps and prunes the pair's snapshots to MaxPerStream.
-func (w *Worker) writeSnapshots(ctx context.Context, q db.Querier, k pairKey, snaps []snapshot) error {
-	if len(snaps) == 0 {
-		return nil
-	}
-	for _, s := range snaps {
-		if err := q.SnapshotInsert(ctx, db.SnapshotInsertParams{
-			StreamID: k.Stream, PerspectiveName: k.Perspective, SnapshotEventID: s.eventID, Model: []byte(s.model),
-		}); err != nil {
-			return fmt.Errorf("write snapshot: %w", err)
-		}
-	}
-	return w.pruneSnapshots(ctx, q, k)
-}
-
-// pruneSnapshots keeps the newest MaxPerStream-1 snapshots and the oldest one, so that a
-// very late event still finds a restore point.
-func (w *Worker) pruneSnapshots(ctx context.Context, q db.Querier, k pairKey) error {
-	ids, err := q.SnapshotIDs(ctx, db.SnapshotIDsParams{StreamID: k.Stream, PerspectiveName: k.Perspective})
-	if err != nil {
-		return fmt.Errorf("list snapshots: %w", err)
-	}
-	drop := snapshotsToDrop(ids, w.cfg.Snapshots.MaxPerStream)
-	if len(drop) == 0 {
-		return nil
-	}
-	if _, err := q.SnapshotsDelete(ctx, db.SnapshotsDeleteParams{
-		StreamID: k.Stream, PerspectiveName: k.Perspective, SnapshotEventIds: drop,
-	}); err != nil {
-		return fmt.Errorf("prune snapshots: %w", err)
-	}
-	return nil
-}
-
-// snapshotsToDrop takes snapshot IDs newest first and returns those beyond the retention:
-// the newest max-1 and the oldest are kept (only the newest when max is 1).
+// snapshotsToDrop takes snapshot positions newest first and returns those the retention
+// drops.
 func snapshotsToDrop(newestFirst []uuid.UUID, max int) []uuid.UUID {
 	if len(newestFirst) <= max {
 		return nil
@@ -60,4 +20,34 @@ func snapshotsToDrop(newestFirst []uuid.UUID, max int) []uuid.UUID {
 		return newestFirst[1:]
 	}
 	return newestFirst[max-1 : len(newestFirst)-1]
+}
+
+// retain applies the retention to a pair that has the snapshots existing (newest first)
+// and takes the new ones taken (oldest first, all newer than every existing one). It
+// returns the new snapshots to store and the existing ones to delete.
+func (w *Worker) retain(taken []Snapshot, existing []uuid.UUID) (store []Snapshot, drop []uuid.UUID) {
+	if len(taken) == 0 {
+		return nil, nil
+	}
+	all := make([]uuid.UUID, 0, len(taken)+len(existing))
+	for i := len(taken) - 1; i >= 0; i-- {
+		all = append(all, taken[i].EventID)
+	}
+	all = append(all, existing...)
+	dropped := snapshotsToDrop(all, w.cfg.Snapshots.MaxPerStream)
+	if len(dropped) == 0 {
+		return taken, nil
+	}
+	store = make([]Snapshot, 0, len(taken))
+	for _, s := range taken {
+		if !slices.Contains(dropped, s.EventID) {
+			store = append(store, s)
+		}
+	}
+	for _, id := range existing {
+		if slices.Contains(dropped, id) {
+			drop = append(drop, id)
+		}
+	}
+	return store, drop
 }

@@ -4,60 +4,128 @@ package worker
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/perspectives-go/perspectives/db"
+	"github.com/google/uuid"
 )
 
-// Store is the worker's access to the database: the generated queries, and transactions
-// over them. The worker holds no SQL of its own; tests replace the Store with a mock.
+// Store is what the worker does with the database, one method per thing it does: claim due
+// pairs, apply a group of pairs in one transaction, rewind, bootstrap, purge, record a
+// failure, wait for notifications. The worker decides; the Store runs the statements. The
+// worker's own implementation runs the sqlc queries of queries/ on a pgx pool; unit tests
+// replace it with a mock (mocks.StoreMock).
 type Store interface {
-	db.Querier
-	// InTx runs fn in one transaction: committed when fn returns nil, rolled back otherwise.
-	InTx(ctx context.Context, fn func(q db.Querier) error) error
-	// Listen subscribes to the notification every committed Append sends and calls notify
-	// once subscribed and then for each notification, until ctx ends or the connection fails.
+	// Register records a perspective name and, the first time it is seen, queues every
+	// stored event for it. It returns the number of events queued.
+	Register(ctx context.Context, perspective string) (backlog int64, err error)
+	// Claim returns up to req.Limit due pairs, each once, oldest due first.
+	Claim(ctx context.Context, req ClaimRequest) ([]Pair, error)
+	// Apply runs one transaction over pairs: it locks their cursor rows (skipping, and
+	// returning as busy, those another transaction holds), reads each locked pair's state
+	// (at most perPair queued events, and its model), passes the states to decide and
+	// writes what decide returns. An error rolls everything back.
+	Apply(ctx context.Context, pairs []Pair, perPair int, decide func([]PairState) []PairWrite) (busy []Pair, err error)
+	// RewindStart reads what a rewind starts from (not in a transaction).
+	RewindStart(ctx context.Context, p Pair) (RewindStart, error)
+	// Replay returns up to limit events of a stream after the event after (exclusive) and
+	// up to upto (inclusive), in ID order.
+	Replay(ctx context.Context, stream uuid.UUID, after, upto uuid.UUID, limit int) ([]Event, error)
+	// RewindCommit writes a rewind's result in one transaction that holds the pair's cursor
+	// row, after the fencing check: it returns ErrLockLost, writing nothing, unless
+	// c.Holder (when not nil) holds an unexpired stream lock on the pair, and
+	// ErrCursorMoved unless the cursor's version is still c.Version.
+	RewindCommit(ctx context.Context, c RewindCommit) error
+	// Bootstrap stores the pair's model, read together with its cursor under the cursor row
+	// lock, as a snapshot at the cursor's position. It reports whether it wrote one (not
+	// when the pair has no model).
+	Bootstrap(ctx context.Context, p Pair) (bool, error)
+	// Purge deletes the pair's model and snapshots and resets its cursor, in one
+	// transaction holding the cursor row. When holder is not nil it first checks that
+	// holder holds an unexpired stream lock on the pair, and returns ErrLockLost otherwise.
+	Purge(ctx context.Context, p Pair, holder uuid.UUID) error
+	// MarkFailed records cause on the pair's cursor and queued rows, and schedules its
+	// retry with backoff.
+	MarkFailed(ctx context.Context, p Pair, cause string) error
+	// Listen calls notify once subscribed to the notification every committed Append sends,
+	// and then for each notification, until ctx ends or the subscription fails.
 	Listen(ctx context.Context, notify func()) error
+	// QueueDepth reports the queued events per perspective (metrics).
+	QueueDepth(ctx context.Context) ([]QueueDepth, error)
 }
 
-// pgStore is the Store on a pgx pool.
-type pgStore struct {
-	*db.Queries
-	pool *pgxpool.Pool
+// ErrCursorMoved means the cursor changed while a long operation ran (another writer got
+// there first): its write is refused, and the next cycle retries.
+var ErrCursorMoved = errors.New("cursor moved during the operation")
+
+// Pair names one (stream, perspective).
+type Pair struct {
+	Stream      uuid.UUID
+	Perspective string
 }
 
-func newPGStore(pool *pgxpool.Pool) *pgStore {
-	return &pgStore{Queries: db.New(pool), pool: pool}
+// ClaimRequest asks Store.Claim for due pairs.
+type ClaimRequest struct {
+	Instance     uuid.UUID // pairs another instance holds a stream lock on are not due
+	Perspectives []string  // the perspectives this instance runs
+	Skip         []Pair    // pairs not to return (in flight here, or just found busy)
+	Limit        int       // at most this many pairs
+	MaxSteps     int       // at most this many queued groups passed (bounds the claim's cost)
 }
 
-// Listen holds one connection of its own (taken out of the pool: a listening session must
-// not be handed to other users) for as long as it listens.
-func (s *pgStore) Listen(ctx context.Context, notify func()) error {
-	pc, err := s.pool.Acquire(ctx)
-	if err != nil {
-		return err
-	}
-	conn := pc.Hijack()
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_ = conn.Close(cctx)
-	}()
-	if err := db.New(conn).QueueListen(ctx); err != nil {
-		return err
-	}
-	notify() // events appended before the subscription took effect
-	for {
-		if _, err := conn.WaitForNotification(ctx); err != nil {
-			return err
-		}
-		notify()
-	}
+// PairState is one pair as Store.Apply read it under its cursor row lock.
+type PairState struct {
+	Pair
+	LastEventID   uuid.NullUUID   // the cursor: the last event the model includes (invalid: none yet)
+	SinceSnapshot int             // events applied since the pair's last snapshot
+	Snapshots     []uuid.UUID     // the pair's snapshot positions, newest first
+	LockHolder    uuid.UUID       // the instance holding an unexpired stream lock on it; uuid.Nil: none
+	Events        []Event         // its queued events, in ID order
+	Model         json.RawMessage // its model (read only when it has events and a cursor position); nil: none
+	ModelAt       uuid.UUID       // the last event Model includes
 }
 
-func (s *pgStore) InTx(ctx context.Context, fn func(q db.Querier) error) error {
-	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error { return fn(db.New(tx)) })
+// Snapshot is a model as of an event (inclusive).
+type Snapshot struct {
+	EventID uuid.UUID
+	Model   json.RawMessage
+}
+
+// PairWrite is what one pair's transaction writes.
+type PairWrite struct {
+	Pair
+	// Applied are the events now in the model (their queue rows are deleted). When empty,
+	// Model, LastEventID and SinceSnapshot are not written.
+	Applied       []uuid.UUID
+	Model         json.RawMessage
+	LastEventID   uuid.UUID // the cursor's new position
+	SinceSnapshot int
+	Snapshots     []Snapshot  // snapshots to store
+	DropSnapshots []uuid.UUID // snapshots to delete (the retention's victims)
+	Failure       string      // when not empty: a failure to record, with backoff
+}
+
+// RewindStart is what a rewind starts from.
+type RewindStart struct {
+	Version     int64         // the cursor's version: the commit is refused if it changed
+	LastEventID uuid.NullUUID // the cursor's position
+	Queued      []uuid.UUID   // the pair's queued event IDs, ascending
+	From        *Snapshot     // the newest snapshot strictly before Queued[0]; nil: none
+	Snapshots   []uuid.UUID   // every snapshot position before Queued[0], newest first
+}
+
+// RewindCommit is a rewind's result, written by Store.RewindCommit.
+type RewindCommit struct {
+	Write    PairWrite // the replayed model; Applied are the queued events the replay covered
+	Version  int64     // fencing: the cursor version the rewind started from
+	Holder   uuid.UUID // fencing: the instance that must hold the stream lock; uuid.Nil: no locker
+	DropFrom uuid.UUID // snapshots at or after this event (the late one) are invalid
+}
+
+// QueueDepth is the queue of one perspective.
+type QueueDepth struct {
+	Perspective string
+	Depth       int64
+	OldestAge   time.Duration // age of the oldest queued row, on the database clock
 }

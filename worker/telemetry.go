@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -12,7 +11,6 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/perspectives-go/perspectives/db"
 	"github.com/perspectives-go/perspectives/locker"
 )
 
@@ -114,30 +112,30 @@ func (t *telemetry) observeQueue(store Store, names []string) (metric.Registrati
 		if err != nil {
 			return err
 		}
-		depth := make(map[string]db.QueueDepthRow, len(rows))
+		depth := make(map[string]QueueDepth, len(rows))
 		for _, r := range rows {
-			depth[r.PerspectiveName] = r
+			depth[r.Perspective] = r
 		}
 		for _, name := range names {
 			r := depth[name]
 			set := metric.WithAttributes(attrPerspective.String(name))
 			o.ObserveInt64(t.queueDepth, r.Depth, set)
-			o.ObserveFloat64(t.queueOldest, (time.Duration(r.OldestAgeMicros) * time.Microsecond).Seconds(), set)
+			o.ObserveFloat64(t.queueOldest, r.OldestAge.Seconds(), set)
 		}
 		return nil
 	}, t.queueDepth, t.queueOldest)
 }
 
-func lockAttrs(k pairKey, reason locker.Reason) metric.MeasurementOption {
+func lockAttrs(k Pair, reason locker.Reason) metric.MeasurementOption {
 	return metric.WithAttributes(attrPerspective.String(k.Perspective), attrReason.String(string(reason)))
 }
 
-func perspAttrs(k pairKey) metric.MeasurementOption {
+func perspAttrs(k Pair) metric.MeasurementOption {
 	return metric.WithAttributes(attrPerspective.String(k.Perspective))
 }
 
 // startSpan starts a span for a long operation on k.
-func (t *telemetry) startSpan(ctx context.Context, name string, k pairKey, instance fmt.Stringer) (context.Context, trace.Span) {
+func (t *telemetry) startSpan(ctx context.Context, name string, k Pair, instance fmt.Stringer) (context.Context, trace.Span) {
 	return t.tracer.Start(ctx, name, trace.WithAttributes(
 		attrPerspective.String(k.Perspective), attrStream.String(k.Stream.String()),
 		attribute.String("instance", instance.String())))

@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"runtime/debug"
 	"sync"
 	"time"
 
@@ -20,11 +19,11 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/metric"
 
-	"github.com/perspectives-go/perspectives/db"
 	"github.com/perspectives-go/perspectives/locker"
 )
 
-// releaseTimeout bounds the fresh context used to release a stream lock.
+// releaseTimeout bounds the fresh context used to release a stream lock, and how long Stop
+// waits for cancelled operations to end.
 const releaseTimeout = 5 * time.Second
 
 // Worker applies queued events to its perspectives. Create it with New, run it with Start
@@ -38,42 +37,45 @@ type Worker struct {
 	coord  *coordinator
 	log    *slog.Logger
 	tel    *telemetry
-	gauges metric.Registration // queue gauges, while started
+	wake   chan struct{}
 
-	contendedMu sync.Mutex
-	contended   map[pairKey]time.Time // first refused acquire of a pair still contended
-
-	slots      chan struct{} // one token per group being processed (Concurrency)
-	inflightMu sync.Mutex
-	inflight   map[pairKey]bool // pairs being processed now: not claimed again meanwhile
-	skip       []pairKey        // pairs found held by another transaction: not claimed by the next claim
-	jobs       sync.WaitGroup   // the goroutines processing groups
-
-	mu      sync.Mutex
-	started bool
-	stopped bool
-	cancel  context.CancelFunc
-	done    chan struct{} // closed when the loop and the listener have returned
-	wake    chan struct{}
-
-	heldMu sync.Mutex
-	held   map[pairKey]struct{} // stream locks this instance holds now
+	mu        sync.Mutex // guards the lifecycle fields below
+	started   bool
+	stopped   bool
+	stopLoop  context.CancelFunc  // graceful stop: no new work
+	cancelOps context.CancelFunc  // hard stop: cancels the operations in progress
+	done      chan struct{}       // closed when the loop and the listener have returned
+	gauges    metric.Registration // queue gauges, while started
 }
 
 // New validates cfg (including LockOptions) and returns a worker on pool. It does not
 // touch the database; Start does.
+//
+// cfg.Locker, when set, must keep its locks in the lock columns of wh_perspective_cursors,
+// as locker.Postgres does: the worker pauses live application of a pair, and fences a
+// rewind's or purge's final write, by reading those columns in the same transaction. Any
+// other Locker is refused with an error wrapping ErrInvalidConfig (see
+// locker.CursorRowLocker).
 func New(pool *pgxpool.Pool, cfg Config) (*Worker, error) {
 	if pool == nil {
 		return nil, fmt.Errorf("worker: %w: pool is nil", ErrInvalidConfig)
 	}
-	return newWorker(newPGStore(pool), cfg)
-}
-
-func newWorker(store Store, cfg Config) (*Worker, error) {
+	if cfg.Locker != nil && !isNil(cfg.Locker) {
+		if _, ok := cfg.Locker.(locker.CursorRowLocker); !ok {
+			return nil, invalid("Locker is a %T, which does not keep its locks on the cursor rows: the worker "+
+				"fences commits against the lock columns of wh_perspective_cursors, so it needs locker.Postgres "+
+				"(or a Locker wrapping it that implements locker.CursorRowLocker)", cfg.Locker)
+		}
+	}
 	cfg, err := cfg.resolve()
 	if err != nil {
 		return nil, err
 	}
+	return newWorker(newPGStore(pool, cfg.RetryBackoff, cfg.MaxRetryBackoff), cfg)
+}
+
+// newWorker builds a worker on store; cfg is resolved.
+func newWorker(store Store, cfg Config) (*Worker, error) {
 	w := &Worker{
 		cfg:    cfg,
 		store:  store,
@@ -82,15 +84,11 @@ func newWorker(store Store, cfg Config) (*Worker, error) {
 		coord:  newCoordinator(),
 		log:    cfg.Logger.With(slog.String("instance", cfg.InstanceID.String())),
 		wake:   make(chan struct{}, 1),
-		held:   make(map[pairKey]struct{}),
-
-		contended: make(map[pairKey]time.Time),
-		inflight:  make(map[pairKey]bool),
 	}
+	var err error
 	if w.tel, err = newTelemetry(cfg.MeterProvider, cfg.TracerProvider); err != nil {
 		return nil, err
 	}
-	w.slots = make(chan struct{}, cfg.Concurrency)
 	for _, p := range cfg.Perspectives {
 		w.persp[p.Name()] = p
 		w.names = append(w.names, p.Name())
@@ -114,8 +112,12 @@ func (w *Worker) Start(ctx context.Context) error {
 		return errors.New("worker: start: already started")
 	}
 	for _, name := range w.names {
-		if err := w.register(ctx, name); err != nil {
-			return err
+		queued, err := w.store.Register(ctx, name)
+		if err != nil {
+			return fmt.Errorf("worker: register perspective %q: %w", name, err)
+		}
+		if queued > 0 {
+			w.log.Info("perspective registered", slog.String("perspective", name), slog.Int64("backlog", queued))
 		}
 	}
 	gauges, err := w.tel.observeQueue(w.store, w.names)
@@ -123,13 +125,15 @@ func (w *Worker) Start(ctx context.Context) error {
 		return fmt.Errorf("worker: start: %w", err)
 	}
 	w.gauges = gauges
-	loopCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	w.cancel = cancel
+	base := context.WithoutCancel(ctx)
+	opsCtx, cancelOps := context.WithCancel(base)
+	loopCtx, stopLoop := context.WithCancel(opsCtx)
+	w.stopLoop, w.cancelOps = stopLoop, cancelOps
 	w.done = make(chan struct{})
 	w.started = true
 	var wg sync.WaitGroup
 	wg.Add(1)
-	go func() { defer wg.Done(); w.loop(loopCtx) }()
+	go func() { defer wg.Done(); w.loop(loopCtx, opsCtx) }()
 	if !w.cfg.PollOnly {
 		wg.Add(1)
 		go func() { defer wg.Done(); w.listen(loopCtx) }()
@@ -139,32 +143,11 @@ func (w *Worker) Start(ctx context.Context) error {
 	return nil
 }
 
-// register records a perspective and, the first time, enqueues every stored event for it.
-// It holds the exclusive side of the append lock so that no Append commits in between.
-func (w *Worker) register(ctx context.Context, name string) error {
-	err := w.store.InTx(ctx, func(q db.Querier) error {
-		if err := q.RegisterLock(ctx); err != nil {
-			return err
-		}
-		n, err := q.PerspectiveRegister(ctx, name)
-		if err != nil || n == 0 {
-			return err
-		}
-		queued, err := q.PerspectiveEnqueueBacklog(ctx, name)
-		if err != nil {
-			return err
-		}
-		w.log.Info("perspective registered", slog.String("perspective", name), slog.Int64("backlog", queued))
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("worker: register perspective %q: %w", name, err)
-	}
-	return nil
-}
-
-// Stop stops the loop, waits for the operation in progress to end (or ctx), and releases
-// every stream lock this instance still holds. It is idempotent.
+// Stop stops the worker. It claims no new work at once and lets the operations in
+// progress finish until ctx ends; then it cancels them and waits up to 5 seconds more for
+// them to end. Each operation releases its own stream lock when it ends (with a fresh
+// short context); Stop never releases a lock whose operation is still running: such a lock
+// lapses after LockTimeout. It returns ctx's error when ctx ended first. It is idempotent.
 func (w *Worker) Stop(ctx context.Context) error {
 	w.mu.Lock()
 	if w.stopped || !w.started {
@@ -173,7 +156,7 @@ func (w *Worker) Stop(ctx context.Context) error {
 		return nil
 	}
 	w.stopped = true
-	w.cancel()
+	w.stopLoop()
 	done := w.done
 	w.mu.Unlock()
 
@@ -182,8 +165,14 @@ func (w *Worker) Stop(ctx context.Context) error {
 	case <-done:
 	case <-ctx.Done():
 		err = fmt.Errorf("worker: stop: %w", ctx.Err())
+		w.cancelOps()
+		select {
+		case <-done:
+		case <-time.After(releaseTimeout):
+			w.log.Warn("operations still running after stop; their stream locks will lapse")
+		}
 	}
-	w.releaseAll()
+	w.cancelOps()
 	if w.gauges != nil {
 		_ = w.gauges.Unregister()
 	}
@@ -196,27 +185,6 @@ func (w *Worker) Notify() {
 	select {
 	case w.wake <- struct{}{}:
 	default:
-	}
-}
-
-// loop polls when woken (a notification, a finished pair) or every PollInterval, and
-// dispatches due pairs to the free slots.
-func (w *Worker) loop(ctx context.Context) {
-	defer w.jobs.Wait() // the pairs in flight end with ctx
-	timer := time.NewTimer(0)
-	defer timer.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-timer.C:
-		case <-w.wake:
-		}
-		if w.dispatch(ctx) {
-			timer.Reset(0)
-		} else {
-			timer.Reset(w.cfg.PollInterval)
-		}
 	}
 }
 
@@ -242,376 +210,5 @@ func (w *Worker) listen(ctx context.Context) {
 		case <-time.After(wait):
 		}
 		wait = min(2*wait, 30*time.Second)
-	}
-}
-
-// dispatch polls the queue once, skipping the pairs in flight, and hands the due pairs to
-// the free slots (Concurrency), in groups of at most GroupSize pairs that each apply in one
-// transaction. It never waits for a group to finish, so one long rewind occupies one slot
-// while the other slots go on. Every freed slot wakes the loop to poll again: for what this
-// poll left behind, and for events queued meanwhile for the pairs that were in flight (the
-// poll skipped them, and their Append's wake-up came while they were). It reports whether
-// to poll again at once (the poll was full and slots are free).
-func (w *Worker) dispatch(ctx context.Context) bool {
-	free := cap(w.slots) - len(w.slots)
-	if free <= 0 {
-		return false // every slot busy: poll when one frees
-	}
-	limit := free * w.cfg.GroupSize
-	pairs, err := w.claim(ctx, limit)
-	if err != nil {
-		if ctx.Err() == nil {
-			w.log.Error("poll queue failed", slog.Any("error", err))
-		}
-		return false
-	}
-	full := len(pairs) >= limit
-	for _, group := range splitGroups(pairs, free) {
-		if !w.trySlot() { // a group's follow-up may have taken one meanwhile
-			return false // no free slot: the rest is claimed again when one frees
-		}
-		w.inflightMu.Lock()
-		for _, k := range group {
-			w.inflight[k] = true
-		}
-		w.inflightMu.Unlock()
-		w.runInSlot(func() {
-			w.processGroup(ctx, group, w.finished) // finishes every pair, some in follow-up jobs
-		})
-	}
-	return full && len(w.slots) < cap(w.slots)
-}
-
-// trySlot takes a free Concurrency slot, if there is one.
-func (w *Worker) trySlot() bool {
-	select {
-	case w.slots <- struct{}{}:
-		return true
-	default:
-		return false
-	}
-}
-
-// runInSlot runs fn as a job (w.jobs) in a slot the caller took with trySlot, and frees
-// the slot when fn returns. The loop, and a job that is itself counted, may call it.
-func (w *Worker) runInSlot(fn func()) {
-	w.jobs.Add(1)
-	go func() {
-		defer w.releaseSlot()
-		fn()
-	}()
-}
-
-// releaseSlot frees a slot taken for a job counted in w.jobs, and wakes the loop to fill it
-// (see dispatch).
-func (w *Worker) releaseSlot() {
-	<-w.slots
-	w.jobs.Done()
-	w.Notify()
-}
-
-// splitGroups divides pairs into at most n groups of nearly equal size, in order.
-func splitGroups(pairs []pairKey, n int) [][]pairKey {
-	if len(pairs) == 0 || n <= 0 {
-		return nil
-	}
-	n = min(n, len(pairs))
-	size := (len(pairs) + n - 1) / n
-	groups := make([][]pairKey, 0, n)
-	for len(pairs) > 0 {
-		m := min(size, len(pairs))
-		groups = append(groups, pairs[:m:m])
-		pairs = pairs[m:]
-	}
-	return groups
-}
-
-// finished marks k as no longer in flight, so that the claim may take it again.
-func (w *Worker) finished(k pairKey) {
-	w.inflightMu.Lock()
-	delete(w.inflight, k)
-	w.inflightMu.Unlock()
-}
-
-// skipNextClaim keeps keys, pairs whose cursor row another transaction held (another
-// instance applying them, most likely), out of the next claim only, so that this instance
-// turns to other pairs instead of claiming the same ones again while that transaction runs.
-func (w *Worker) skipNextClaim(keys []pairKey) {
-	if len(keys) == 0 {
-		return
-	}
-	w.inflightMu.Lock()
-	w.skip = append(w.skip, keys...)
-	w.inflightMu.Unlock()
-}
-
-// claimExclusions lists the pairs the claim must skip, as 'stream/perspective': those in
-// flight, and those noted by skipNextClaim since the last claim (which it forgets).
-func (w *Worker) claimExclusions() []string {
-	w.inflightMu.Lock()
-	defer w.inflightMu.Unlock()
-	out := make([]string, 0, len(w.inflight)+len(w.skip))
-	for k := range w.inflight {
-		out = append(out, k.Stream.String()+"/"+k.Perspective)
-	}
-	for _, k := range w.skip {
-		if !w.inflight[k] {
-			out = append(out, k.Stream.String()+"/"+k.Perspective)
-		}
-	}
-	w.skip = w.skip[:0]
-	return out
-}
-
-// claim returns up to limit due pairs, each once, the pair with the oldest due row first.
-// It passes at most enough queued groups for the pairs it skips and twice the pairs it wants,
-// so it stays cheap when a few pairs have many separately queued events; pairs beyond that
-// are claimed as the head of the queue drains.
-func (w *Worker) claim(ctx context.Context, limit int) ([]pairKey, error) {
-	skip := w.claimExclusions()
-	due, err := w.store.QueueDuePairs(ctx, db.QueueDuePairsParams{
-		InstanceID:       w.cfg.InstanceID,
-		PerspectiveNames: w.names,
-		BusyPairs:        skip,
-		PairLimit:        int32(limit),
-		MaxSteps:         int32(len(skip) + 2*limit),
-	})
-	if err != nil {
-		return nil, err
-	}
-	pairs := make([]pairKey, len(due))
-	for i, r := range due {
-		pairs[i] = pairKey{Stream: r.StreamID, Perspective: r.PerspectiveName}
-	}
-	return pairs, nil
-}
-
-// process runs one pair's work under the apply coordinator, isolating its failures.
-func (w *Worker) process(ctx context.Context, k pairKey) {
-	persp := w.persp[k.Perspective]
-	if persp == nil {
-		return
-	}
-	release, err := w.coord.lock(ctx, k)
-	if err != nil {
-		return
-	}
-	defer release()
-	w.runPair(ctx, k, func() error { return w.processPair(ctx, k, persp) })
-}
-
-// runPair runs fn, work on k, recording its error or panic as k's failure.
-func (w *Worker) runPair(ctx context.Context, k pairKey, fn func() error) {
-	if err := w.guard(k, fn); err != nil {
-		w.fail(ctx, k, err)
-	}
-}
-
-// guard runs fn and turns a panic into an error.
-func (w *Worker) guard(k pairKey, fn func() error) (err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			w.log.Error("panic while processing pair",
-				slog.String("perspective", k.Perspective), slog.String("stream", k.Stream.String()),
-				slog.Any("panic", r), slog.String("stack", string(debug.Stack())))
-			err = fmt.Errorf("panic: %v", r)
-		}
-	}()
-	return fn()
-}
-
-// processPair runs the normal path for k alone, and what it finds necessary.
-func (w *Worker) processPair(ctx context.Context, k pairKey, persp Perspective) error {
-	res, err := w.applyNormal(ctx, k, persp)
-	if err != nil {
-		return err
-	}
-	return w.continuePair(ctx, k, persp, res)
-}
-
-// continuePair runs what the normal path found necessary: a rewind, or a bootstrap and the
-// normal path again.
-func (w *Worker) continuePair(ctx context.Context, k pairKey, persp Perspective, res normalResult) error {
-	switch {
-	case res.rewindFrom != uuid.Nil:
-		return w.rewind(ctx, k, persp, res.rewindFrom)
-	case res.needsBootstrap:
-		if err := w.bootstrap(ctx, k); err != nil {
-			return err
-		}
-		_, err := w.applyNormal(ctx, k, persp)
-		return err
-	}
-	return nil
-}
-
-// fail records a failed operation on the pair's cursor and queue rows (retried with backoff),
-// unless it is a shutdown or a lost race that the next cycle retries anyway.
-func (w *Worker) fail(ctx context.Context, k pairKey, cause error) {
-	attrs := []any{slog.String("perspective", k.Perspective), slog.String("stream", k.Stream.String()), slog.Any("error", cause)}
-	if ctx.Err() != nil {
-		w.log.Info("operation interrupted by shutdown", attrs...)
-		return
-	}
-	if errors.Is(cause, ErrLockLost) || errors.Is(cause, errCursorMoved) {
-		w.log.Warn("operation refused at commit; will retry", attrs...)
-		return
-	}
-	w.log.Error("processing failed; will retry with backoff", attrs...)
-	err := w.store.InTx(ctx, func(q db.Querier) error {
-		return w.markFailed(ctx, q, k, cause)
-	})
-	if err != nil && ctx.Err() == nil {
-		w.log.Error("recording failure failed", append(attrs, slog.Any("record_error", err))...)
-	}
-}
-
-// markFailed records cause on the cursor and every queued row of k. It runs in a
-// transaction; it ensures the cursor row exists.
-func (w *Worker) markFailed(ctx context.Context, q db.Querier, k pairKey, cause error) error {
-	if err := q.CursorEnsure(ctx, db.CursorEnsureParams{StreamID: k.Stream, PerspectiveName: k.Perspective}); err != nil {
-		return err
-	}
-	cur, err := q.CursorLock(ctx, db.CursorLockParams{StreamID: k.Stream, PerspectiveName: k.Perspective})
-	if err != nil {
-		return err
-	}
-	w.tel.applyErrors.Add(ctx, 1, perspAttrs(k))
-	msg := truncate(cause.Error(), 2000)
-	backoff := w.backoff(int(cur.Attempts))
-	row, err := q.CursorMarkFailed(ctx, db.CursorMarkFailedParams{
-		StreamID:        k.Stream,
-		PerspectiveName: k.Perspective,
-		LastError:       &msg,
-		BackoffSeconds:  backoff.Seconds(),
-	})
-	if err != nil {
-		return err
-	}
-	_, err = q.QueueMarkFailed(ctx, db.QueueMarkFailedParams{
-		StreamID:        k.Stream,
-		PerspectiveName: k.Perspective,
-		LastError:       &msg,
-		NextAttemptAt:   row.NextAttemptAt,
-	})
-	return err
-}
-
-// backoff is RetryBackoff doubled per earlier attempt, capped at MaxRetryBackoff.
-func (w *Worker) backoff(previousAttempts int) time.Duration {
-	d := w.cfg.RetryBackoff
-	for i := 0; i < previousAttempts && d < w.cfg.MaxRetryBackoff; i++ {
-		d *= 2
-	}
-	return min(d, w.cfg.MaxRetryBackoff)
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	return s[:n]
-}
-
-// acquirer is implemented by lockers that report takeovers (locker.Postgres).
-type acquirer interface {
-	Acquire(ctx context.Context, streamID uuid.UUID, perspectiveName string, instanceID uuid.UUID, reason locker.Reason) (locker.AcquireResult, error)
-}
-
-// acquire takes the stream lock for reason when a locker is configured. It returns whether
-// the lock is held, and the function that releases it (always safe to call).
-func (w *Worker) acquire(ctx context.Context, k pairKey, reason locker.Reason) (bool, func(), error) {
-	if w.locker == nil {
-		return false, func() {}, nil
-	}
-	var res locker.AcquireResult
-	var err error
-	if a, ok := w.locker.(acquirer); ok {
-		res, err = a.Acquire(ctx, k.Stream, k.Perspective, w.cfg.InstanceID, reason)
-	} else {
-		res.Acquired, err = w.locker.TryAcquire(ctx, k.Stream, k.Perspective, w.cfg.InstanceID, reason)
-	}
-	if err != nil {
-		return false, func() {}, err
-	}
-	attrs := lockAttrs(k, reason)
-	if !res.Acquired {
-		w.tel.lockContended.Add(ctx, 1, attrs)
-		w.noteContention(k, reason)
-		return false, func() {}, nil
-	}
-	w.clearContention(k)
-	w.tel.lockAcquired.Add(ctx, 1, attrs)
-	if res.TookOver {
-		w.tel.lockTakeovers.Add(ctx, 1, attrs)
-		w.log.Info("took over an expired stream lock", slog.String("perspective", k.Perspective),
-			slog.String("stream", k.Stream.String()), slog.String("reason", string(reason)))
-	}
-	w.heldMu.Lock()
-	w.held[k] = struct{}{}
-	w.heldMu.Unlock()
-	since := time.Now()
-	var once sync.Once
-	return true, func() {
-		once.Do(func() {
-			if w.releaseLock(ctx, k) {
-				w.tel.lockReleased.Add(context.WithoutCancel(ctx), 1, attrs)
-			}
-			w.tel.lockHold.Record(context.WithoutCancel(ctx), time.Since(since).Seconds(), attrs)
-		})
-	}, nil
-}
-
-// noteContention remembers when a pair was first found locked by another instance and
-// warns when that lasts longer than LockTimeout.
-func (w *Worker) noteContention(k pairKey, reason locker.Reason) {
-	w.contendedMu.Lock()
-	first, seen := w.contended[k]
-	if !seen {
-		w.contended[k] = time.Now()
-	}
-	w.contendedMu.Unlock()
-	if seen && time.Since(first) > w.cfg.LockOptions.LockTimeout {
-		w.log.Warn("stream lock contended for longer than LockTimeout",
-			slog.String("perspective", k.Perspective), slog.String("stream", k.Stream.String()),
-			slog.String("reason", string(reason)), slog.Duration("duration", time.Since(first)))
-	}
-}
-
-func (w *Worker) clearContention(k pairKey) {
-	w.contendedMu.Lock()
-	delete(w.contended, k)
-	w.contendedMu.Unlock()
-}
-
-// releaseLock releases k with a fresh short context, so that it happens even when the
-// operation's context is cancelled (shutdown, lost lock). It reports whether it did.
-func (w *Worker) releaseLock(ctx context.Context, k pairKey) bool {
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-	defer cancel()
-	if err := w.locker.Release(rctx, k.Stream, k.Perspective, w.cfg.InstanceID); err != nil {
-		w.log.Warn("stream lock release failed; it will expire",
-			slog.String("perspective", k.Perspective), slog.String("stream", k.Stream.String()), slog.Any("error", err))
-		return false
-	}
-	w.heldMu.Lock()
-	delete(w.held, k)
-	w.heldMu.Unlock()
-	return true
-}
-
-// releaseAll releases every lock still recorded as held.
-func (w *Worker) releaseAll() {
-	if w.locker == nil {
-		return
-	}
-	w.heldMu.Lock()
-	keys := make([]pairKey, 0, len(w.held))
-	for k := range w.held {
-		keys = append(keys, k)
-	}
-	w.heldMu.Unlock()
-	for _, k := range keys {
-		w.releaseLock(context.Background(), k)
 	}
 }

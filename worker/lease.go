@@ -1,0 +1,97 @@
+package worker
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/perspectives-go/perspectives/locker"
+)
+
+// lease is a stream lock this instance holds for one operation.
+type lease struct {
+	w      *Worker
+	ctx    context.Context // the operation's context, for the release's metrics
+	k      Pair
+	reason locker.Reason
+	since  time.Time // when the acquire was sent: the lease runs at most LockTimeout from then
+	ka     *keepAlive
+	once   sync.Once
+}
+
+// acquirer is implemented by lockers that report takeovers (locker.Postgres).
+type acquirer interface {
+	Acquire(ctx context.Context, streamID uuid.UUID, perspectiveName string, instanceID uuid.UUID, reason locker.Reason) (locker.AcquireResult, error)
+}
+
+// acquire takes the stream lock on k for reason. It returns nil, with no error, when another
+// instance holds it. The caller must call release on the lease it gets.
+func (w *Worker) acquire(ctx context.Context, k Pair, reason locker.Reason) (*lease, error) {
+	sent := time.Now()
+	var res locker.AcquireResult
+	var err error
+	if a, ok := w.locker.(acquirer); ok {
+		res, err = a.Acquire(ctx, k.Stream, k.Perspective, w.cfg.InstanceID, reason)
+	} else {
+		res.Acquired, err = w.locker.TryAcquire(ctx, k.Stream, k.Perspective, w.cfg.InstanceID, reason)
+	}
+	if err != nil {
+		return nil, err
+	}
+	attrs := lockAttrs(k, reason)
+	if !res.Acquired {
+		w.tel.lockContended.Add(ctx, 1, attrs)
+		return nil, nil
+	}
+	w.tel.lockAcquired.Add(ctx, 1, attrs)
+	if res.TookOver {
+		w.tel.lockTakeovers.Add(ctx, 1, attrs)
+		w.log.Info("took over an expired stream lock", slog.String("perspective", k.Perspective),
+			slog.String("stream", k.Stream.String()), slog.String("reason", string(reason)))
+	}
+	return &lease{w: w, ctx: ctx, k: k, reason: reason, since: sent}, nil
+}
+
+// keepAlive renews the lease while the operation runs, and returns the operation's context:
+// cancelled with cause ErrLockLost when a renewal reports the lock lost, or when the lease
+// may have run out (see startKeepAlive). release stops it.
+func (l *lease) keepAlive(ctx context.Context) context.Context {
+	w := l.w
+	set := lockAttrs(l.k, l.reason)
+	lctx, ka := startKeepAlive(ctx, w.locker, l.k, w.cfg.InstanceID, w.cfg.LockOptions, l.since, w.log, keepAliveHooks{
+		renewFailed: func() { w.tel.lockRenewFailures.Add(context.WithoutCancel(ctx), 1, set) },
+		lost: func(stage string) {
+			w.tel.lockLost.Add(context.WithoutCancel(ctx), 1, metric.WithAttributes(
+				attrPerspective.String(l.k.Perspective), attrReason.String(string(l.reason)), attrStage.String(stage)))
+		},
+	})
+	l.ka = ka
+	return lctx
+}
+
+// release stops the keepalive and releases the lock with a fresh short context, so that it
+// happens even when the operation's context was cancelled (shutdown, lost lock). It is
+// idempotent.
+func (l *lease) release() {
+	l.once.Do(func() {
+		w := l.w
+		if l.ka != nil {
+			l.ka.stop()
+		}
+		mctx := context.WithoutCancel(l.ctx)
+		rctx, cancel := context.WithTimeout(mctx, releaseTimeout)
+		defer cancel()
+		attrs := lockAttrs(l.k, l.reason)
+		if err := w.locker.Release(rctx, l.k.Stream, l.k.Perspective, w.cfg.InstanceID); err != nil {
+			w.log.Warn("stream lock release failed; it will expire",
+				slog.String("perspective", l.k.Perspective), slog.String("stream", l.k.Stream.String()), slog.Any("error", err))
+		} else {
+			w.tel.lockReleased.Add(mctx, 1, attrs)
+		}
+		w.tel.lockHold.Record(mctx, time.Since(l.since).Seconds(), attrs)
+	})
+}

@@ -1,0 +1,234 @@
+package worker
+
+import (
+	"context"
+	"log/slog"
+	"time"
+)
+
+// The loop and the state it keeps about pairs. One goroutine, the loop, owns all of it: the
+// pairs in flight, the pairs the next claim skips, the follow-up jobs waiting for a slot,
+// and the pairs whose stream lock another instance holds. Jobs run in their own goroutines
+// and report back on a channel; they never touch this state or start other jobs.
+
+// jobKind is what a job does.
+type jobKind int
+
+const (
+	jobApply     jobKind = iota // the normal path for a group of pairs
+	jobRewind                   // rewind one pair (a late event)
+	jobBootstrap                // write one pair's first snapshot, then apply it
+)
+
+func (k jobKind) String() string {
+	return [...]string{"apply", "rewind", "bootstrap"}[k]
+}
+
+// job is one unit of work in one Concurrency slot.
+type job struct {
+	kind  jobKind
+	pairs []Pair
+}
+
+// jobResult is what a job reports to the loop when it ends.
+type jobResult struct {
+	job       job
+	next      []job  // follow-ups (a rewind, a bootstrap, an apply after a bootstrap)
+	busy      []Pair // held by another transaction or goroutine: the next claim skips them
+	contended []Pair // the stream lock was refused: another instance holds it
+}
+
+// contention is how long a pair's stream lock has been refused to this instance.
+type contention struct {
+	first, last time.Time
+	warned      bool
+}
+
+// schedule is the loop's state about pairs. Only the loop goroutine uses it.
+type schedule struct {
+	inflight  map[Pair]bool // in a running or waiting job: never claimed meanwhile
+	skip      []Pair        // found busy: skipped by the next claim only
+	pending   []job         // follow-ups waiting for a free slot (served before new claims)
+	contended map[Pair]contention
+	window    time.Duration // LockTimeout: contention longer than this is warned of
+	log       *slog.Logger
+}
+
+func newSchedule(lockTimeout time.Duration, log *slog.Logger) *schedule {
+	return &schedule{inflight: map[Pair]bool{}, contended: map[Pair]contention{}, window: lockTimeout, log: log}
+}
+
+// claimSkips returns the pairs the next claim must skip, and forgets the one-claim skips.
+func (s *schedule) claimSkips() []Pair {
+	out := make([]Pair, 0, len(s.inflight)+len(s.skip))
+	for p := range s.inflight {
+		out = append(out, p)
+	}
+	for _, p := range s.skip {
+		if !s.inflight[p] {
+			out = append(out, p)
+		}
+	}
+	s.skip = s.skip[:0]
+	return out
+}
+
+// started records the pairs of a job about to run.
+func (s *schedule) started(j job) {
+	for _, p := range j.pairs {
+		s.inflight[p] = true
+	}
+}
+
+// finish takes a job's report at time now: its pairs leave the flight unless a follow-up
+// keeps them, the follow-ups wait for a slot, and contention is noted or cleared.
+func (s *schedule) finish(r jobResult, now time.Time) {
+	for _, p := range r.job.pairs {
+		delete(s.inflight, p)
+	}
+	for _, next := range r.next {
+		s.started(next)
+		s.pending = append(s.pending, next)
+	}
+	s.skip = append(s.skip, r.busy...)
+	refused := make(map[Pair]bool, len(r.contended))
+	for _, p := range r.contended {
+		refused[p] = true
+		s.noteContention(p, now)
+	}
+	if r.job.kind == jobRewind {
+		for _, p := range r.job.pairs {
+			if !refused[p] {
+				delete(s.contended, p) // the lock was taken (or not needed): contention over
+			}
+		}
+	}
+	for p, c := range s.contended {
+		if now.Sub(c.last) > s.window {
+			delete(s.contended, p) // not refused for a whole lease: that contention is over
+		}
+	}
+}
+
+// noteContention records that p's stream lock was refused at now, and warns once when
+// that has gone on for longer than LockTimeout (an instance holding it that long is
+// renewing it: a long operation, or one that is stuck).
+func (s *schedule) noteContention(p Pair, now time.Time) {
+	c, seen := s.contended[p]
+	if !seen || now.Sub(c.last) > s.window {
+		c = contention{first: now}
+	}
+	c.last = now
+	if !c.warned && now.Sub(c.first) > s.window {
+		c.warned = true
+		s.log.Warn("stream lock contended for longer than LockTimeout",
+			slog.String("perspective", p.Perspective), slog.String("stream", p.Stream.String()),
+			slog.Duration("duration", now.Sub(c.first)))
+	}
+	s.contended[p] = c
+}
+
+// popPending returns the next follow-up waiting for a slot.
+func (s *schedule) popPending() (job, bool) {
+	if len(s.pending) == 0 {
+		return job{}, false
+	}
+	j := s.pending[0]
+	s.pending = s.pending[1:]
+	return j, true
+}
+
+// loop runs jobs in Concurrency slots: follow-ups first, then due pairs claimed from the
+// queue, in groups of at most GroupSize pairs. It claims when woken (an Append's
+// notification, a finished job) or every PollInterval, and never waits for a job: one long
+// rewind occupies one slot while the others go on. When loopCtx ends it starts nothing
+// more and returns once the running jobs have reported; opsCtx is the jobs' context.
+func (w *Worker) loop(loopCtx, opsCtx context.Context) {
+	s := newSchedule(w.cfg.LockOptions.LockTimeout, w.log)
+	results := make(chan jobResult)
+	running := 0
+	start := func(j job) {
+		running++
+		go func() { results <- w.runJob(opsCtx, j) }()
+	}
+	timer := time.NewTimer(w.cfg.PollInterval)
+	defer timer.Stop()
+	poll, stopping := true, false
+	done := loopCtx.Done()
+	for {
+		if !stopping {
+			for running < w.cfg.Concurrency {
+				j, ok := s.popPending()
+				if !ok {
+					break
+				}
+				start(j)
+			}
+			if poll && running < w.cfg.Concurrency {
+				poll = w.claimAndStart(loopCtx, s, w.cfg.Concurrency-running, start)
+				if poll {
+					continue // the claim was full and slots are still free
+				}
+			}
+		} else if running == 0 {
+			return
+		}
+		timer.Reset(w.cfg.PollInterval)
+		select {
+		case <-done:
+			stopping, done = true, nil // start nothing more; wait for the running jobs
+		case r := <-results:
+			running--
+			s.finish(r, time.Now())
+			poll = true // for what the last claim left behind, and for the pairs that were in flight
+		case <-w.wake:
+			poll = true
+		case <-timer.C:
+			poll = true
+		}
+	}
+}
+
+// claimAndStart claims due pairs for free slots and starts them, in groups. It reports
+// whether to claim again at once (the claim was full).
+func (w *Worker) claimAndStart(ctx context.Context, s *schedule, free int, start func(job)) bool {
+	limit := free * w.cfg.GroupSize
+	skip := s.claimSkips()
+	pairs, err := w.store.Claim(ctx, ClaimRequest{
+		Instance:     w.cfg.InstanceID,
+		Perspectives: w.names,
+		Skip:         skip,
+		Limit:        limit,
+		// At most enough queued groups for the pairs it skips and twice the pairs it wants,
+		// so a claim stays cheap when a few pairs have many separately queued events.
+		MaxSteps: len(skip) + 2*limit,
+	})
+	if err != nil {
+		if ctx.Err() == nil {
+			w.log.Error("poll queue failed", slog.Any("error", err))
+		}
+		return false
+	}
+	for _, group := range splitGroups(pairs, free) {
+		j := job{kind: jobApply, pairs: group}
+		s.started(j)
+		start(j)
+	}
+	return len(pairs) >= limit
+}
+
+// splitGroups divides pairs into at most n groups of nearly equal size, in order.
+func splitGroups(pairs []Pair, n int) [][]Pair {
+	if len(pairs) == 0 || n <= 0 {
+		return nil
+	}
+	n = min(n, len(pairs))
+	size := (len(pairs) + n - 1) / n
+	groups := make([][]Pair, 0, n)
+	for len(pairs) > 0 {
+		m := min(size, len(pairs))
+		groups = append(groups, pairs[:m:m])
+		pairs = pairs[m:]
+	}
+	return groups
+}
