@@ -224,7 +224,11 @@ func (w *Worker) fail(ctx context.Context, k Pair, cause error) {
 		w.log.Warn("operation refused at commit; will retry", attrs...)
 		return
 	}
-	w.log.Error("processing failed; will retry with backoff", attrs...)
+	if errors.Is(cause, ErrLockLost) {
+		w.log.Warn("stream lock lost: the operation's work was refused; will retry with backoff", attrs...)
+	} else {
+		w.log.Error("processing failed; will retry with backoff", attrs...)
+	}
 	w.tel.applyErrors.Add(context.WithoutCancel(ctx), 1, perspAttrs(k))
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()

@@ -217,12 +217,12 @@ func TestGroupSQLPairsLockForApplySkipsHeldAndMissingCursors(t *testing.T) {
 	require.Contains(t, got, snapped)
 	require.Equal(t, db.PairsLockForApplyRow{
 		StreamID: free.Stream, PerspectiveName: free.Name,
-		StreamLockInstanceID: uuid.NullUUID{UUID: owner, Valid: true}, LockLive: true,
+		LockHolder: owner, SnapshotIds: []uuid.UUID{},
 	}, got[free])
 	require.Equal(t, db.PairsLockForApplyRow{
 		StreamID: snapped.Stream, PerspectiveName: snapped.Name,
 		LastEventID:         uuid.NullUUID{UUID: ids[snapped][0], Valid: true},
-		EventsSinceSnapshot: 4, HasSnapshot: true,
+		EventsSinceSnapshot: 4, SnapshotIds: []uuid.UUID{ids[snapped][0]},
 	}, got[snapped])
 
 	// The returned rows are locked by tx; the held one is still only the holder's.
@@ -353,8 +353,9 @@ func TestGroupSQLQueueEventsForPairsLowestIDsPerPair(t *testing.T) {
 	require.NoError(t, err)
 
 	got := map[gsPair][]uuid.UUID{}
-	for _, r := range rows {
-		p := gsPair{r.StreamID, r.PerspectiveName}
+	for _, row := range rows {
+		r := row.WhEventStore
+		p := gsPair{r.StreamID, row.PerspectiveName}
 		got[p] = append(got[p], r.EventID)
 		ev, ok := stored[r.EventID]
 		require.True(t, ok, "unknown event %s", r.EventID)
@@ -485,82 +486,129 @@ func TestGroupSQLPairsApplyCommitWritesModelsCursorsAndQueue(t *testing.T) {
 	require.Equal(t, goingIDs, queued(t, ctx, sibling, going.Stream), "the sibling perspective's rows stay")
 }
 
-// SnapshotsInsertMany stores every snapshot; SnapshotsPrune then keeps of each passed pair
-// exactly what worker.SnapshotsToDrop keeps, and nothing of the pairs not passed changes.
-func TestGroupSQLSnapshotsPruneKeepsWhatSnapshotsToDropKeeps(t *testing.T) {
+// SnapshotsInsert stores every snapshot with its own model (replacing one at the same
+// position); SnapshotsDelete deletes exactly the listed (pair, position) rows; a pair or
+// position not listed keeps its snapshots.
+func TestGroupSQLSnapshotsInsertAndDeleteExactlyTheListed(t *testing.T) {
 	t.Parallel()
-	counts := []int{1, 2, 3, 5, 6, 8}
-	for _, maxPer := range []int{1, 2, 3, 5} {
-		t.Run(fmt.Sprintf("max_per_stream=%d", maxPer), func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			// Snapshots need no registered perspective: a unique name and fresh streams.
-			name, other := uniqueName("gsql_snap"), uniqueName("gsql_snap_other")
-			ascending := map[gsPair][]uuid.UUID{}
-			var pruned []gsPair
-			for _, n := range counts {
-				p := gsPair{uuid.New(), name}
-				ascending[p] = newIDs(t, n)
-				pruned = append(pruned, p)
-			}
-			// Not passed to the prune: a pruned stream under another name, another stream
-			// under the same name.
-			untouched := []gsPair{{pruned[len(pruned)-1].Stream, other}, {uuid.New(), name}}
-			for _, p := range untouched {
-				ascending[p] = newIDs(t, 8)
-			}
+	ctx := context.Background()
+	// Snapshots need no registered perspective: a unique name and fresh streams.
+	name, other := uniqueName("gsql_snap"), uniqueName("gsql_snap_other")
+	a, b := gsPair{uuid.New(), name}, gsPair{uuid.New(), name}
+	aOther := gsPair{a.Stream, other}
+	ascending := map[gsPair][]uuid.UUID{a: newIDs(t, 4), b: newIDs(t, 3)}
+	ascending[aOther] = ascending[a] // the same positions under another perspective
 
-			var ins db.SnapshotsInsertManyParams
-			for p, ids := range ascending {
-				for _, id := range ids {
-					ins.StreamIds = append(ins.StreamIds, p.Stream)
-					ins.PerspectiveNames = append(ins.PerspectiveNames, p.Name)
-					ins.SnapshotEventIds = append(ins.SnapshotEventIds, id)
-					ins.Models = append(ins.Models, []byte(fmt.Sprintf(`{"at":"%s"}`, id)))
-				}
-			}
-			q := db.New(testDB.Pool)
-			require.NoError(t, q.SnapshotsInsertMany(ctx, ins))
-			newestFirst := func(p gsPair) []uuid.UUID {
-				ids := slices.Clone(ascending[p])
-				slices.Reverse(ids)
-				return ids
-			}
-			stored := func(p gsPair) []uuid.UUID {
-				ids, err := q.SnapshotIDs(ctx, db.SnapshotIDsParams{StreamID: p.Stream, PerspectiveName: p.Name})
-				require.NoError(t, err)
-				var misplaced int
-				require.NoError(t, testDB.Pool.QueryRow(ctx, `SELECT count(*) FROM wh_perspective_snapshots
-					WHERE stream_id = $1 AND perspective_name = $2 AND model->>'at' <> snapshot_event_id::text`,
-					p.Stream, p.Name).Scan(&misplaced))
-				require.Zero(t, misplaced, "every snapshot of %v keeps its own model", p)
-				return ids
-			}
-			for p := range ascending {
-				require.Equal(t, newestFirst(p), stored(p), "inserted snapshots of %v", p)
-			}
-
-			streams, names := gsArrays(pruned...)
-			deleted, err := q.SnapshotsPrune(ctx, db.SnapshotsPruneParams{
-				StreamIds: streams, PerspectiveNames: names, MaxPerStream: int32(maxPer),
-			})
-			require.NoError(t, err)
-
-			var wantDeleted int64
-			for _, p := range pruned {
-				all := newestFirst(p)
-				drop := worker.SnapshotsToDrop(all, maxPer)
-				want := slices.DeleteFunc(slices.Clone(all), func(id uuid.UUID) bool { return slices.Contains(drop, id) })
-				require.Len(t, want, min(len(all), maxPer), "the retention keeps min(count, max_per_stream)")
-				require.Equal(t, want, stored(p), "%d snapshots, max_per_stream %d", len(all), maxPer)
-				wantDeleted += int64(len(drop))
-			}
-			require.Equal(t, wantDeleted, deleted)
-			for _, p := range untouched {
-				require.Equal(t, newestFirst(p), stored(p), "a pair not passed in keeps every snapshot")
-			}
-		})
+	var ins db.SnapshotsInsertParams
+	for p, ids := range ascending {
+		for _, id := range ids {
+			ins.StreamIds = append(ins.StreamIds, p.Stream)
+			ins.PerspectiveNames = append(ins.PerspectiveNames, p.Name)
+			ins.SnapshotEventIds = append(ins.SnapshotEventIds, id)
+			ins.Models = append(ins.Models, []byte(fmt.Sprintf(`{"at":"%s","v":1}`, id)))
+		}
 	}
+	q := db.New(testDB.Pool)
+	require.NoError(t, q.SnapshotsInsert(ctx, ins))
+	// Again at one position: replaced, not doubled.
+	require.NoError(t, q.SnapshotsInsert(ctx, db.SnapshotsInsertParams{
+		StreamIds: []uuid.UUID{b.Stream}, PerspectiveNames: []string{b.Name},
+		SnapshotEventIds: []uuid.UUID{ascending[b][0]}, Models: [][]byte{[]byte(fmt.Sprintf(`{"at":"%s","v":2}`, ascending[b][0]))},
+	}))
+	stored := func(p gsPair) []uuid.UUID {
+		ids, err := q.SnapshotIDs(ctx, db.SnapshotIDsParams{StreamID: p.Stream, PerspectiveName: p.Name})
+		require.NoError(t, err)
+		var misplaced int
+		require.NoError(t, testDB.Pool.QueryRow(ctx, `SELECT count(*) FROM wh_perspective_snapshots
+			WHERE stream_id = $1 AND perspective_name = $2 AND model->>'at' <> snapshot_event_id::text`,
+			p.Stream, p.Name).Scan(&misplaced))
+		require.Zero(t, misplaced, "every snapshot of %v keeps its own model", p)
+		return ids
+	}
+	newestFirst := func(ids ...uuid.UUID) []uuid.UUID {
+		out := slices.Clone(ids)
+		slices.Reverse(out)
+		return out
+	}
+	for p, ids := range ascending {
+		require.Equal(t, newestFirst(ids...), stored(p), "inserted snapshots of %v, newest first", p)
+	}
+	var v int
+	require.NoError(t, testDB.Pool.QueryRow(ctx, `SELECT (model->>'v')::int FROM wh_perspective_snapshots
+		WHERE stream_id = $1 AND perspective_name = $2 AND snapshot_event_id = $3`, b.Stream, b.Name, ascending[b][0]).Scan(&v))
+	require.Equal(t, 2, v, "a snapshot at the same position is replaced")
+
+	// Delete a's 2nd and 3rd and b's 1st; also list a position of a under b (no such row).
+	deleted, err := q.SnapshotsDelete(ctx, db.SnapshotsDeleteParams{
+		StreamIds:        []uuid.UUID{a.Stream, a.Stream, b.Stream, b.Stream},
+		PerspectiveNames: []string{a.Name, a.Name, b.Name, b.Name},
+		SnapshotEventIds: []uuid.UUID{ascending[a][1], ascending[a][2], ascending[b][0], ascending[a][0]},
+	})
+	require.NoError(t, err)
+	require.EqualValues(t, 3, deleted)
+	require.Equal(t, newestFirst(ascending[a][0], ascending[a][3]), stored(a))
+	require.Equal(t, newestFirst(ascending[b][1:]...), stored(b))
+	require.Equal(t, newestFirst(ascending[aOther]...), stored(aOther), "another perspective's snapshots stay")
+
+	// SnapshotsDeleteFrom drops the pair's snapshots at and after a position.
+	deleted, err = q.SnapshotsDeleteFrom(ctx, db.SnapshotsDeleteFromParams{StreamID: a.Stream, PerspectiveName: other, FromEventID: ascending[a][2]})
+	require.NoError(t, err)
+	require.EqualValues(t, 2, deleted)
+	require.Equal(t, newestFirst(ascending[a][:2]...), stored(aOther))
+}
+
+// PairsMarkFailed records each pair's error on its cursor and on every queued row of it,
+// and schedules the retry at base doubled per earlier attempt, capped at max; the pairs not
+// listed, and a sibling perspective's rows, do not change.
+func TestGroupSQLPairsMarkFailedBacksOffPerPair(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := gsRegister(t, ctx, "gsql_fail")
+	sibling := gsRegister(t, ctx, "gsql_fail_sib")
+	first, third, capped, bystander := gsPair{uuid.New(), name}, gsPair{uuid.New(), name}, gsPair{uuid.New(), name}, gsPair{uuid.New(), name}
+	for _, p := range []gsPair{first, third, capped, bystander} {
+		gsAppend(t, ctx, p.Stream, 2)
+	}
+	gsExec(t, ctx, testDB.Pool, `UPDATE wh_perspective_cursors SET attempts = 2
+		WHERE stream_id = $1 AND perspective_name = $2`, third.Stream, third.Name)
+	gsExec(t, ctx, testDB.Pool, `UPDATE wh_perspective_cursors SET attempts = 50
+		WHERE stream_id = $1 AND perspective_name = $2`, capped.Stream, capped.Name)
+
+	var before time.Time
+	require.NoError(t, testDB.Pool.QueryRow(ctx, `SELECT now()`).Scan(&before))
+	streams, names := gsArrays(first, third, capped)
+	rows, err := db.New(testDB.Pool).PairsMarkFailed(ctx, db.PairsMarkFailedParams{
+		StreamIds: streams, PerspectiveNames: names, Errors: []string{"e1", "e3", "ecap"},
+		BaseSeconds: 10, MaxSeconds: 300,
+	})
+	require.NoError(t, err)
+	require.Len(t, rows, 3)
+	for p, want := range map[gsPair]struct {
+		attempts int32
+		err      string
+		backoff  time.Duration
+	}{
+		first:  {1, "e1", 10 * time.Second},
+		third:  {3, "e3", 40 * time.Second},
+		capped: {51, "ecap", 300 * time.Second},
+	} {
+		c := gsReadCursor(t, ctx, p)
+		require.Equal(t, "failed", c.Status, "%v", p)
+		require.Equal(t, want.attempts, c.Attempts, "%v", p)
+		require.Equal(t, want.err, *c.LastError, "%v", p)
+		require.NotNil(t, c.NextAttemptAt)
+		got := c.NextAttemptAt.Sub(before)
+		require.True(t, got >= want.backoff && got < want.backoff+5*time.Second, "%v: retry in %s, want %s", p, got, want.backoff)
+		due := gsDueTimes(t, ctx, p)
+		require.Len(t, due, 1, "every queued row of %v has one retry time", p)
+		require.True(t, due[0].Equal(*c.NextAttemptAt), "queue rows retry with the cursor")
+	}
+	require.Equal(t, gsCursor{Status: "ok"}, gsReadCursor(t, ctx, bystander))
+	require.Equal(t, gsCursor{Status: "ok"}, gsReadCursor(t, ctx, gsPair{first.Stream, sibling}))
+	var siblingFailed int
+	require.NoError(t, testDB.Pool.QueryRow(ctx, `SELECT count(*) FROM wh_perspective_events
+		WHERE perspective_name = $1 AND attempts > 0`, sibling).Scan(&siblingFailed))
+	require.Zero(t, siblingFailed, "the sibling perspective's queue rows are untouched")
 }
 
 // gsClaim runs QueueDuePairs. A nil BusyPairs is sent as NULL, which must mean "none".

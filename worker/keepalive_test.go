@@ -14,11 +14,16 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/perspectives-go/perspectives/locker"
 	"github.com/perspectives-go/perspectives/mocks"
 	"github.com/perspectives-go/perspectives/worker"
 )
 
 const kaInterval = 10 * time.Second
+
+// kaOptions is a 60s lease renewed every 10s: several renewals may fail before the local
+// deadline (54s after the last successful one was sent) cancels the operation.
+var kaOptions = locker.Options{LockTimeout: 60 * time.Second, KeepAliveInterval: kaInterval}
 
 type kaFixture struct {
 	stream, instance uuid.UUID
@@ -44,7 +49,11 @@ func newKAFixture(t *testing.T, renew func(call int) (bool, error)) *kaFixture {
 }
 
 func (f *kaFixture) start(ctx context.Context) (context.Context, *worker.KeepAlive) {
-	return worker.StartKeepAlive(ctx, f.locker, f.stream, utName, f.instance, kaInterval, utLogger(f.logs))
+	return f.startWith(ctx, kaOptions)
+}
+
+func (f *kaFixture) startWith(ctx context.Context, opts locker.Options) (context.Context, *worker.KeepAlive) {
+	return worker.StartKeepAlive(ctx, f.locker, f.stream, utName, f.instance, opts, time.Now(), utLogger(f.logs))
 }
 
 func TestKeepAliveRenewsEveryIntervalUntilStopped(t *testing.T) {
@@ -135,5 +144,79 @@ func TestKeepAliveEndsWithParentContext(t *testing.T) {
 		synctest.Wait()
 		assert.Len(t, f.locker.RenewCalls(), 1, "no renewal after the parent ended")
 		ka.Stop()
+	})
+}
+
+func TestKeepAliveLeaseDeadlineCancelsWhenRenewalsKeepFailing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newKAFixture(t, func(int) (bool, error) { return false, errors.New("network partition") })
+		opts := locker.Options{LockTimeout: 30 * time.Second, KeepAliveInterval: kaInterval}
+		trust := 30*time.Second - worker.LeaseMargin(opts)
+		require.Equal(t, 27*time.Second, trust, "the margin is a tenth of the lease")
+		ctx, ka := f.startWith(context.Background(), opts)
+		defer ka.Stop()
+
+		time.Sleep(trust - time.Millisecond)
+		synctest.Wait()
+		require.NoError(t, ctx.Err(), "the lease is trusted until LockTimeout less the margin")
+		assert.Len(t, f.locker.RenewCalls(), 2, "renewals at 10s and 20s failed")
+
+		time.Sleep(time.Millisecond)
+		synctest.Wait()
+		require.Error(t, ctx.Err(), "the operation is cancelled once the lease may have run out")
+		assert.ErrorIs(t, context.Cause(ctx), worker.ErrLockLost)
+		assert.Contains(t, f.logs.String(), "lease ran out")
+	})
+}
+
+func TestKeepAliveBoundsEachRenewal(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := &kaFixture{stream: utNewID(t), instance: utNewID(t), logs: &utLogBuf{}}
+		var mu sync.Mutex
+		var bounds []time.Duration
+		f.locker = &mocks.LockerMock{
+			RenewFunc: func(ctx context.Context, stream uuid.UUID, name string, inst uuid.UUID) (bool, error) {
+				dl, ok := ctx.Deadline()
+				require.True(t, ok, "every renewal has a deadline")
+				mu.Lock()
+				bounds = append(bounds, time.Until(dl))
+				mu.Unlock()
+				<-ctx.Done() // a renewal that hangs (a partitioned database)
+				return false, ctx.Err()
+			},
+		}
+		opts := locker.Options{LockTimeout: 30 * time.Second, KeepAliveInterval: kaInterval}
+		ctx, ka := f.startWith(context.Background(), opts)
+		defer ka.Stop()
+
+		time.Sleep(time.Hour)
+		synctest.Wait()
+		require.ErrorIs(t, context.Cause(ctx), worker.ErrLockLost, "hanging renewals do not keep the operation alive")
+		mu.Lock()
+		defer mu.Unlock()
+		require.Len(t, bounds, 2, "renewals at 10s and 20s; the lease's deadline at 27s ends the second")
+		assert.Equal(t, kaInterval, bounds[0], "a renewal is bounded by the interval")
+		assert.Equal(t, 7*time.Second, bounds[1], "and by the lease's deadline")
+	})
+}
+
+func TestKeepAliveSuccessfulRenewalMovesTheDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		// Renewals succeed at 10s and 20s, then fail: the deadline is 20s + 27s = 47s.
+		f := newKAFixture(t, func(n int) (bool, error) {
+			if n <= 2 {
+				return true, nil
+			}
+			return false, errors.New("database unreachable")
+		})
+		ctx, ka := f.startWith(context.Background(), locker.Options{LockTimeout: 30 * time.Second, KeepAliveInterval: kaInterval})
+		defer ka.Stop()
+
+		time.Sleep(47*time.Second - time.Millisecond)
+		synctest.Wait()
+		require.NoError(t, ctx.Err(), "trusted until 27s after the last successful renewal was sent")
+		time.Sleep(time.Millisecond)
+		synctest.Wait()
+		assert.ErrorIs(t, context.Cause(ctx), worker.ErrLockLost)
 	})
 }

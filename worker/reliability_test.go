@@ -202,7 +202,7 @@ func (c *logCounter) warnings() string {
 // Messages the worker logs (worker.go, rewind.go, keepalive.go).
 const (
 	msgRewindCompleted = "rewind completed"
-	msgRefusedAtCommit = "operation refused at commit; will retry"
+	msgLockLost        = "stream lock lost: the operation's work was refused; will retry with backoff"
 	msgRenewFailed     = "stream lock renewal failed; retrying at next tick"
 	msgProcessFailed   = "processing failed; will retry with backoff"
 	msgApplyFailed     = "event application failed; will retry with backoff"
@@ -250,12 +250,12 @@ func readPair(ctx context.Context, q db.DBTX, name string, stream uuid.UUID) (pa
 	for _, e := range evs {
 		st.stored = append(st.stored, e.EventID)
 	}
-	m, err := dq.ModelGet(ctx, db.ModelGetParams{StreamID: stream, PerspectiveName: name})
+	models, err := dq.ModelsGet(ctx, db.ModelsGetParams{StreamIds: []uuid.UUID{stream}, PerspectiveNames: []string{name}})
 	switch {
-	case errors.Is(err, pgx.ErrNoRows):
 	case err != nil:
 		return st, err
-	default:
+	case len(models) == 1:
+		m := models[0]
 		st.hasModel, st.modelLast = true, m.LastEventID
 		if err := json.Unmarshal(m.Model, &st.model); err != nil {
 			return st, fmt.Errorf("model of %s is not a ledger: %w", stream, err)
@@ -504,6 +504,9 @@ type starvableLocker struct {
 	starved atomic.Int64 // renewals that were blocked or failed
 }
 
+// LocksCursorRows: it wraps locker.Postgres, so its locks are on the cursor rows.
+func (s *starvableLocker) LocksCursorRows() {}
+
 const (
 	renewNormal int32 = iota
 	renewBlocks
@@ -621,7 +624,7 @@ func TestReliabilityKeepAliveStarved(t *testing.T) {
 			require.NoError(t, err)
 			rewindsA := logsA.countFor(msgRewindCompleted, stream)
 			releaseA()
-			eventually(t, 20*time.Second, "A's stale commit refused", func() bool { return logsA.countFor(msgRefusedAtCommit, stream) > 0 })
+			eventually(t, 20*time.Second, "A's stale work refused", func() bool { return logsA.countFor(msgLockLost, stream) > 0 })
 			stAfter, err := readPair(ctx, testDB.Pool, name, stream)
 			require.NoError(t, err)
 			require.Equal(t, stBefore.model, stAfter.model, "the starved holder wrote nothing")
@@ -642,7 +645,7 @@ func TestReliabilityKeepAliveStarved(t *testing.T) {
 			require.NoError(t, err)
 			require.False(t, held, "no lock left")
 			t.Logf("%s: %d starved renewals, A refused %d commits, %d events checked",
-				tc.name, lkA.starved.Load(), logsA.countFor(msgRefusedAtCommit, stream), n)
+				tc.name, lkA.starved.Load(), logsA.countFor(msgLockLost, stream), n)
 		})
 	}
 }

@@ -99,7 +99,7 @@ func TestLapsedLockMidRewindRefusesStaleCommit(t *testing.T) {
 	release()
 
 	eventually(t, 20*time.Second, "stale commit refused", func() bool {
-		return logs.count("operation refused at commit; will retry") > 0
+		return logs.count("stream lock lost: the operation's work was refused; will retry with backoff") > 0
 	})
 	m, _ := loadLedger(t, ctx, name, stream)
 	require.Equal(t, before, m, "the stale holder wrote nothing")
