@@ -7,11 +7,14 @@
 //		fxmodule.Perspective(NewOrderPerspective), // one per perspective
 //	)
 //
-// The application may also provide a worker.Config (defaults otherwise), locker.Options
-// (which override Config.LockOptions), a *slog.Logger, and an OpenTelemetry
-// metric.MeterProvider and trace.TracerProvider. Options are validated when the graph is built, so an
-// invalid value fails the application before anything starts. The worker starts and stops
-// with the application's lifecycle.
+// The application may also provide a worker.Config (defaults otherwise), locker.Options, a
+// locker.Locker, a *slog.Logger, and an OpenTelemetry metric.MeterProvider and
+// trace.TracerProvider. One rule decides between a worker.Config field and a value of the
+// graph: a field the Config sets wins; a value provided to the graph fills only a field the
+// Config leaves zero (Locker, LockOptions, Logger, MeterProvider, TracerProvider). Options
+// are validated when the graph is built, so an invalid value fails the application before
+// anything starts. The worker starts and stops with the application's lifecycle; its
+// OnStart hook only registers the perspectives and starts the loop in the background.
 package fxmodule
 
 import (
@@ -35,11 +38,11 @@ const perspectivesGroup = `group:"perspectives"`
 // locker.Locker only if the application provides one (for example with WithPostgresLocker);
 // without one, the worker relies on the in-process apply coordinator alone.
 var Module = fx.Module("perspectives",
-	fx.Provide(newWorker),
+	fx.Provide(NewWorker),
 	fx.Invoke(func(*worker.Worker) {}), // build (and so validate) the worker with the graph
 )
 
-// WorkerParams are the worker's dependencies.
+// WorkerParams are the worker's dependencies (see NewWorker).
 type WorkerParams struct {
 	fx.In
 
@@ -50,30 +53,17 @@ type WorkerParams struct {
 	Locker       locker.Locker        `optional:"true"`
 	Logger       *slog.Logger         `optional:"true"`
 	// MeterProvider and TracerProvider, when provided, receive the worker's metrics and
-	// spans (unless worker.Config sets its own).
+	// spans (unless worker.Config sets its own, as for every field here).
 	MeterProvider  metric.MeterProvider `optional:"true"`
 	TracerProvider trace.TracerProvider `optional:"true"`
 	Lifecycle      fx.Lifecycle
 }
 
-func newWorker(p WorkerParams) (*worker.Worker, error) {
-	cfg := p.Config
-	cfg.Perspectives = append(append([]worker.Perspective(nil), cfg.Perspectives...), p.Perspectives...)
-	if p.LockOptions != (locker.Options{}) {
-		cfg.LockOptions = p.LockOptions
-	}
-	if p.Locker != nil {
-		cfg.Locker = p.Locker
-	}
-	if cfg.Logger == nil && p.Logger != nil {
-		cfg.Logger = p.Logger
-	}
-	if cfg.MeterProvider == nil && p.MeterProvider != nil {
-		cfg.MeterProvider = p.MeterProvider
-	}
-	if cfg.TracerProvider == nil && p.TracerProvider != nil {
-		cfg.TracerProvider = p.TracerProvider
-	}
+// NewWorker builds the worker Module provides: the Config's perspectives and those of the
+// graph's group, the Config's fields where set and the graph's values where not, and a
+// Start/Stop hook on the lifecycle.
+func NewWorker(p WorkerParams) (*worker.Worker, error) {
+	cfg := configOf(p)
 	w, err := worker.New(p.Pool, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("fxmodule: %w", err)
@@ -83,7 +73,30 @@ func newWorker(p WorkerParams) (*worker.Worker, error) {
 	return w, nil
 }
 
-// LockerParams are the Postgres locker's dependencies.
+// configOf is p.Config with the perspectives of the group added, and the graph's values in
+// the fields the Config leaves zero.
+func configOf(p WorkerParams) worker.Config {
+	cfg := p.Config
+	cfg.Perspectives = append(append([]worker.Perspective(nil), cfg.Perspectives...), p.Perspectives...)
+	if cfg.LockOptions == (locker.Options{}) {
+		cfg.LockOptions = p.LockOptions
+	}
+	if cfg.Locker == nil {
+		cfg.Locker = p.Locker
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = p.Logger
+	}
+	if cfg.MeterProvider == nil {
+		cfg.MeterProvider = p.MeterProvider
+	}
+	if cfg.TracerProvider == nil {
+		cfg.TracerProvider = p.TracerProvider
+	}
+	return cfg
+}
+
+// LockerParams are the Postgres locker's dependencies (see NewPostgresLocker).
 type LockerParams struct {
 	fx.In
 
@@ -92,16 +105,17 @@ type LockerParams struct {
 	Config      worker.Config  `optional:"true"`
 }
 
-// WithPostgresLocker provides a locker.Locker backed by locker.Postgres, built from the
-// pool and the lock options (locker.Options if provided, else Config.LockOptions, else the
-// defaults).
+// WithPostgresLocker provides a locker.Locker backed by locker.Postgres (NewPostgresLocker).
 func WithPostgresLocker() fx.Option {
-	return fx.Provide(fx.Annotate(newPostgresLocker, fx.As(new(locker.Locker))))
+	return fx.Provide(fx.Annotate(NewPostgresLocker, fx.As(new(locker.Locker))))
 }
 
-func newPostgresLocker(p LockerParams) (*locker.Postgres, error) {
+// NewPostgresLocker builds the locker WithPostgresLocker provides, on the pool, with the lock
+// options of the same rule as NewWorker's: Config.LockOptions when set, else the graph's
+// locker.Options, else the defaults.
+func NewPostgresLocker(p LockerParams) (*locker.Postgres, error) {
 	opts := p.Config.LockOptions
-	if p.LockOptions != (locker.Options{}) {
+	if opts == (locker.Options{}) {
 		opts = p.LockOptions
 	}
 	l, err := locker.NewPostgres(p.Pool, opts)

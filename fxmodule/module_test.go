@@ -216,3 +216,43 @@ func TestMeterProviderThroughFx(t *testing.T) {
 		return false
 	}, 20*time.Second, 10*time.Millisecond, "the provided MeterProvider receives the worker's metrics")
 }
+
+// The locker WithPostgresLocker builds follows the same rule as the worker: Config's lock
+// options when set, else the graph's locker.Options.
+func TestPostgresLockerOptionsFollowTheConfigFirstRule(t *testing.T) {
+	t.Parallel()
+	graphOpts := locker.Options{LockTimeout: time.Minute, KeepAliveInterval: 20 * time.Second}
+	cfgOpts := locker.Options{LockTimeout: 40 * time.Second, KeepAliveInterval: 10 * time.Second}
+	for _, tc := range []struct {
+		name string
+		cfg  worker.Config
+		want locker.Options
+	}{
+		{"config sets them", worker.Config{LockOptions: cfgOpts}, cfgOpts},
+		{"config leaves them zero", worker.Config{}, graphOpts},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var lk locker.Locker
+			app := fxtest.New(t, pool(), quiet(),
+				fx.Supply(tc.cfg), fx.Supply(graphOpts),
+				fxmodule.Module, fxmodule.WithPostgresLocker(),
+				fxmodule.Perspective(counterPerspective("fx_opts_"+uuid.NewString()[:8])),
+				fx.Populate(&lk))
+			defer app.RequireStart().RequireStop()
+			require.Equal(t, tc.want, lk.(*locker.Postgres).Options())
+		})
+	}
+}
+
+// A Locker that does not keep its locks on the cursor rows fails the application at
+// construction, naming the type.
+func TestForeignLockerIsRefused(t *testing.T) {
+	t.Parallel()
+	app := fx.New(pool(), quiet(),
+		fx.Provide(func() locker.Locker { return &mocks.LockerMock{} }),
+		fxmodule.Module, fxmodule.Perspective(counterPerspective("fx_foreign")))
+	err := app.Err()
+	require.ErrorIs(t, err, worker.ErrInvalidConfig)
+	require.ErrorContains(t, err, "*mocks.LockerMock")
+	require.ErrorContains(t, err, "locker.CursorRowLocker")
+}
