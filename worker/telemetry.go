@@ -78,7 +78,7 @@ func newTelemetry(mp metric.MeterProvider, tp trace.TracerProvider) (*telemetry,
 	}
 	counter(&t.lockAcquired, "perspectives.lock.acquired", "{lock}", "Stream locks acquired, by reason and perspective.")
 	counter(&t.lockContended, "perspectives.lock.contended", "{attempt}", "Acquire attempts refused because another instance holds the lock.")
-	counter(&t.lockLost, "perspectives.lock.lost", "{lock}", "Locks found lost while held: by a renewal (stage=renew) or by the fencing check at commit (stage=commit).")
+	counter(&t.lockLost, "perspectives.lock.lost", "{lock}", "Locks found lost while held: by a renewal (stage=renew), by the lease's local deadline (stage=deadline) or by the fencing check at commit (stage=commit).")
 	counter(&t.lockRenewFailures, "perspectives.lock.renew_failures", "{renewal}", "Renewals that failed with an error (retried at the next tick).")
 	counter(&t.lockReleased, "perspectives.lock.released", "{lock}", "Stream locks released.")
 	counter(&t.lockTakeovers, "perspectives.lock.takeovers", "{lock}", "Locks acquired by replacing another instance's expired lock.")
