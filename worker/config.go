@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -87,94 +88,31 @@ func invalid(format string, args ...any) error {
 	return fmt.Errorf("worker: %w: "+format, append([]any{ErrInvalidConfig}, args...)...)
 }
 
-// resolve validates cfg and returns it with defaults filled in.
+// resolve returns cfg with its defaults filled in, validated.
 func (cfg Config) resolve() (Config, error) {
-	if len(cfg.Perspectives) == 0 {
-		return cfg, invalid("Perspectives is empty: at least one perspective is required")
-	}
-	names := make(map[string]bool, len(cfg.Perspectives))
-	for i, p := range cfg.Perspectives {
-		if p == nil {
-			return cfg, invalid("Perspectives[%d] is nil", i)
-		}
-		name := p.Name()
-		if err := locker.ValidatePerspectiveName(name); err != nil {
-			return cfg, invalid("Perspectives[%d]: %v", i, err)
-		}
-		if names[name] {
-			return cfg, invalid("Perspectives[%d]: name %q is used twice", i, name)
-		}
-		names[name] = true
-	}
 	if cfg.Locker != nil && isNil(cfg.Locker) {
 		return cfg, invalid("Locker is a nil %T: pass a locker, or leave Locker nil for none", cfg.Locker)
 	}
-	if err := cfg.LockOptions.Validate(); err != nil {
-		return cfg, fmt.Errorf("worker: %w: LockOptions: %w", ErrInvalidConfig, err)
-	}
 	// The keepalive must renew within the lease the locker grants: with a locker that
-	// reports its options, take them, and refuse different ones.
+	// reports its options, zero LockOptions take them, and different ones are refused.
+	var lockerOpts *locker.Options
 	if o, ok := cfg.Locker.(interface{ Options() locker.Options }); ok {
 		lo := o.Options().WithDefaults()
-		switch {
-		case cfg.LockOptions == (locker.Options{}):
+		lockerOpts = &lo
+		if cfg.LockOptions == (locker.Options{}) {
 			cfg.LockOptions = lo
-		case cfg.LockOptions.WithDefaults() != lo:
-			return cfg, invalid("LockOptions (LockTimeout %s, KeepAliveInterval %s) differ from the locker's (LockTimeout %s, KeepAliveInterval %s): leave LockOptions zero to use the locker's",
-				cfg.LockOptions.WithDefaults().LockTimeout, cfg.LockOptions.WithDefaults().KeepAliveInterval, lo.LockTimeout, lo.KeepAliveInterval)
 		}
 	}
-	cfg.LockOptions = cfg.LockOptions.WithDefaults()
-	if cfg.Snapshots.EveryNEvents < 0 {
-		return cfg, invalid("Snapshots.EveryNEvents must not be negative, got %d", cfg.Snapshots.EveryNEvents)
+	if err := cfg.LockOptions.Validate(); err != nil { // before defaults: names the zero-free fields
+		return cfg, fmt.Errorf("worker: %w: LockOptions: %w", ErrInvalidConfig, err)
 	}
-	if cfg.Snapshots.MaxPerStream < 0 {
-		return cfg, invalid("Snapshots.MaxPerStream must not be negative, got %d", cfg.Snapshots.MaxPerStream)
+	cfg = cfg.withDefaults()
+	if lockerOpts != nil && cfg.LockOptions != *lockerOpts {
+		return cfg, invalid("LockOptions (LockTimeout %s, KeepAliveInterval %s) differ from the locker's (LockTimeout %s, KeepAliveInterval %s): leave LockOptions zero to use the locker's",
+			cfg.LockOptions.LockTimeout, cfg.LockOptions.KeepAliveInterval, lockerOpts.LockTimeout, lockerOpts.KeepAliveInterval)
 	}
-	if cfg.Snapshots.EveryNEvents == 0 {
-		cfg.Snapshots.EveryNEvents = DefaultSnapshotEveryNEvents
-	}
-	if cfg.Snapshots.MaxPerStream == 0 {
-		cfg.Snapshots.MaxPerStream = DefaultSnapshotMaxPerStream
-	}
-	if cfg.PollInterval < 0 {
-		return cfg, invalid("PollInterval must not be negative, got %s", cfg.PollInterval)
-	}
-	if cfg.PollInterval == 0 {
-		cfg.PollInterval = DefaultPollInterval
-	}
-	if cfg.BatchSize < 0 || cfg.BatchSize > MaxBatchSize {
-		return cfg, invalid("BatchSize must be between 1 and %d, got %d", MaxBatchSize, cfg.BatchSize)
-	}
-	if cfg.BatchSize == 0 {
-		cfg.BatchSize = DefaultBatchSize
-	}
-	if cfg.RetryBackoff < 0 {
-		return cfg, invalid("RetryBackoff must not be negative, got %s", cfg.RetryBackoff)
-	}
-	if cfg.RetryBackoff == 0 {
-		cfg.RetryBackoff = DefaultRetryBackoff
-	}
-	if cfg.MaxRetryBackoff < 0 {
-		return cfg, invalid("MaxRetryBackoff must not be negative, got %s", cfg.MaxRetryBackoff)
-	}
-	if cfg.MaxRetryBackoff == 0 {
-		cfg.MaxRetryBackoff = DefaultMaxRetryBackoff
-	}
-	if cfg.MaxRetryBackoff < cfg.RetryBackoff {
-		return cfg, invalid("MaxRetryBackoff (%s) must not be less than RetryBackoff (%s)", cfg.MaxRetryBackoff, cfg.RetryBackoff)
-	}
-	if cfg.Concurrency < 0 || cfg.Concurrency > MaxConcurrency {
-		return cfg, invalid("Concurrency must be between 1 and %d, got %d", MaxConcurrency, cfg.Concurrency)
-	}
-	if cfg.Concurrency == 0 {
-		cfg.Concurrency = DefaultConcurrency
-	}
-	if cfg.GroupSize < 0 || cfg.GroupSize > MaxGroupSize {
-		return cfg, invalid("GroupSize must be between 1 and %d, got %d", MaxGroupSize, cfg.GroupSize)
-	}
-	if cfg.GroupSize == 0 {
-		cfg.GroupSize = DefaultGroupSize
+	if err := cfg.validate(); err != nil {
+		return cfg, err
 	}
 	if cfg.InstanceID == uuid.Nil {
 		id, err := uuid.NewV7()
@@ -183,8 +121,64 @@ func (cfg Config) resolve() (Config, error) {
 		}
 		cfg.InstanceID = id
 	}
+	return cfg, nil
+}
+
+// withDefaults fills every zero field with its default (negative values stay, for validate).
+func (cfg Config) withDefaults() Config {
+	cfg.LockOptions = cfg.LockOptions.WithDefaults()
+	cfg.Snapshots.EveryNEvents = cmp.Or(cfg.Snapshots.EveryNEvents, DefaultSnapshotEveryNEvents)
+	cfg.Snapshots.MaxPerStream = cmp.Or(cfg.Snapshots.MaxPerStream, DefaultSnapshotMaxPerStream)
+	cfg.PollInterval = cmp.Or(cfg.PollInterval, DefaultPollInterval)
+	cfg.BatchSize = cmp.Or(cfg.BatchSize, DefaultBatchSize)
+	cfg.RetryBackoff = cmp.Or(cfg.RetryBackoff, DefaultRetryBackoff)
+	cfg.MaxRetryBackoff = cmp.Or(cfg.MaxRetryBackoff, DefaultMaxRetryBackoff)
+	cfg.Concurrency = cmp.Or(cfg.Concurrency, DefaultConcurrency)
+	cfg.GroupSize = cmp.Or(cfg.GroupSize, DefaultGroupSize)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	return cfg, nil
+	return cfg
+}
+
+// validate checks a Config with its defaults filled in; each message begins with the field.
+func (cfg Config) validate() error {
+	if len(cfg.Perspectives) == 0 {
+		return invalid("Perspectives is empty: at least one perspective is required")
+	}
+	names := make(map[string]bool, len(cfg.Perspectives))
+	for i, p := range cfg.Perspectives {
+		if p == nil {
+			return invalid("Perspectives[%d] is nil", i)
+		}
+		name := p.Name()
+		if err := locker.ValidatePerspectiveName(name); err != nil {
+			return invalid("Perspectives[%d]: %v", i, err)
+		}
+		if names[name] {
+			return invalid("Perspectives[%d]: name %q is used twice", i, name)
+		}
+		names[name] = true
+	}
+	switch {
+	case cfg.Snapshots.EveryNEvents < 0:
+		return invalid("Snapshots.EveryNEvents must not be negative, got %d", cfg.Snapshots.EveryNEvents)
+	case cfg.Snapshots.MaxPerStream < 0:
+		return invalid("Snapshots.MaxPerStream must not be negative, got %d", cfg.Snapshots.MaxPerStream)
+	case cfg.PollInterval < 0:
+		return invalid("PollInterval must not be negative, got %s", cfg.PollInterval)
+	case cfg.BatchSize < 1 || cfg.BatchSize > MaxBatchSize:
+		return invalid("BatchSize must be between 1 and %d, got %d", MaxBatchSize, cfg.BatchSize)
+	case cfg.RetryBackoff < 0:
+		return invalid("RetryBackoff must not be negative, got %s", cfg.RetryBackoff)
+	case cfg.MaxRetryBackoff < 0:
+		return invalid("MaxRetryBackoff must not be negative, got %s", cfg.MaxRetryBackoff)
+	case cfg.MaxRetryBackoff < cfg.RetryBackoff:
+		return invalid("MaxRetryBackoff (%s) must not be less than RetryBackoff (%s)", cfg.MaxRetryBackoff, cfg.RetryBackoff)
+	case cfg.Concurrency < 1 || cfg.Concurrency > MaxConcurrency:
+		return invalid("Concurrency must be between 1 and %d, got %d", MaxConcurrency, cfg.Concurrency)
+	case cfg.GroupSize < 1 || cfg.GroupSize > MaxGroupSize:
+		return invalid("GroupSize must be between 1 and %d, got %d", MaxGroupSize, cfg.GroupSize)
+	}
+	return nil
 }

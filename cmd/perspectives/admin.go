@@ -121,18 +121,11 @@ func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return err
 	}
-	if *name == "" {
-		return fmt.Errorf("--perspective is required")
-	}
-	pool, err := connect(ctx, *dbURL)
+	pool, admin, err := openAdmin(ctx, *dbURL, *name)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	admin, err := newAdmin(pool)
-	if err != nil {
-		return err
-	}
 	if err := admin.Purge(ctx, sid, *name); err != nil {
 		return err
 	}

@@ -15,12 +15,25 @@ import (
 	"github.com/perspectives-go/perspectives/worker"
 )
 
-func newAdmin(pool *pgxpool.Pool) (*worker.Admin, error) {
-	lk, err := locker.NewPostgres(pool, locker.Options{})
-	if err != nil {
-		return nil, err
+// openAdmin checks that a perspective was named, connects, and returns the pool (which the
+// caller closes) and an Admin with the Postgres locker on it.
+func openAdmin(ctx context.Context, dbURL, perspective string) (*pgxpool.Pool, *worker.Admin, error) {
+	if perspective == "" {
+		return nil, nil, fmt.Errorf("--perspective is required")
 	}
-	return worker.NewAdmin(pool, lk)
+	pool, err := connect(ctx, dbURL)
+	if err != nil {
+		return nil, nil, err
+	}
+	lk, err := locker.NewPostgres(pool, locker.Options{})
+	if err == nil {
+		var admin *worker.Admin
+		if admin, err = worker.NewAdmin(pool, lk); err == nil {
+			return pool, admin, nil
+		}
+	}
+	pool.Close()
+	return nil, nil, err
 }
 
 func runRebuild(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -32,19 +45,12 @@ func runRebuild(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if *name == "" {
-		return fmt.Errorf("--perspective is required")
-	}
-	pool, err := connect(ctx, *dbURL)
+	pool, admin, err := openAdmin(ctx, *dbURL, *name)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
 	q := db.New(pool)
-	admin, err := newAdmin(pool)
-	if err != nil {
-		return err
-	}
 	var streams []uuid.UUID
 	if *stream != "" {
 		id, err := requiredStream(*stream)
