@@ -232,4 +232,3 @@ func (s *pgStore) markFailed(ctx context.Context, q *db.Queries, arg db.PairsMar
 	}
 	return nil
 }
-
