@@ -52,7 +52,8 @@ func (h *statsHandler) Handle(_ context.Context, r slog.Record) error {
 		h.s.Rewinds++
 	case "rewind skipped: stream lock held by another instance":
 		h.s.Contended++
-	case "operation refused at commit; will retry":
+	case "operation refused at commit; will retry",
+		"stream lock lost: the operation's work was refused; will retry with backoff":
 		h.s.Refused++
 	case "snapshot bootstrapped":
 		h.s.Bootstraps++
