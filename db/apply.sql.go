@@ -227,6 +227,10 @@ SELECT c.stream_id,
 FROM (SELECT unnest($1::uuid[]) AS stream_id, unnest($2::text[]) AS perspective_name) p
 JOIN wh_perspective_cursors c
   ON c.stream_id = p.stream_id AND c.perspective_name = p.perspective_name
+WHERE NOT EXISTS (
+    SELECT 1 FROM wh_perspective_builds b
+    WHERE b.build_key = c.perspective_name AND b.state = 'retired'
+)
 FOR UPDATE OF c SKIP LOCKED
 `
 
@@ -249,13 +253,14 @@ type PairsLockForApplyRow struct {
 // statements. The pairs are passed as two parallel arrays, stream_ids[i] with
 // perspective_names[i].
 // Locks the cursor rows of the given pairs, skipping those another transaction holds (and
-// those without a cursor row: see CursorsEnsure). Returns each locked cursor, the holder of
+// those without a cursor row: see CursorsEnsure, and those of a retired build). Returns each locked cursor, the holder of
 // an unexpired stream lock on it (the nil UUID: none), and the pair's snapshot positions, newest first.
 // The model is NOT read here but by a later statement of the transaction (ModelsGet): under
 // READ COMMITTED a row locked after a concurrent commit is returned in its newest version,
 // while rows joined from other tables stay as of the statement's snapshot, so a model read
 // here could predate the cursor it came with (a rewind that committed meanwhile keeps the
 // cursor position but changes the model).
+// A retired build is never written again (its rows are being deleted).
 func (q *Queries) PairsLockForApply(ctx context.Context, arg PairsLockForApplyParams) ([]PairsLockForApplyRow, error) {
 	rows, err := q.db.Query(ctx, pairsLockForApply, arg.StreamIds, arg.PerspectiveNames)
 	if err != nil {

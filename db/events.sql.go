@@ -12,19 +12,25 @@ import (
 	"github.com/google/uuid"
 )
 
-const appendLockAndNotify = `-- name: AppendLockAndNotify :exec
+const appendLockAndNotify = `-- name: AppendLockAndNotify :one
 
-SELECT pg_advisory_xact_lock_shared(7214082031553392641), pg_notify('wh_perspective_events', '')
+SELECT current_setting('transaction_isolation')::text AS isolation
+FROM (SELECT pg_advisory_xact_lock_shared(7214082031553392641), pg_notify('wh_perspective_events', '')) AS taken
 `
 
-// Appending events and registering perspectives. Append takes a shared transaction-level
-// advisory lock and registration the exclusive one, so an event committed while a
-// perspective registers is never missed by that perspective's backlog.
-// Takes the shared append lock and queues the wake-up notification for listening workers: PostgreSQL delivers it only
-// if the transaction commits, and once per transaction.
-func (q *Queries) AppendLockAndNotify(ctx context.Context) error {
-	_, err := q.db.Exec(ctx, appendLockAndNotify)
-	return err
+// Appending events and registering builds. Append takes a shared transaction-level
+// advisory lock and registration the exclusive one, so every Append either commits before a
+// new build is registered (its events are then in the store when the build's catch-up reads
+// it) or queues its events for the new build.
+// Takes the shared append lock and queues the wake-up notification for listening workers
+// (PostgreSQL delivers it only if the transaction commits, and once per transaction).
+// Returns the transaction's isolation level: above READ COMMITTED, Append must also check
+// that its snapshot knows every build (RegistrationCheck).
+func (q *Queries) AppendLockAndNotify(ctx context.Context) (string, error) {
+	row := q.db.QueryRow(ctx, appendLockAndNotify)
+	var isolation string
+	err := row.Scan(&isolation)
+	return isolation, err
 }
 
 const eventCount = `-- name: EventCount :one
@@ -51,18 +57,20 @@ WITH ev AS (
                unnest($5::timestamptz[]) AS created_at
     ) AS i
     RETURNING event_id, stream_id
+), builds AS (
+    SELECT b.build_key FROM wh_perspective_builds b WHERE b.state IN ('building', 'active')
 ), cursors AS (
     -- Each pair's cursor row exists from its first event on, so the worker can lock it at
     -- once. Ordered, so that concurrent appends to several streams never deadlock.
     INSERT INTO wh_perspective_cursors (stream_id, perspective_name)
-    SELECT DISTINCT ev.stream_id, p.perspective_name
-    FROM ev CROSS JOIN wh_perspectives p
+    SELECT DISTINCT ev.stream_id, b.build_key
+    FROM ev CROSS JOIN builds b
     ORDER BY 1, 2
     ON CONFLICT (stream_id, perspective_name) DO NOTHING
 )
 INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)
-SELECT ev.stream_id, p.perspective_name, ev.event_id
-FROM ev CROSS JOIN wh_perspectives p
+SELECT ev.stream_id, b.build_key, ev.event_id
+FROM ev CROSS JOIN builds b
 `
 
 type EventsAppendParams struct {
@@ -73,8 +81,8 @@ type EventsAppendParams struct {
 	CreatedAts []time.Time
 }
 
-// Stores the events, enqueues one row per (event, registered perspective) and makes sure
-// each pair has a cursor row. Returns the number of queue rows written.
+// Stores the events, enqueues one row per (event, build being built or active) and makes
+// sure each pair has a cursor row. Returns the number of queue rows written.
 func (q *Queries) EventsAppend(ctx context.Context, arg EventsAppendParams) (int64, error) {
 	result, err := q.db.Exec(ctx, eventsAppend,
 		arg.EventIds,
@@ -172,30 +180,6 @@ func (q *Queries) EventsReplayPage(ctx context.Context, arg EventsReplayPagePara
 	return items, nil
 }
 
-const perspectiveEnqueueBacklog = `-- name: PerspectiveEnqueueBacklog :execrows
-WITH cursors AS (
-    INSERT INTO wh_perspective_cursors (stream_id, perspective_name)
-    SELECT DISTINCT e.stream_id, $1::text
-    FROM wh_event_store e
-    ORDER BY 1
-    ON CONFLICT (stream_id, perspective_name) DO NOTHING
-)
-INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)
-SELECT e.stream_id, $1::text, e.event_id
-FROM wh_event_store e
-ON CONFLICT DO NOTHING
-`
-
-// Enqueues every stored event for a newly registered perspective, and creates the cursor
-// row of each of its pairs.
-func (q *Queries) PerspectiveEnqueueBacklog(ctx context.Context, perspectiveName string) (int64, error) {
-	result, err := q.db.Exec(ctx, perspectiveEnqueueBacklog, perspectiveName)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
 const perspectiveExists = `-- name: PerspectiveExists :one
 SELECT EXISTS (SELECT 1 FROM wh_perspectives WHERE perspective_name = $1)::bool
 `
@@ -258,8 +242,21 @@ const registerLock = `-- name: RegisterLock :exec
 SELECT pg_advisory_xact_lock(7214082031553392641)
 `
 
+// The exclusive side of the append lock, held by the (short) transaction that adds a build.
 func (q *Queries) RegisterLock(ctx context.Context) error {
 	_, err := q.db.Exec(ctx, registerLock)
+	return err
+}
+
+const registrationCheck = `-- name: RegistrationCheck :exec
+SELECT epoch FROM wh_registration WHERE id = 1 FOR SHARE
+`
+
+// In a REPEATABLE READ or SERIALIZABLE transaction: fails with a serialization error when
+// a build was registered after the transaction's snapshot was taken (the snapshot would not
+// queue the events for it). The caller retries the transaction.
+func (q *Queries) RegistrationCheck(ctx context.Context) error {
+	_, err := q.db.Exec(ctx, registrationCheck)
 	return err
 }
 

@@ -23,6 +23,27 @@ type WhPerspective struct {
 	RegisteredAt    time.Time
 }
 
+type WhPerspectiveBuild struct {
+	BuildKey         string
+	PerspectiveName  string
+	Version          int32
+	Build            int32
+	State            string
+	CreatedAt        time.Time
+	PromotedAt       *time.Time
+	RetiredAt        *time.Time
+	CleanedAt        *time.Time
+	CatchupStreamID  uuid.NullUUID
+	CatchupEventID   uuid.NullUUID
+	CatchupDone      bool
+	CatchupEvents    int64
+	CatchupStreams   int64
+	CatchupStartedAt *time.Time
+	CatchupDoneAt    *time.Time
+	CatchupHolder    uuid.NullUUID
+	CatchupExpiry    *time.Time
+}
+
 type WhPerspectiveCursor struct {
 	StreamID             uuid.UUID
 	PerspectiveName      string
@@ -63,4 +84,9 @@ type WhPerspectiveSnapshot struct {
 	SnapshotEventID uuid.UUID
 	Model           []byte
 	CreatedAt       time.Time
+}
+
+type WhRegistration struct {
+	ID    int32
+	Epoch int64
 }

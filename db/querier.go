@@ -11,12 +11,51 @@ import (
 )
 
 type Querier interface {
-	// Appending events and registering perspectives. Append takes a shared transaction-level
-	// advisory lock and registration the exclusive one, so an event committed while a
-	// perspective registers is never missed by that perspective's backlog.
-	// Takes the shared append lock and queues the wake-up notification for listening workers: PostgreSQL delivers it only
-	// if the transaction commits, and once per transaction.
-	AppendLockAndNotify(ctx context.Context) error
+	// Appending events and registering builds. Append takes a shared transaction-level
+	// advisory lock and registration the exclusive one, so every Append either commits before a
+	// new build is registered (its events are then in the store when the build's catch-up reads
+	// it) or queues its events for the new build.
+	// Takes the shared append lock and queues the wake-up notification for listening workers
+	// (PostgreSQL delivers it only if the transaction commits, and once per transaction).
+	// Returns the transaction's isolation level: above READ COMMITTED, Append must also check
+	// that its snapshot knows every build (RegistrationCheck).
+	AppendLockAndNotify(ctx context.Context) (string, error)
+	// Takes (or renews) the lease on a build's catch-up: free, expired, or already the
+	// caller's. Returns the position to continue from; no row when another instance holds it or
+	// the catch-up is done.
+	BuildCatchUpAcquire(ctx context.Context, arg BuildCatchUpAcquireParams) (BuildCatchUpAcquireRow, error)
+	// Moves a build's catch-up position, in the transaction that wrote the page's models: only
+	// while the caller holds an unexpired lease and the position is still the one it started
+	// from (the fencing check: 0 rows and the page is rolled back). Renews the lease.
+	BuildCatchUpAdvance(ctx context.Context, arg BuildCatchUpAdvanceParams) (int64, error)
+	// Ends a build's catch-up (no stored event after its position), under the same fencing as
+	// BuildCatchUpAdvance; the stream it was at counts as passed.
+	BuildCatchUpFinish(ctx context.Context, arg BuildCatchUpFinishParams) (int64, error)
+	// Deletes the rows of up to batch_size pairs of a retired build: queue rows, snapshots,
+	// model and cursor. Returns the number of pairs deleted (0: none left).
+	BuildCleanupBatch(ctx context.Context, arg BuildCleanupBatchParams) (int64, error)
+	// Adds a build. An active one (the perspective's first) is promoted at once.
+	BuildCreate(ctx context.Context, arg BuildCreateParams) error
+	// Whether a build key is used, by any perspective's build (a perspective's name is its
+	// first build's key, so a new name must not be another's key either).
+	BuildKeyTaken(ctx context.Context, buildKey string) (bool, error)
+	BuildMarkCleaned(ctx context.Context, buildKey string) error
+	// The age of the oldest event queued for a build, in microseconds (-1: none queued).
+	BuildQueueAge(ctx context.Context, buildKey string) (int64, error)
+	BuildSetState(ctx context.Context, arg BuildSetStateParams) error
+	// Builds of perspectives (schema/000002_builds.up.sql): registration, catch-up from the
+	// event store, promotion and the cleanup of retired builds.
+	// Every build of the given perspectives, oldest first.
+	BuildsOf(ctx context.Context, perspectiveNames []string) ([]BuildsOfRow, error)
+	// Every build with its catch-up progress and queue (the versions command, the metrics).
+	BuildsStatus(ctx context.Context) ([]BuildsStatusRow, error)
+	// Retired builds of the given perspectives whose rows are not all deleted, retired at least
+	// grace_seconds ago (a transaction an instance began before it saw the retirement has ended).
+	BuildsToClean(ctx context.Context, arg BuildsToCleanParams) ([]string, error)
+	// The next page of stored events after a position, in (stream_id, event_id) order.
+	CatchUpPage(ctx context.Context, arg CatchUpPageParams) ([]WhEventStore, error)
+	// The events queued for a build among the streams from first to last (a page's streams).
+	CatchUpQueued(ctx context.Context, arg CatchUpQueuedParams) ([]CatchUpQueuedRow, error)
 	CursorGet(ctx context.Context, arg CursorGetParams) (CursorGetRow, error)
 	// Locks the cursor row, waiting for other writers (final writes of long operations).
 	// lock_holder is the holder of an unexpired stream lock (the nil UUID: none), judged with clock_timestamp(): the
@@ -34,13 +73,18 @@ type Querier interface {
 	// updated).
 	CursorsMissing(ctx context.Context, arg CursorsMissingParams) ([]CursorsMissingRow, error)
 	EventCount(ctx context.Context) (int64, error)
-	// Stores the events, enqueues one row per (event, registered perspective) and makes sure
-	// each pair has a cursor row. Returns the number of queue rows written.
+	// The planner's estimate of the stored events (-1 before the first ANALYZE).
+	EventStoreEstimate(ctx context.Context) (int64, error)
+	// Stores the events, enqueues one row per (event, build being built or active) and makes
+	// sure each pair has a cursor row. Returns the number of queue rows written.
 	EventsAppend(ctx context.Context, arg EventsAppendParams) (int64, error)
 	// Every event of a stream in ID order (tests, the demo's consistency check).
 	EventsForStream(ctx context.Context, streamID uuid.UUID) ([]WhEventStore, error)
 	// One page of a stream's events after a position, up to an inclusive bound, in ID order.
 	EventsReplayPage(ctx context.Context, arg EventsReplayPageParams) ([]WhEventStore, error)
+	// The model of a stream in a perspective's active build (a name without builds: its own
+	// rows). One statement, so a promotion is seen whole or not at all.
+	ModelActiveGet(ctx context.Context, arg ModelActiveGetParams) ([]byte, error)
 	ModelDelete(ctx context.Context, arg ModelDeleteParams) (int64, error)
 	// The models of the given pairs (pairs without a model have no row).
 	ModelsGet(ctx context.Context, arg ModelsGetParams) ([]ModelsGetRow, error)
@@ -54,21 +98,19 @@ type Querier interface {
 	// statements. The pairs are passed as two parallel arrays, stream_ids[i] with
 	// perspective_names[i].
 	// Locks the cursor rows of the given pairs, skipping those another transaction holds (and
-	// those without a cursor row: see CursorsEnsure). Returns each locked cursor, the holder of
+	// those without a cursor row: see CursorsEnsure, and those of a retired build). Returns each locked cursor, the holder of
 	// an unexpired stream lock on it (the nil UUID: none), and the pair's snapshot positions, newest first.
 	// The model is NOT read here but by a later statement of the transaction (ModelsGet): under
 	// READ COMMITTED a row locked after a concurrent commit is returned in its newest version,
 	// while rows joined from other tables stay as of the statement's snapshot, so a model read
 	// here could predate the cursor it came with (a rewind that committed meanwhile keeps the
 	// cursor position but changes the model).
+	// A retired build is never written again (its rows are being deleted).
 	PairsLockForApply(ctx context.Context, arg PairsLockForApplyParams) ([]PairsLockForApplyRow, error)
 	// Records a failure of each given pair (errors[i] for pair i) on its cursor and on every
 	// queued row of the pair, and schedules the retry: base_seconds doubled per earlier
 	// attempt, capped at max_seconds, from now. Returns the retry time of each pair.
 	PairsMarkFailed(ctx context.Context, arg PairsMarkFailedParams) ([]PairsMarkFailedRow, error)
-	// Enqueues every stored event for a newly registered perspective, and creates the cursor
-	// row of each of its pairs.
-	PerspectiveEnqueueBacklog(ctx context.Context, perspectiveName string) (int64, error)
 	PerspectiveExists(ctx context.Context, perspectiveName string) (bool, error)
 	PerspectiveList(ctx context.Context) ([]WhPerspective, error)
 	PerspectiveRegister(ctx context.Context, perspectiveName string) (int64, error)
@@ -77,9 +119,10 @@ type Querier interface {
 	QueueCountFor(ctx context.Context, arg QueueCountForParams) (int64, error)
 	// Queue depth per perspective, and the age of its oldest row on the database clock.
 	QueueDepth(ctx context.Context) ([]QueueDepthRow, error)
-	// The pairs with due queue rows, oldest row first, of the perspectives this instance runs,
-	// skipping the pairs listed in busy_pairs, pairs another instance has locked, and pairs
-	// backing off after a failure; at most pair_limit pairs, each once.
+	// The pairs with due queue rows, oldest row first, of the builds this instance runs
+	// (perspective_names holds their build keys), skipping the pairs listed in busy_pairs, pairs
+	// another instance has locked, pairs backing off after a failure, and pairs whose build's
+	// catch-up has not passed their stream yet; at most pair_limit pairs, each once.
 	// A loose index scan: each step is one probe of the due index for the first row after the
 	// previous step's (next_attempt_at, stream, perspective) group, so a step passes a whole
 	// group (all the rows one Append queued for a pair) at once, and the cost grows with the
@@ -89,13 +132,24 @@ type Querier interface {
 	QueueDuePairs(ctx context.Context, arg QueueDuePairsParams) ([]QueueDuePairsRow, error)
 	// Enqueues every stored event of one stream for one perspective (rebuild).
 	QueueEnqueueStream(ctx context.Context, arg QueueEnqueueStreamParams) (int64, error)
+	// Queues a stream's stored events from an event on (inclusive) for a build: what a
+	// catch-up could not apply (a failing event and the ones after it) is left to the normal
+	// path, which retries it with backoff.
+	QueueEnqueueStreamFrom(ctx context.Context, arg QueueEnqueueStreamFromParams) (int64, error)
 	// The queued events of the given pairs: at most per_pair_limit per pair, the lowest event
 	// IDs of each.
 	QueueEventsForPairs(ctx context.Context, arg QueueEventsForPairsParams) ([]QueueEventsForPairsRow, error)
 	QueueIDsForPair(ctx context.Context, arg QueueIDsForPairParams) ([]uuid.UUID, error)
 	// Subscribes the session to the notification AppendLockAndNotify queues.
 	QueueListen(ctx context.Context) error
+	// The exclusive side of the append lock, held by the (short) transaction that adds a build.
 	RegisterLock(ctx context.Context) error
+	// In the transaction that adds a build: see wh_registration.
+	RegistrationBump(ctx context.Context) error
+	// In a REPEATABLE READ or SERIALIZABLE transaction: fails with a serialization error when
+	// a build was registered after the transaction's snapshot was taken (the snapshot would not
+	// queue the events for it). The caller retries the transaction.
+	RegistrationCheck(ctx context.Context) error
 	// Snapshot positions of one pair, newest first.
 	SnapshotIDs(ctx context.Context, arg SnapshotIDsParams) ([]uuid.UUID, error)
 	// The newest snapshot strictly before an event.

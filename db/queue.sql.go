@@ -103,6 +103,13 @@ WITH RECURSIVE due AS (
                       AND c.perspective_name = g.perspective_name
                       AND ((c.stream_lock_instance_id <> $3::uuid AND c.stream_lock_expiry > clock_timestamp())
                            OR c.next_attempt_at > now())
+                )
+                -- a build's pairs wait until its catch-up has passed their stream
+                AND NOT EXISTS (
+                    SELECT 1 FROM wh_perspective_builds b
+                    WHERE b.build_key = g.perspective_name
+                      AND NOT b.catchup_done
+                      AND (b.catchup_stream_id IS NULL OR g.stream_id >= b.catchup_stream_id)
                 )) AS ok
         FROM (
             SELECT q.next_attempt_at, q.stream_id, q.perspective_name,
@@ -136,9 +143,10 @@ type QueueDuePairsRow struct {
 	PerspectiveName string
 }
 
-// The pairs with due queue rows, oldest row first, of the perspectives this instance runs,
-// skipping the pairs listed in busy_pairs, pairs another instance has locked, and pairs
-// backing off after a failure; at most pair_limit pairs, each once.
+// The pairs with due queue rows, oldest row first, of the builds this instance runs
+// (perspective_names holds their build keys), skipping the pairs listed in busy_pairs, pairs
+// another instance has locked, pairs backing off after a failure, and pairs whose build's
+// catch-up has not passed their stream yet; at most pair_limit pairs, each once.
 // A loose index scan: each step is one probe of the due index for the first row after the
 // previous step's (next_attempt_at, stream, perspective) group, so a step passes a whole
 // group (all the rows one Append queued for a pair) at once, and the cost grows with the

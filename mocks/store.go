@@ -8,6 +8,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/perspectives-go/perspectives/worker"
 	"sync"
+	"time"
 )
 
 // Ensure, that StoreMock does implement worker.Store.
@@ -26,8 +27,17 @@ var _ worker.Store = &StoreMock{}
 //			BootstrapFunc: func(ctx context.Context, p worker.Pair) (bool, error) {
 //				panic("mock out the Bootstrap method")
 //			},
+//			BuildsFunc: func(ctx context.Context, perspectives []string) ([]worker.Build, error) {
+//				panic("mock out the Builds method")
+//			},
+//			CatchUpFunc: func(ctx context.Context, req worker.CatchUpRequest, fold func(worker.CatchUpPage) []worker.PairWrite) (worker.CatchUpResult, error) {
+//				panic("mock out the CatchUp method")
+//			},
 //			ClaimFunc: func(ctx context.Context, req worker.ClaimRequest) ([]worker.Pair, error) {
 //				panic("mock out the Claim method")
+//			},
+//			CleanupFunc: func(ctx context.Context, perspectives []string, grace time.Duration, batch int) (bool, error) {
+//				panic("mock out the Cleanup method")
 //			},
 //			ListenFunc: func(ctx context.Context, notify func()) error {
 //				panic("mock out the Listen method")
@@ -35,13 +45,13 @@ var _ worker.Store = &StoreMock{}
 //			MarkFailedFunc: func(ctx context.Context, p worker.Pair, cause string) error {
 //				panic("mock out the MarkFailed method")
 //			},
+//			PromoteFunc: func(ctx context.Context, perspective string, key string, force bool) (bool, error) {
+//				panic("mock out the Promote method")
+//			},
 //			PurgeFunc: func(ctx context.Context, p worker.Pair, holder uuid.UUID) error {
 //				panic("mock out the Purge method")
 //			},
-//			QueueDepthFunc: func(ctx context.Context) ([]worker.QueueDepth, error) {
-//				panic("mock out the QueueDepth method")
-//			},
-//			RegisterFunc: func(ctx context.Context, perspective string) (int64, error) {
+//			RegisterFunc: func(ctx context.Context, perspective string, version int) ([]worker.Build, error) {
 //				panic("mock out the Register method")
 //			},
 //			ReplayFunc: func(ctx context.Context, stream uuid.UUID, after uuid.UUID, upto uuid.UUID, limit int) ([]worker.Event, error) {
@@ -52,6 +62,9 @@ var _ worker.Store = &StoreMock{}
 //			},
 //			RewindStartFunc: func(ctx context.Context, p worker.Pair) (worker.RewindStart, error) {
 //				panic("mock out the RewindStart method")
+//			},
+//			StatusFunc: func(ctx context.Context) ([]worker.BuildStatus, error) {
+//				panic("mock out the Status method")
 //			},
 //		}
 //
@@ -66,8 +79,17 @@ type StoreMock struct {
 	// BootstrapFunc mocks the Bootstrap method.
 	BootstrapFunc func(ctx context.Context, p worker.Pair) (bool, error)
 
+	// BuildsFunc mocks the Builds method.
+	BuildsFunc func(ctx context.Context, perspectives []string) ([]worker.Build, error)
+
+	// CatchUpFunc mocks the CatchUp method.
+	CatchUpFunc func(ctx context.Context, req worker.CatchUpRequest, fold func(worker.CatchUpPage) []worker.PairWrite) (worker.CatchUpResult, error)
+
 	// ClaimFunc mocks the Claim method.
 	ClaimFunc func(ctx context.Context, req worker.ClaimRequest) ([]worker.Pair, error)
+
+	// CleanupFunc mocks the Cleanup method.
+	CleanupFunc func(ctx context.Context, perspectives []string, grace time.Duration, batch int) (bool, error)
 
 	// ListenFunc mocks the Listen method.
 	ListenFunc func(ctx context.Context, notify func()) error
@@ -75,14 +97,14 @@ type StoreMock struct {
 	// MarkFailedFunc mocks the MarkFailed method.
 	MarkFailedFunc func(ctx context.Context, p worker.Pair, cause string) error
 
+	// PromoteFunc mocks the Promote method.
+	PromoteFunc func(ctx context.Context, perspective string, key string, force bool) (bool, error)
+
 	// PurgeFunc mocks the Purge method.
 	PurgeFunc func(ctx context.Context, p worker.Pair, holder uuid.UUID) error
 
-	// QueueDepthFunc mocks the QueueDepth method.
-	QueueDepthFunc func(ctx context.Context) ([]worker.QueueDepth, error)
-
 	// RegisterFunc mocks the Register method.
-	RegisterFunc func(ctx context.Context, perspective string) (int64, error)
+	RegisterFunc func(ctx context.Context, perspective string, version int) ([]worker.Build, error)
 
 	// ReplayFunc mocks the Replay method.
 	ReplayFunc func(ctx context.Context, stream uuid.UUID, after uuid.UUID, upto uuid.UUID, limit int) ([]worker.Event, error)
@@ -92,6 +114,9 @@ type StoreMock struct {
 
 	// RewindStartFunc mocks the RewindStart method.
 	RewindStartFunc func(ctx context.Context, p worker.Pair) (worker.RewindStart, error)
+
+	// StatusFunc mocks the Status method.
+	StatusFunc func(ctx context.Context) ([]worker.BuildStatus, error)
 
 	// calls tracks calls to the methods.
 	calls struct {
@@ -113,12 +138,39 @@ type StoreMock struct {
 			// P is the p argument value.
 			P worker.Pair
 		}
+		// Builds holds details about calls to the Builds method.
+		Builds []struct {
+			// Ctx is the ctx argument value.
+			Ctx context.Context
+			// Perspectives is the perspectives argument value.
+			Perspectives []string
+		}
+		// CatchUp holds details about calls to the CatchUp method.
+		CatchUp []struct {
+			// Ctx is the ctx argument value.
+			Ctx context.Context
+			// Req is the req argument value.
+			Req worker.CatchUpRequest
+			// Fold is the fold argument value.
+			Fold func(worker.CatchUpPage) []worker.PairWrite
+		}
 		// Claim holds details about calls to the Claim method.
 		Claim []struct {
 			// Ctx is the ctx argument value.
 			Ctx context.Context
 			// Req is the req argument value.
 			Req worker.ClaimRequest
+		}
+		// Cleanup holds details about calls to the Cleanup method.
+		Cleanup []struct {
+			// Ctx is the ctx argument value.
+			Ctx context.Context
+			// Perspectives is the perspectives argument value.
+			Perspectives []string
+			// Grace is the grace argument value.
+			Grace time.Duration
+			// Batch is the batch argument value.
+			Batch int
 		}
 		// Listen holds details about calls to the Listen method.
 		Listen []struct {
@@ -136,6 +188,17 @@ type StoreMock struct {
 			// Cause is the cause argument value.
 			Cause string
 		}
+		// Promote holds details about calls to the Promote method.
+		Promote []struct {
+			// Ctx is the ctx argument value.
+			Ctx context.Context
+			// Perspective is the perspective argument value.
+			Perspective string
+			// Key is the key argument value.
+			Key string
+			// Force is the force argument value.
+			Force bool
+		}
 		// Purge holds details about calls to the Purge method.
 		Purge []struct {
 			// Ctx is the ctx argument value.
@@ -145,17 +208,14 @@ type StoreMock struct {
 			// Holder is the holder argument value.
 			Holder uuid.UUID
 		}
-		// QueueDepth holds details about calls to the QueueDepth method.
-		QueueDepth []struct {
-			// Ctx is the ctx argument value.
-			Ctx context.Context
-		}
 		// Register holds details about calls to the Register method.
 		Register []struct {
 			// Ctx is the ctx argument value.
 			Ctx context.Context
 			// Perspective is the perspective argument value.
 			Perspective string
+			// Version is the version argument value.
+			Version int
 		}
 		// Replay holds details about calls to the Replay method.
 		Replay []struct {
@@ -184,18 +244,27 @@ type StoreMock struct {
 			// P is the p argument value.
 			P worker.Pair
 		}
+		// Status holds details about calls to the Status method.
+		Status []struct {
+			// Ctx is the ctx argument value.
+			Ctx context.Context
+		}
 	}
 	lockApply        sync.RWMutex
 	lockBootstrap    sync.RWMutex
+	lockBuilds       sync.RWMutex
+	lockCatchUp      sync.RWMutex
 	lockClaim        sync.RWMutex
+	lockCleanup      sync.RWMutex
 	lockListen       sync.RWMutex
 	lockMarkFailed   sync.RWMutex
+	lockPromote      sync.RWMutex
 	lockPurge        sync.RWMutex
-	lockQueueDepth   sync.RWMutex
 	lockRegister     sync.RWMutex
 	lockReplay       sync.RWMutex
 	lockRewindCommit sync.RWMutex
 	lockRewindStart  sync.RWMutex
+	lockStatus       sync.RWMutex
 }
 
 // Apply calls ApplyFunc.
@@ -278,6 +347,82 @@ func (mock *StoreMock) BootstrapCalls() []struct {
 	return calls
 }
 
+// Builds calls BuildsFunc.
+func (mock *StoreMock) Builds(ctx context.Context, perspectives []string) ([]worker.Build, error) {
+	if mock.BuildsFunc == nil {
+		panic("StoreMock.BuildsFunc: method is nil but Store.Builds was just called")
+	}
+	callInfo := struct {
+		Ctx          context.Context
+		Perspectives []string
+	}{
+		Ctx:          ctx,
+		Perspectives: perspectives,
+	}
+	mock.lockBuilds.Lock()
+	mock.calls.Builds = append(mock.calls.Builds, callInfo)
+	mock.lockBuilds.Unlock()
+	return mock.BuildsFunc(ctx, perspectives)
+}
+
+// BuildsCalls gets all the calls that were made to Builds.
+// Check the length with:
+//
+//	len(mockedStore.BuildsCalls())
+func (mock *StoreMock) BuildsCalls() []struct {
+	Ctx          context.Context
+	Perspectives []string
+} {
+	var calls []struct {
+		Ctx          context.Context
+		Perspectives []string
+	}
+	mock.lockBuilds.RLock()
+	calls = mock.calls.Builds
+	mock.lockBuilds.RUnlock()
+	return calls
+}
+
+// CatchUp calls CatchUpFunc.
+func (mock *StoreMock) CatchUp(ctx context.Context, req worker.CatchUpRequest, fold func(worker.CatchUpPage) []worker.PairWrite) (worker.CatchUpResult, error) {
+	if mock.CatchUpFunc == nil {
+		panic("StoreMock.CatchUpFunc: method is nil but Store.CatchUp was just called")
+	}
+	callInfo := struct {
+		Ctx  context.Context
+		Req  worker.CatchUpRequest
+		Fold func(worker.CatchUpPage) []worker.PairWrite
+	}{
+		Ctx:  ctx,
+		Req:  req,
+		Fold: fold,
+	}
+	mock.lockCatchUp.Lock()
+	mock.calls.CatchUp = append(mock.calls.CatchUp, callInfo)
+	mock.lockCatchUp.Unlock()
+	return mock.CatchUpFunc(ctx, req, fold)
+}
+
+// CatchUpCalls gets all the calls that were made to CatchUp.
+// Check the length with:
+//
+//	len(mockedStore.CatchUpCalls())
+func (mock *StoreMock) CatchUpCalls() []struct {
+	Ctx  context.Context
+	Req  worker.CatchUpRequest
+	Fold func(worker.CatchUpPage) []worker.PairWrite
+} {
+	var calls []struct {
+		Ctx  context.Context
+		Req  worker.CatchUpRequest
+		Fold func(worker.CatchUpPage) []worker.PairWrite
+	}
+	mock.lockCatchUp.RLock()
+	calls = mock.calls.CatchUp
+	mock.lockCatchUp.RUnlock()
+	return calls
+}
+
 // Claim calls ClaimFunc.
 func (mock *StoreMock) Claim(ctx context.Context, req worker.ClaimRequest) ([]worker.Pair, error) {
 	if mock.ClaimFunc == nil {
@@ -311,6 +456,50 @@ func (mock *StoreMock) ClaimCalls() []struct {
 	mock.lockClaim.RLock()
 	calls = mock.calls.Claim
 	mock.lockClaim.RUnlock()
+	return calls
+}
+
+// Cleanup calls CleanupFunc.
+func (mock *StoreMock) Cleanup(ctx context.Context, perspectives []string, grace time.Duration, batch int) (bool, error) {
+	if mock.CleanupFunc == nil {
+		panic("StoreMock.CleanupFunc: method is nil but Store.Cleanup was just called")
+	}
+	callInfo := struct {
+		Ctx          context.Context
+		Perspectives []string
+		Grace        time.Duration
+		Batch        int
+	}{
+		Ctx:          ctx,
+		Perspectives: perspectives,
+		Grace:        grace,
+		Batch:        batch,
+	}
+	mock.lockCleanup.Lock()
+	mock.calls.Cleanup = append(mock.calls.Cleanup, callInfo)
+	mock.lockCleanup.Unlock()
+	return mock.CleanupFunc(ctx, perspectives, grace, batch)
+}
+
+// CleanupCalls gets all the calls that were made to Cleanup.
+// Check the length with:
+//
+//	len(mockedStore.CleanupCalls())
+func (mock *StoreMock) CleanupCalls() []struct {
+	Ctx          context.Context
+	Perspectives []string
+	Grace        time.Duration
+	Batch        int
+} {
+	var calls []struct {
+		Ctx          context.Context
+		Perspectives []string
+		Grace        time.Duration
+		Batch        int
+	}
+	mock.lockCleanup.RLock()
+	calls = mock.calls.Cleanup
+	mock.lockCleanup.RUnlock()
 	return calls
 }
 
@@ -390,6 +579,50 @@ func (mock *StoreMock) MarkFailedCalls() []struct {
 	return calls
 }
 
+// Promote calls PromoteFunc.
+func (mock *StoreMock) Promote(ctx context.Context, perspective string, key string, force bool) (bool, error) {
+	if mock.PromoteFunc == nil {
+		panic("StoreMock.PromoteFunc: method is nil but Store.Promote was just called")
+	}
+	callInfo := struct {
+		Ctx         context.Context
+		Perspective string
+		Key         string
+		Force       bool
+	}{
+		Ctx:         ctx,
+		Perspective: perspective,
+		Key:         key,
+		Force:       force,
+	}
+	mock.lockPromote.Lock()
+	mock.calls.Promote = append(mock.calls.Promote, callInfo)
+	mock.lockPromote.Unlock()
+	return mock.PromoteFunc(ctx, perspective, key, force)
+}
+
+// PromoteCalls gets all the calls that were made to Promote.
+// Check the length with:
+//
+//	len(mockedStore.PromoteCalls())
+func (mock *StoreMock) PromoteCalls() []struct {
+	Ctx         context.Context
+	Perspective string
+	Key         string
+	Force       bool
+} {
+	var calls []struct {
+		Ctx         context.Context
+		Perspective string
+		Key         string
+		Force       bool
+	}
+	mock.lockPromote.RLock()
+	calls = mock.calls.Promote
+	mock.lockPromote.RUnlock()
+	return calls
+}
+
 // Purge calls PurgeFunc.
 func (mock *StoreMock) Purge(ctx context.Context, p worker.Pair, holder uuid.UUID) error {
 	if mock.PurgeFunc == nil {
@@ -430,54 +663,24 @@ func (mock *StoreMock) PurgeCalls() []struct {
 	return calls
 }
 
-// QueueDepth calls QueueDepthFunc.
-func (mock *StoreMock) QueueDepth(ctx context.Context) ([]worker.QueueDepth, error) {
-	if mock.QueueDepthFunc == nil {
-		panic("StoreMock.QueueDepthFunc: method is nil but Store.QueueDepth was just called")
-	}
-	callInfo := struct {
-		Ctx context.Context
-	}{
-		Ctx: ctx,
-	}
-	mock.lockQueueDepth.Lock()
-	mock.calls.QueueDepth = append(mock.calls.QueueDepth, callInfo)
-	mock.lockQueueDepth.Unlock()
-	return mock.QueueDepthFunc(ctx)
-}
-
-// QueueDepthCalls gets all the calls that were made to QueueDepth.
-// Check the length with:
-//
-//	len(mockedStore.QueueDepthCalls())
-func (mock *StoreMock) QueueDepthCalls() []struct {
-	Ctx context.Context
-} {
-	var calls []struct {
-		Ctx context.Context
-	}
-	mock.lockQueueDepth.RLock()
-	calls = mock.calls.QueueDepth
-	mock.lockQueueDepth.RUnlock()
-	return calls
-}
-
 // Register calls RegisterFunc.
-func (mock *StoreMock) Register(ctx context.Context, perspective string) (int64, error) {
+func (mock *StoreMock) Register(ctx context.Context, perspective string, version int) ([]worker.Build, error) {
 	if mock.RegisterFunc == nil {
 		panic("StoreMock.RegisterFunc: method is nil but Store.Register was just called")
 	}
 	callInfo := struct {
 		Ctx         context.Context
 		Perspective string
+		Version     int
 	}{
 		Ctx:         ctx,
 		Perspective: perspective,
+		Version:     version,
 	}
 	mock.lockRegister.Lock()
 	mock.calls.Register = append(mock.calls.Register, callInfo)
 	mock.lockRegister.Unlock()
-	return mock.RegisterFunc(ctx, perspective)
+	return mock.RegisterFunc(ctx, perspective, version)
 }
 
 // RegisterCalls gets all the calls that were made to Register.
@@ -487,10 +690,12 @@ func (mock *StoreMock) Register(ctx context.Context, perspective string) (int64,
 func (mock *StoreMock) RegisterCalls() []struct {
 	Ctx         context.Context
 	Perspective string
+	Version     int
 } {
 	var calls []struct {
 		Ctx         context.Context
 		Perspective string
+		Version     int
 	}
 	mock.lockRegister.RLock()
 	calls = mock.calls.Register
@@ -615,5 +820,37 @@ func (mock *StoreMock) RewindStartCalls() []struct {
 	mock.lockRewindStart.RLock()
 	calls = mock.calls.RewindStart
 	mock.lockRewindStart.RUnlock()
+	return calls
+}
+
+// Status calls StatusFunc.
+func (mock *StoreMock) Status(ctx context.Context) ([]worker.BuildStatus, error) {
+	if mock.StatusFunc == nil {
+		panic("StoreMock.StatusFunc: method is nil but Store.Status was just called")
+	}
+	callInfo := struct {
+		Ctx context.Context
+	}{
+		Ctx: ctx,
+	}
+	mock.lockStatus.Lock()
+	mock.calls.Status = append(mock.calls.Status, callInfo)
+	mock.lockStatus.Unlock()
+	return mock.StatusFunc(ctx)
+}
+
+// StatusCalls gets all the calls that were made to Status.
+// Check the length with:
+//
+//	len(mockedStore.StatusCalls())
+func (mock *StoreMock) StatusCalls() []struct {
+	Ctx context.Context
+} {
+	var calls []struct {
+		Ctx context.Context
+	}
+	mock.lockStatus.RLock()
+	calls = mock.calls.Status
+	mock.lockStatus.RUnlock()
 	return calls
 }

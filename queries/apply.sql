@@ -5,7 +5,7 @@
 
 -- name: PairsLockForApply :many
 -- Locks the cursor rows of the given pairs, skipping those another transaction holds (and
--- those without a cursor row: see CursorsEnsure). Returns each locked cursor, the holder of
+-- those without a cursor row: see CursorsEnsure, and those of a retired build). Returns each locked cursor, the holder of
 -- an unexpired stream lock on it (the nil UUID: none), and the pair's snapshot positions, newest first.
 -- The model is NOT read here but by a later statement of the transaction (ModelsGet): under
 -- READ COMMITTED a row locked after a concurrent commit is returned in its newest version,
@@ -25,6 +25,11 @@ SELECT c.stream_id,
 FROM (SELECT unnest(@stream_ids::uuid[]) AS stream_id, unnest(@perspective_names::text[]) AS perspective_name) p
 JOIN wh_perspective_cursors c
   ON c.stream_id = p.stream_id AND c.perspective_name = p.perspective_name
+-- A retired build is never written again (its rows are being deleted).
+WHERE NOT EXISTS (
+    SELECT 1 FROM wh_perspective_builds b
+    WHERE b.build_key = c.perspective_name AND b.state = 'retired'
+)
 FOR UPDATE OF c SKIP LOCKED;
 
 -- name: CursorsMissing :many

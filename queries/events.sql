@@ -1,22 +1,33 @@
--- Appending events and registering perspectives. Append takes a shared transaction-level
--- advisory lock and registration the exclusive one, so an event committed while a
--- perspective registers is never missed by that perspective's backlog.
+-- Appending events and registering builds. Append takes a shared transaction-level
+-- advisory lock and registration the exclusive one, so every Append either commits before a
+-- new build is registered (its events are then in the store when the build's catch-up reads
+-- it) or queues its events for the new build.
 
--- name: AppendLockAndNotify :exec
--- Takes the shared append lock and queues the wake-up notification for listening workers: PostgreSQL delivers it only
--- if the transaction commits, and once per transaction.
-SELECT pg_advisory_xact_lock_shared(7214082031553392641), pg_notify('wh_perspective_events', '');
+-- name: AppendLockAndNotify :one
+-- Takes the shared append lock and queues the wake-up notification for listening workers
+-- (PostgreSQL delivers it only if the transaction commits, and once per transaction).
+-- Returns the transaction's isolation level: above READ COMMITTED, Append must also check
+-- that its snapshot knows every build (RegistrationCheck).
+SELECT current_setting('transaction_isolation')::text AS isolation
+FROM (SELECT pg_advisory_xact_lock_shared(7214082031553392641), pg_notify('wh_perspective_events', '')) AS taken;
+
+-- name: RegistrationCheck :exec
+-- In a REPEATABLE READ or SERIALIZABLE transaction: fails with a serialization error when
+-- a build was registered after the transaction's snapshot was taken (the snapshot would not
+-- queue the events for it). The caller retries the transaction.
+SELECT epoch FROM wh_registration WHERE id = 1 FOR SHARE;
 
 -- name: QueueListen :exec
 -- Subscribes the session to the notification AppendLockAndNotify queues.
 LISTEN wh_perspective_events;
 
 -- name: RegisterLock :exec
+-- The exclusive side of the append lock, held by the (short) transaction that adds a build.
 SELECT pg_advisory_xact_lock(7214082031553392641);
 
 -- name: EventsAppend :execrows
--- Stores the events, enqueues one row per (event, registered perspective) and makes sure
--- each pair has a cursor row. Returns the number of queue rows written.
+-- Stores the events, enqueues one row per (event, build being built or active) and makes
+-- sure each pair has a cursor row. Returns the number of queue rows written.
 WITH ev AS (
     INSERT INTO wh_event_store (event_id, stream_id, event_type, data, created_at)
     SELECT i.event_id, i.stream_id, i.event_type, i.data::jsonb,
@@ -29,37 +40,24 @@ WITH ev AS (
                unnest(@created_ats::timestamptz[]) AS created_at
     ) AS i
     RETURNING event_id, stream_id
+), builds AS (
+    SELECT b.build_key FROM wh_perspective_builds b WHERE b.state IN ('building', 'active')
 ), cursors AS (
     -- Each pair's cursor row exists from its first event on, so the worker can lock it at
     -- once. Ordered, so that concurrent appends to several streams never deadlock.
     INSERT INTO wh_perspective_cursors (stream_id, perspective_name)
-    SELECT DISTINCT ev.stream_id, p.perspective_name
-    FROM ev CROSS JOIN wh_perspectives p
+    SELECT DISTINCT ev.stream_id, b.build_key
+    FROM ev CROSS JOIN builds b
     ORDER BY 1, 2
     ON CONFLICT (stream_id, perspective_name) DO NOTHING
 )
 INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)
-SELECT ev.stream_id, p.perspective_name, ev.event_id
-FROM ev CROSS JOIN wh_perspectives p;
+SELECT ev.stream_id, b.build_key, ev.event_id
+FROM ev CROSS JOIN builds b;
 
 -- name: PerspectiveRegister :execrows
 INSERT INTO wh_perspectives (perspective_name) VALUES (@perspective_name)
 ON CONFLICT (perspective_name) DO NOTHING;
-
--- name: PerspectiveEnqueueBacklog :execrows
--- Enqueues every stored event for a newly registered perspective, and creates the cursor
--- row of each of its pairs.
-WITH cursors AS (
-    INSERT INTO wh_perspective_cursors (stream_id, perspective_name)
-    SELECT DISTINCT e.stream_id, @perspective_name::text
-    FROM wh_event_store e
-    ORDER BY 1
-    ON CONFLICT (stream_id, perspective_name) DO NOTHING
-)
-INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)
-SELECT e.stream_id, @perspective_name::text, e.event_id
-FROM wh_event_store e
-ON CONFLICT DO NOTHING;
 
 -- name: PerspectiveList :many
 SELECT perspective_name, registered_at FROM wh_perspectives ORDER BY perspective_name;

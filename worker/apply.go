@@ -15,10 +15,38 @@ import (
 // another goroutine of this process holds (a Purge) is skipped and reported busy.
 func (w *Worker) runJob(ctx context.Context, j job) jobResult {
 	r := jobResult{job: j}
+	switch j.kind {
+	case jobCatchUp:
+		more, err := w.catchUp(ctx, j.key)
+		if err != nil && ctx.Err() == nil {
+			w.log.Error("catch-up failed; retried at the next look at the builds", slog.Any("error", err))
+		}
+		if more {
+			r.next = append(r.next, job{kind: jobCatchUp, key: j.key})
+		} else {
+			r.refresh = true
+		}
+		return r
+	case jobPromote:
+		if err := w.promote(ctx, j.key); err != nil && ctx.Err() == nil {
+			w.log.Error("promotion failed", slog.Any("error", err))
+		}
+		r.refresh = true
+		return r
+	case jobCleanup:
+		more, err := w.store.Cleanup(ctx, w.names, retireGrace, cleanupBatch)
+		if err != nil && ctx.Err() == nil {
+			w.log.Error("cleanup of a retired build failed", slog.Any("error", err))
+		}
+		if more {
+			r.next = append(r.next, job{kind: jobCleanup})
+		}
+		return r
+	}
 	var mine []Pair
 	for _, p := range j.pairs {
-		if w.persp[p.Perspective] == nil {
-			continue
+		if w.builds().byKey[p.Perspective] == nil {
+			continue // not (any more) a build this instance applies
 		}
 		release, ok := w.coord.tryLock(p)
 		if !ok {
@@ -63,8 +91,7 @@ func (w *Worker) recovered(p Pair, fn func() error) (err error) {
 	defer func() {
 		if rec := recover(); rec != nil {
 			w.log.Error("panic while processing pair",
-				slog.String("perspective", p.Perspective), slog.String("stream", p.Stream.String()),
-				slog.Any("panic", rec), slog.String("stack", string(debug.Stack())))
+				w.logPair(p, slog.Any("panic", rec), slog.String("stack", string(debug.Stack())))...)
 			err = fmt.Errorf("panic: %v", rec)
 		}
 	}()
@@ -140,9 +167,10 @@ func (w *Worker) applyGroup(ctx context.Context, pairs []Pair) (out applyOutcome
 // decide folds each pair's queued events into its model, and says what to write.
 func (w *Worker) decide(ctx context.Context, states []PairState, out *applyOutcome) []PairWrite {
 	writes := make([]PairWrite, 0, len(states))
+	set := w.builds()
 	for _, st := range states {
-		persp := w.persp[st.Perspective]
-		if persp == nil || len(st.Events) == 0 || w.lockedElsewhere(st.LockHolder) {
+		b := set.byKey[st.Perspective]
+		if b == nil || len(st.Events) == 0 || w.lockedElsewhere(st.LockHolder) {
 			continue // another instance holds the stream lock: its events stay queued
 		}
 		if next, ok := w.followUp(st); ok {
@@ -159,7 +187,7 @@ func (w *Worker) decide(ctx context.Context, states []PairState, out *applyOutco
 			}
 			model = st.Model
 		}
-		f := w.fold(ctx, persp, model, st.SinceSnapshot, st.Events)
+		f := w.fold(ctx, b.persp, model, st.SinceSnapshot, st.Events)
 		wr := PairWrite{Pair: st.Pair, Applied: f.applied, Model: f.model, SinceSnapshot: f.since}
 		if len(f.applied) > 0 {
 			wr.LastEventID = f.applied[len(f.applied)-1]
@@ -198,16 +226,14 @@ func (w *Worker) followUp(st PairState) (job, bool) {
 func (w *Worker) reportApplied(ctx context.Context, rep pairReport) {
 	k := rep.pair
 	if rep.err != nil {
-		w.tel.applyErrors.Add(ctx, 1, perspAttrs(k))
+		w.tel.applyErrors.Add(ctx, 1, w.metricPair(k))
 		w.log.Error("event application failed; will retry with backoff",
-			slog.String("perspective", k.Perspective), slog.String("stream", k.Stream.String()),
-			slog.Int("applied_before_failure", rep.applied), slog.Any("error", rep.err))
+			w.logPair(k, slog.Int("applied_before_failure", rep.applied), slog.Any("error", rep.err))...)
 	}
 	if rep.applied > 0 {
-		w.tel.eventsApplied.Add(ctx, int64(rep.applied), perspAttrs(k))
+		w.tel.eventsApplied.Add(ctx, int64(rep.applied), w.metricPair(k))
 		if rep.err == nil {
-			w.log.Debug("events applied",
-				slog.String("perspective", k.Perspective), slog.String("stream", k.Stream.String()), slog.Int("events", rep.applied))
+			w.log.Debug("events applied", w.logPair(k, slog.Int("events", rep.applied))...)
 		}
 	}
 }
@@ -215,7 +241,7 @@ func (w *Worker) reportApplied(ctx context.Context, rep pairReport) {
 // fail records a failed operation on the pair (retried with backoff), unless it is a
 // shutdown or a race that another writer won (the next cycle retries that at once).
 func (w *Worker) fail(ctx context.Context, k Pair, cause error) {
-	attrs := []any{slog.String("perspective", k.Perspective), slog.String("stream", k.Stream.String()), slog.Any("error", cause)}
+	attrs := w.logPair(k, slog.Any("error", cause))
 	if ctx.Err() != nil {
 		w.log.Info("operation interrupted by shutdown", attrs...)
 		return
@@ -229,7 +255,7 @@ func (w *Worker) fail(ctx context.Context, k Pair, cause error) {
 	} else {
 		w.log.Error("processing failed; will retry with backoff", attrs...)
 	}
-	w.tel.applyErrors.Add(context.WithoutCancel(ctx), 1, perspAttrs(k))
+	w.tel.applyErrors.Add(context.WithoutCancel(ctx), 1, w.metricPair(k))
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
 	if err := w.store.MarkFailed(rctx, k, failureText(cause)); err != nil {

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/metric"
 
 	"github.com/perspectives-go/perspectives/locker"
 )
@@ -16,7 +15,7 @@ import (
 // it cannot: the snapshot is of the model and position read together under the cursor row
 // lock, so it is correct whoever else is working, and writing it twice is harmless.
 func (w *Worker) bootstrap(ctx context.Context, k Pair) (err error) {
-	attrs := []any{slog.String("perspective", k.Perspective), slog.String("stream", k.Stream.String())}
+	attrs := w.logPair(k)
 	locked := false
 	if w.locker != nil {
 		l, err := w.acquire(ctx, k, locker.ReasonBootstrap)
@@ -30,15 +29,14 @@ func (w *Worker) bootstrap(ctx context.Context, k Pair) (err error) {
 			defer l.release()
 		}
 	}
-	ctx, span := w.tel.startSpan(ctx, "perspectives.bootstrap", k, w.cfg.InstanceID)
+	ctx, span := w.startSpan(ctx, "perspectives.bootstrap", k)
 	span.SetAttributes(attribute.Bool("locked", locked))
 	defer func() {
 		result := "ok"
 		if err != nil {
 			result = "error"
 		}
-		w.tel.bootstraps.Add(context.WithoutCancel(ctx), 1, metric.WithAttributes(
-			attrPerspective.String(k.Perspective), attrResult.String(result), attribute.Bool("locked", locked)))
+		w.tel.bootstraps.Add(context.WithoutCancel(ctx), 1, w.metricPair(k, attrResult.String(result), attribute.Bool("locked", locked)))
 		endSpan(span, err)
 	}()
 	wrote, err := w.store.Bootstrap(ctx, k)

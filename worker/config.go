@@ -77,6 +77,10 @@ type Config struct {
 	// once; a long rewind holds one while the others go on. Default 4, at most 64. Each
 	// takes a pool connection while it works.
 	Concurrency int
+	// ManualPromotion leaves a caught-up new version (or rebuild) of a perspective building
+	// until an operator promotes it (perspectives promote, or Admin.Promote). Default false:
+	// it is promoted as soon as it has caught up.
+	ManualPromotion bool
 	// GroupSize is how many (stream, perspective) pairs the normal path applies in one
 	// transaction: a handful of statements and one commit for the whole group. A poll claims
 	// up to GroupSize pairs per free Concurrency slot. Default 50, at most 1000; 1 applies
@@ -154,6 +158,9 @@ func (cfg Config) validate() error {
 		name := p.Name()
 		if err := locker.ValidatePerspectiveName(name); err != nil {
 			return invalid("Perspectives[%d]: %v", i, err)
+		}
+		if v := versionOf(p); v < 1 {
+			return invalid("Perspectives[%d]: %q: Version() must be positive, got %d", i, name, v)
 		}
 		if names[name] {
 			return invalid("Perspectives[%d]: name %q is used twice", i, name)

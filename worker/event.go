@@ -90,12 +90,20 @@ func Append(ctx context.Context, dbtx DBTX, events ...Event) error {
 	copy(p.EventIds, ids)
 
 	run := func(q *db.Queries) error {
-		// The shared advisory lock orders this append against perspective registration
+		// The shared advisory lock orders this append against the registration of builds
 		// (which takes it exclusively): see Store.Register.
-		if err := q.AppendLockAndNotify(ctx); err != nil {
+		isolation, err := q.AppendLockAndNotify(ctx)
+		if err != nil {
 			return err
 		}
-		_, err := q.EventsAppend(ctx, p)
+		if isolation != "read committed" && isolation != "read uncommitted" {
+			// The snapshot may predate a build registered since: then this fails, rather
+			// than queue the events for the builds the snapshot knows only.
+			if err := q.RegistrationCheck(ctx); err != nil {
+				return fmt.Errorf("a perspective build was registered after this %s transaction's snapshot was taken; retry the transaction: %w", isolation, err)
+			}
+		}
+		_, err = q.EventsAppend(ctx, p)
 		return err
 	}
 	var err error
@@ -119,7 +127,9 @@ func Append(ctx context.Context, dbtx DBTX, events ...Event) error {
 // ErrDuplicateEvent is returned by Append when an event ID is already stored.
 var ErrDuplicateEvent = errors.New("duplicate event ID")
 
-// LoadModel returns the current model of (perspectiveName, streamID) and whether one exists.
+// LoadModel returns the current model of (perspectiveName, streamID) in the perspective's
+// active version, and whether one exists. While a new version (or a rebuild) builds beside
+// it, the active version's models are served; its promotion switches every stream at once.
 func LoadModel(ctx context.Context, dbtx DBTX, perspectiveName string, streamID uuid.UUID) (json.RawMessage, bool, error) {
 	if isNil(dbtx) {
 		return nil, false, fmt.Errorf("worker: load model: %w: db is nil", locker.ErrInvalidArgument)
@@ -127,12 +137,12 @@ func LoadModel(ctx context.Context, dbtx DBTX, perspectiveName string, streamID 
 	if err := locker.ValidatePair(streamID, perspectiveName); err != nil {
 		return nil, false, fmt.Errorf("worker: load model: %w", err)
 	}
-	rows, err := db.New(dbtx).ModelsGet(ctx, db.ModelsGetParams{StreamIds: []uuid.UUID{streamID}, PerspectiveNames: []string{perspectiveName}})
+	model, err := db.New(dbtx).ModelActiveGet(ctx, db.ModelActiveGetParams{StreamID: streamID, PerspectiveName: perspectiveName})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, false, nil
+	}
 	if err != nil {
 		return nil, false, fmt.Errorf("worker: load model: %w", err)
 	}
-	if len(rows) == 0 {
-		return nil, false, nil
-	}
-	return json.RawMessage(rows[0].Model), true, nil
+	return json.RawMessage(model), true, nil
 }

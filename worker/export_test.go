@@ -13,13 +13,40 @@ import (
 // Test-only access to the worker's internals, for the worker_test package.
 
 // NewWithStore builds a worker on any Store (a mock in unit tests). Any Locker is
-// accepted: the Store decides what fencing means.
+// accepted: the Store decides what fencing means. Until Start, the worker applies each
+// perspective's first build of its version, active and caught up (its key is the
+// perspective's name for version 1).
 func NewWithStore(s Store, cfg Config) (*Worker, error) {
 	cfg, err := cfg.resolve()
 	if err != nil {
 		return nil, err
 	}
-	return newWorker(s, cfg)
+	w, err := newWorker(s, cfg)
+	if err != nil {
+		return nil, err
+	}
+	var builds []Build
+	for _, p := range cfg.Perspectives {
+		v := versionOf(p)
+		builds = append(builds, Build{Key: buildKey(p.Name(), v, 1), Perspective: p.Name(), Version: v, N: 1, State: BuildActive, CatchUpDone: true})
+	}
+	w.adopt(builds)
+	return w, nil
+}
+
+// BuildKey is the key of build n of version of the perspective name.
+var BuildKey = buildKey
+
+// PlanRegistration and PlanRebuild expose the build decisions.
+var (
+	PlanRegistration = planRegistration
+	PlanRebuild      = planRebuild
+	CaughtUp         = caughtUp
+)
+
+// RunCatchUp runs one catch-up page of build key as one job.
+func (w *Worker) RunCatchUp(ctx context.Context, key string) JobReport {
+	return report(w.runJob(ctx, job{kind: jobCatchUp, key: key}))
 }
 
 // JobReport is what a job reported to the loop.
@@ -33,12 +60,13 @@ type JobReport struct {
 type JobSpec struct {
 	Kind  string
 	Pairs []Pair
+	Key   string // catch-up, promote: the build
 }
 
 func report(r jobResult) JobReport {
 	out := JobReport{Busy: r.busy, Contended: r.contended}
 	for _, j := range r.next {
-		out.Next = append(out.Next, JobSpec{Kind: j.kind.String(), Pairs: j.pairs})
+		out.Next = append(out.Next, JobSpec{Kind: j.kind.String(), Pairs: j.pairs, Key: j.key})
 	}
 	return out
 }
@@ -91,7 +119,8 @@ type KeepAlive struct{ ka *keepAlive }
 
 // StartKeepAlive starts a keepalive for a lock acquired (sent) at acquired.
 func StartKeepAlive(ctx context.Context, l locker.Locker, stream uuid.UUID, perspective string, instance uuid.UUID, opts locker.Options, acquired time.Time, log *slog.Logger) (context.Context, *KeepAlive) {
-	c, ka := startKeepAlive(ctx, l, Pair{Stream: stream, Perspective: perspective}, instance, opts.WithDefaults(), acquired, log, keepAliveHooks{})
+	c, ka := startKeepAlive(ctx, l, Pair{Stream: stream, Perspective: perspective}, instance, opts.WithDefaults(), acquired, log,
+		[]any{slog.String("perspective", perspective), slog.String("stream", stream.String())}, keepAliveHooks{})
 	return c, &KeepAlive{ka: ka}
 }
 

@@ -61,6 +61,9 @@ func gsRegister(t *testing.T, ctx context.Context, prefix string) string {
 	name := uniqueName(prefix)
 	_, err := db.New(testDB.Pool).PerspectiveRegister(ctx, name)
 	require.NoError(t, err)
+	// Its first build, active and caught up: Append queues events for it.
+	gsExec(t, ctx, testDB.Pool, `INSERT INTO wh_perspective_builds
+		(build_key, perspective_name, version, build, state, catchup_done) VALUES ($1, $1, 1, 1, 'active', true)`, name)
 	t.Cleanup(func() { gsUnregister(t, context.Background(), name) })
 	return name
 }

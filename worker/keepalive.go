@@ -35,17 +35,16 @@ type keepAliveHooks struct {
 func leaseMargin(opts locker.Options) time.Duration { return opts.LockTimeout / 10 }
 
 // startKeepAlive starts renewing the lock on k for instance every opts.KeepAliveInterval;
-// acquired is when the acquire was sent. The returned context is cancelled, with cause
+// acquired is when the acquire was sent; attrs name the pair in the log. The returned context is cancelled, with cause
 // ErrLockLost, as soon as a renewal reports the lock lost, or when LockTimeout less
 // leaseMargin has passed since the last successful acquire or renewal was sent (the lease
 // may have run out: fencing at commit would refuse the work anyway, so stop doing it). Each
 // renewal is bounded by the interval and by that deadline; a failed one is logged and
 // retried at the next tick.
-func startKeepAlive(parent context.Context, l locker.Locker, k Pair, instance uuid.UUID, opts locker.Options, acquired time.Time, log *slog.Logger, hooks keepAliveHooks) (context.Context, *keepAlive) {
+func startKeepAlive(parent context.Context, l locker.Locker, k Pair, instance uuid.UUID, opts locker.Options, acquired time.Time, log *slog.Logger, attrs []any, hooks keepAliveHooks) (context.Context, *keepAlive) {
 	ctx, cancel := context.WithCancelCause(parent)
 	ka := &keepAlive{cancel: cancel, done: make(chan struct{})}
 	trust := opts.LockTimeout - leaseMargin(opts)
-	attrs := []any{slog.String("perspective", k.Perspective), slog.String("stream", k.Stream.String())}
 	lost := func(stage, msg string) {
 		if hooks.lost != nil {
 			hooks.lost(stage)

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"go.opentelemetry.io/otel/metric"
 
 	"github.com/perspectives-go/perspectives/locker"
 )
@@ -42,7 +41,7 @@ func (w *Worker) acquire(ctx context.Context, k Pair, reason locker.Reason) (*le
 	if err != nil {
 		return nil, err
 	}
-	attrs := lockAttrs(k, reason)
+	attrs := w.metricPair(k, attrReason.String(string(reason)))
 	if !res.Acquired {
 		w.tel.lockContended.Add(ctx, 1, attrs)
 		return nil, nil
@@ -50,8 +49,7 @@ func (w *Worker) acquire(ctx context.Context, k Pair, reason locker.Reason) (*le
 	w.tel.lockAcquired.Add(ctx, 1, attrs)
 	if res.TookOver {
 		w.tel.lockTakeovers.Add(ctx, 1, attrs)
-		w.log.Info("took over an expired stream lock", slog.String("perspective", k.Perspective),
-			slog.String("stream", k.Stream.String()), slog.String("reason", string(reason)))
+		w.log.Info("took over an expired stream lock", w.logPair(k, slog.String("reason", string(reason)))...)
 	}
 	return &lease{w: w, ctx: ctx, k: k, reason: reason, since: sent}, nil
 }
@@ -61,12 +59,11 @@ func (w *Worker) acquire(ctx context.Context, k Pair, reason locker.Reason) (*le
 // may have run out (see startKeepAlive). release stops it.
 func (l *lease) keepAlive(ctx context.Context) context.Context {
 	w := l.w
-	set := lockAttrs(l.k, l.reason)
-	lctx, ka := startKeepAlive(ctx, w.locker, l.k, w.cfg.InstanceID, w.cfg.LockOptions, l.since, w.log, keepAliveHooks{
+	set := w.metricPair(l.k, attrReason.String(string(l.reason)))
+	lctx, ka := startKeepAlive(ctx, w.locker, l.k, w.cfg.InstanceID, w.cfg.LockOptions, l.since, w.log, w.logPair(l.k), keepAliveHooks{
 		renewFailed: func() { w.tel.lockRenewFailures.Add(context.WithoutCancel(ctx), 1, set) },
 		lost: func(stage string) {
-			w.tel.lockLost.Add(context.WithoutCancel(ctx), 1, metric.WithAttributes(
-				attrPerspective.String(l.k.Perspective), attrReason.String(string(l.reason)), attrStage.String(stage)))
+			w.tel.lockLost.Add(context.WithoutCancel(ctx), 1, w.metricPair(l.k, attrReason.String(string(l.reason)), attrStage.String(stage)))
 		},
 	})
 	l.ka = ka
@@ -85,10 +82,9 @@ func (l *lease) release() {
 		mctx := context.WithoutCancel(l.ctx)
 		rctx, cancel := context.WithTimeout(mctx, releaseTimeout)
 		defer cancel()
-		attrs := lockAttrs(l.k, l.reason)
+		attrs := w.metricPair(l.k, attrReason.String(string(l.reason)))
 		if err := w.locker.Release(rctx, l.k.Stream, l.k.Perspective, w.cfg.InstanceID); err != nil {
-			w.log.Warn("stream lock release failed; it will expire",
-				slog.String("perspective", l.k.Perspective), slog.String("stream", l.k.Stream.String()), slog.Any("error", err))
+			w.log.Warn("stream lock release failed; it will expire", w.logPair(l.k, slog.Any("error", err))...)
 		} else {
 			w.tel.lockReleased.Add(mctx, 1, attrs)
 		}

@@ -49,24 +49,6 @@ func pairArrays(pairs []Pair) ([]uuid.UUID, []string) {
 	return streams, names
 }
 
-func (s *pgStore) Register(ctx context.Context, perspective string) (int64, error) {
-	var queued int64
-	err := s.inTx(ctx, func(q *db.Queries) error {
-		// The exclusive side of the append lock: no Append commits while the backlog is
-		// queued (see AppendLockAndNotify).
-		if err := q.RegisterLock(ctx); err != nil {
-			return err
-		}
-		n, err := q.PerspectiveRegister(ctx, perspective)
-		if err != nil || n == 0 {
-			return err
-		}
-		queued, err = q.PerspectiveEnqueueBacklog(ctx, perspective)
-		return err
-	})
-	return queued, err
-}
-
 func (s *pgStore) Claim(ctx context.Context, req ClaimRequest) ([]Pair, error) {
 	skip := make([]string, len(req.Skip))
 	for i, p := range req.Skip {
@@ -158,7 +140,7 @@ func (s *pgStore) RewindCommit(ctx context.Context, c RewindCommit) error {
 		}); err != nil {
 			return fmt.Errorf("drop invalidated snapshots: %w", err)
 		}
-		return s.writePairs(ctx, q, []PairWrite{c.Write})
+		return s.writePairs(ctx, q, []PairWrite{c.Write}, nil)
 	})
 }
 
@@ -256,18 +238,6 @@ func (s *pgStore) Listen(ctx context.Context, notify func()) error {
 		}
 		notify()
 	}
-}
-
-func (s *pgStore) QueueDepth(ctx context.Context) ([]QueueDepth, error) {
-	rows, err := s.q.QueueDepth(ctx)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]QueueDepth, len(rows))
-	for i, r := range rows {
-		out[i] = QueueDepth{Perspective: r.PerspectiveName, Depth: r.Depth, OldestAge: time.Duration(r.OldestAgeMicros) * time.Microsecond}
-	}
-	return out, nil
 }
 
 // comparePairs orders pairs by stream, then perspective.

@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/google/uuid"
+
 	"github.com/perspectives-go/perspectives/db"
 )
 
@@ -23,7 +25,7 @@ func (s *pgStore) Apply(ctx context.Context, pairs []Pair, perPair int, decide f
 		if err := readPairs(ctx, q, states, perPair); err != nil {
 			return err
 		}
-		return s.writePairs(ctx, q, decide(states))
+		return s.writePairs(ctx, q, decide(states), nil)
 	})
 	if err != nil {
 		return nil, err
@@ -161,8 +163,9 @@ func pairsOf(states []PairState) []Pair {
 }
 
 // writePairs writes every model, cursor and queue deletion of writes in one statement,
-// then their snapshots, then their failures.
-func (s *pgStore) writePairs(ctx context.Context, q *db.Queries, writes []PairWrite) error {
+// then their snapshots, then their failures. The queue rows of the applied events are
+// deleted: all of them (each must exist) when queued is nil, else those in queued.
+func (s *pgStore) writePairs(ctx context.Context, q *db.Queries, writes []PairWrite, queued map[uuid.UUID]bool) error {
 	var (
 		commit db.PairsApplyCommitParams
 		snaps  db.SnapshotsInsertParams
@@ -177,6 +180,9 @@ func (s *pgStore) writePairs(ctx context.Context, q *db.Queries, writes []PairWr
 			commit.LastEventIds = append(commit.LastEventIds, wr.LastEventID)
 			commit.EventsSinceSnapshot = append(commit.EventsSinceSnapshot, int32(wr.SinceSnapshot))
 			for _, id := range wr.Applied {
+				if queued != nil && !queued[id] {
+					continue
+				}
 				commit.AppliedStreamIds = append(commit.AppliedStreamIds, wr.Stream)
 				commit.AppliedPerspectiveNames = append(commit.AppliedPerspectiveNames, wr.Perspective)
 				commit.AppliedEventIds = append(commit.AppliedEventIds, id)

@@ -11,7 +11,6 @@ import (
 
 	"github.com/google/uuid"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/metric"
 
 	"github.com/perspectives-go/perspectives/locker"
 )
@@ -27,7 +26,7 @@ const replayPageSize = 500
 // the lock is refused it does nothing and reports contended: the rows stay queued and a
 // later cycle retries.
 func (w *Worker) rewind(ctx context.Context, k Pair) (contended bool, err error) {
-	attrs := []any{slog.String("perspective", k.Perspective), slog.String("stream", k.Stream.String())}
+	attrs := w.logPair(k)
 	holder := uuid.Nil
 	if w.locker != nil {
 		l, err := w.acquire(ctx, k, locker.ReasonRewind)
@@ -42,19 +41,19 @@ func (w *Worker) rewind(ctx context.Context, k Pair) (contended bool, err error)
 		ctx = l.keepAlive(ctx)
 		holder = w.cfg.InstanceID
 	}
-	ctx, span := w.tel.startSpan(ctx, "perspectives.rewind", k, w.cfg.InstanceID)
+	ctx, span := w.startSpan(ctx, "perspectives.rewind", k)
 	defer func() { endSpan(span, err) }()
-	w.tel.rewindStarted.Add(ctx, 1, perspAttrs(k))
+	w.tel.rewindStarted.Add(ctx, 1, w.metricPair(k))
 
 	start := time.Now()
 	stats, err := w.replay(ctx, k, holder)
 	if err != nil {
-		w.tel.rewindFailed.Add(context.WithoutCancel(ctx), 1, perspAttrs(k))
+		w.tel.rewindFailed.Add(context.WithoutCancel(ctx), 1, w.metricPair(k))
 		if cause := context.Cause(ctx); errors.Is(cause, ErrLockLost) {
 			err = fmt.Errorf("%w: %w", cause, err)
 		} else if errors.Is(err, ErrLockLost) {
-			w.tel.lockLost.Add(context.WithoutCancel(ctx), 1, metric.WithAttributes(
-				attrPerspective.String(k.Perspective), attrReason.String(string(locker.ReasonRewind)), attrStage.String("commit")))
+			w.tel.lockLost.Add(context.WithoutCancel(ctx), 1, w.metricPair(k,
+				attrReason.String(string(locker.ReasonRewind)), attrStage.String("commit")))
 		}
 		return false, fmt.Errorf("rewind: %w", err)
 	}
@@ -62,7 +61,7 @@ func (w *Worker) rewind(ctx context.Context, k Pair) (contended bool, err error)
 		return false, nil // nothing was queued any more
 	}
 	d := time.Since(start)
-	done := metric.WithAttributes(attrPerspective.String(k.Perspective), attrFromSnapshot.Bool(stats.fromSnapshot))
+	done := w.metricPair(k, attrFromSnapshot.Bool(stats.fromSnapshot))
 	w.tel.rewindCompleted.Add(ctx, 1, done)
 	w.tel.rewindDuration.Record(ctx, d.Seconds(), done)
 	w.tel.rewindReplayed.Add(ctx, int64(stats.replayed), done)
@@ -83,7 +82,7 @@ type rewindStats struct {
 // replay is the rewind's work: restore, replay, commit (fenced by holder when not nil).
 func (w *Worker) replay(ctx context.Context, k Pair, holder uuid.UUID) (rewindStats, error) {
 	var st rewindStats
-	persp := w.persp[k.Perspective]
+	persp := w.buildOf(k.Perspective).persp
 	rs, err := w.store.RewindStart(ctx, k)
 	if err != nil {
 		return st, err

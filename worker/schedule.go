@@ -18,16 +18,26 @@ const (
 	jobApply     jobKind = iota // the normal path for a group of pairs
 	jobRewind                   // rewind one pair (a late event)
 	jobBootstrap                // write one pair's first snapshot, then apply it
+	jobCatchUp                  // one page of a build's catch-up
+	jobPromote                  // promote a caught-up build
+	jobCleanup                  // delete a batch of a retired build's rows
 )
 
 func (k jobKind) String() string {
-	return [...]string{"apply", "rewind", "bootstrap"}[k]
+	return [...]string{"apply", "rewind", "bootstrap", "catch-up", "promote", "cleanup"}[k]
 }
 
 // job is one unit of work in one Concurrency slot.
 type job struct {
 	kind  jobKind
-	pairs []Pair
+	pairs []Pair // apply, rewind, bootstrap
+	key   string // catch-up, promote: the build
+}
+
+// buildJob names a job about builds, of which one of a kind runs per build at a time.
+type buildJob struct {
+	kind jobKind
+	key  string
 }
 
 // jobResult is what a job reports to the loop when it ends.
@@ -36,6 +46,7 @@ type jobResult struct {
 	next      []job  // follow-ups (a rewind, a bootstrap, an apply after a bootstrap)
 	busy      []Pair // held by another transaction or goroutine: the next claim skips them
 	contended []Pair // the stream lock was refused: another instance holds it
+	refresh   bool   // the builds changed (a catch-up ended, a build was promoted)
 }
 
 // contention is how long a pair's stream lock has been refused to this instance.
@@ -46,16 +57,29 @@ type contention struct {
 
 // schedule is the loop's state about pairs. Only the loop goroutine uses it.
 type schedule struct {
-	inflight  map[Pair]bool // in a running or waiting job: never claimed meanwhile
-	skip      []Pair        // found busy: skipped by the next claim only
-	pending   []job         // follow-ups waiting for a free slot (served before new claims)
+	inflight  map[Pair]bool     // in a running or waiting job: never claimed meanwhile
+	skip      []Pair            // found busy: skipped by the next claim only
+	pending   []job             // follow-ups waiting for a free slot (served before new claims)
+	buildJobs map[buildJob]bool // build jobs waiting or running
 	contended map[Pair]contention
 	window    time.Duration // LockTimeout: contention longer than this is warned of
 	log       *slog.Logger
+	logPair   func(Pair, ...any) []any // how a pair is named in the log
 }
 
-func newSchedule(lockTimeout time.Duration, log *slog.Logger) *schedule {
-	return &schedule{inflight: map[Pair]bool{}, contended: map[Pair]contention{}, window: lockTimeout, log: log}
+func newSchedule(lockTimeout time.Duration, log *slog.Logger, logPair func(Pair, ...any) []any) *schedule {
+	return &schedule{inflight: map[Pair]bool{}, buildJobs: map[buildJob]bool{}, contended: map[Pair]contention{},
+		window: lockTimeout, log: log, logPair: logPair}
+}
+
+// queueBuildJob queues j unless the same job about the same build waits or runs already.
+func (s *schedule) queueBuildJob(j job) {
+	id := buildJob{kind: j.kind, key: j.key}
+	if s.buildJobs[id] {
+		return
+	}
+	s.buildJobs[id] = true
+	s.pending = append(s.pending, j)
 }
 
 // claimSkips returns the pairs the next claim must skip, and forgets the one-claim skips.
@@ -86,7 +110,14 @@ func (s *schedule) finish(r jobResult, now time.Time) {
 	for _, p := range r.job.pairs {
 		delete(s.inflight, p)
 	}
+	if len(r.job.pairs) == 0 {
+		delete(s.buildJobs, buildJob{kind: r.job.kind, key: r.job.key})
+	}
 	for _, next := range r.next {
+		if len(next.pairs) == 0 {
+			s.queueBuildJob(next)
+			continue
+		}
 		s.started(next)
 		s.pending = append(s.pending, next)
 	}
@@ -122,8 +153,7 @@ func (s *schedule) noteContention(p Pair, now time.Time) {
 	if !c.warned && now.Sub(c.first) > s.window {
 		c.warned = true
 		s.log.Warn("stream lock contended for longer than LockTimeout",
-			slog.String("perspective", p.Perspective), slog.String("stream", p.Stream.String()),
-			slog.Duration("duration", now.Sub(c.first)))
+			s.logPair(p, slog.Duration("duration", now.Sub(c.first)))...)
 	}
 	s.contended[p] = c
 }
@@ -144,7 +174,8 @@ func (s *schedule) popPending() (job, bool) {
 // rewind occupies one slot while the others go on. When loopCtx ends it starts nothing
 // more and returns once the running jobs have reported; opsCtx is the jobs' context.
 func (w *Worker) loop(loopCtx, opsCtx context.Context) {
-	s := newSchedule(w.cfg.LockOptions.LockTimeout, w.log)
+	s := newSchedule(w.cfg.LockOptions.LockTimeout, w.log, w.logPair)
+	var maintained time.Time // when maintain last ran: every PollInterval
 	results := make(chan jobResult)
 	running := 0
 	start := func(j job) {
@@ -157,6 +188,10 @@ func (w *Worker) loop(loopCtx, opsCtx context.Context) {
 	done := loopCtx.Done()
 	for {
 		if !stopping {
+			if time.Since(maintained) >= w.cfg.PollInterval {
+				w.maintain(loopCtx, s)
+				maintained = time.Now()
+			}
 			for running < w.cfg.Concurrency {
 				j, ok := s.popPending()
 				if !ok {
@@ -180,6 +215,9 @@ func (w *Worker) loop(loopCtx, opsCtx context.Context) {
 		case r := <-results:
 			running--
 			s.finish(r, time.Now())
+			if r.refresh {
+				maintained = time.Time{} // the builds changed: look at them again at once
+			}
 			poll = true // for what the last claim left behind, and for the pairs that were in flight
 		case <-w.wake:
 			poll = true
@@ -196,7 +234,7 @@ func (w *Worker) claimAndStart(ctx context.Context, s *schedule, free int, start
 	skip := s.claimSkips()
 	pairs, err := w.store.Claim(ctx, ClaimRequest{
 		Instance:     w.cfg.InstanceID,
-		Perspectives: w.names,
+		Perspectives: w.builds().keys,
 		Skip:         skip,
 		Limit:        limit,
 		// At most enough queued groups for the pairs it skips and twice the pairs it wants,

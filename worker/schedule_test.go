@@ -17,7 +17,9 @@ const contendedMsg = "stream lock contended for longer than LockTimeout"
 
 func newTestSchedule(window time.Duration) (*schedule, *bytes.Buffer) {
 	var logs bytes.Buffer
-	return newSchedule(window, slog.New(slog.NewTextHandler(&logs, nil))), &logs
+	return newSchedule(window, slog.New(slog.NewTextHandler(&logs, nil)), func(p Pair, more ...any) []any {
+		return append([]any{slog.String("stream", p.Stream.String())}, more...)
+	}), &logs
 }
 
 func rewindOf(p Pair) job { return job{kind: jobRewind, pairs: []Pair{p}} }

@@ -17,9 +17,26 @@ import (
 // worker's own implementation runs the sqlc queries of queries/ on a pgx pool; unit tests
 // replace it with a mock (mocks.StoreMock).
 type Store interface {
-	// Register records a perspective name and, the first time it is seen, queues every
-	// stored event for it. It returns the number of events queued.
-	Register(ctx context.Context, perspective string) (backlog int64, err error)
+	// Register records a perspective, and the build an instance running its version
+	// applies (planRegistration decides, under the exclusive append lock, without scanning
+	// anything). It returns every build of the perspective afterwards.
+	Register(ctx context.Context, perspective string, version int) ([]Build, error)
+	// Builds returns every build of the perspectives.
+	Builds(ctx context.Context, perspectives []string) ([]Build, error)
+	// CatchUp runs one page of a build's catch-up in one transaction: it takes or renews
+	// the build's catch-up lease (req.Instance, for req.Lease), reads the next req.PageSize
+	// stored events after the build's position in (stream, event) order, passes them to fold,
+	// writes what fold returns (deleting the queue rows of the applied events that were
+	// queued, and queueing a failed stream's events from its failing one on), and moves the
+	// position under the fencing check. With no event left it ends the catch-up.
+	CatchUp(ctx context.Context, req CatchUpRequest, fold func(CatchUpPage) []PairWrite) (CatchUpResult, error)
+	// Promote makes the build key the perspective's active one and retires the active
+	// one, in one transaction, when key's catch-up is done and (unless forced) its queue is
+	// no further behind than the active build's. It reports whether it promoted.
+	Promote(ctx context.Context, perspective, key string, force bool) (bool, error)
+	// Cleanup deletes the rows of up to batch pairs of a retired build of the perspectives,
+	// retired at least grace ago. It reports whether any such build has rows left.
+	Cleanup(ctx context.Context, perspectives []string, grace time.Duration, batch int) (more bool, err error)
 	// Claim returns up to req.Limit due pairs, each once, oldest due first.
 	Claim(ctx context.Context, req ClaimRequest) ([]Pair, error)
 	// Apply runs one transaction over pairs: it locks their cursor rows (skipping, and
@@ -51,8 +68,8 @@ type Store interface {
 	// Listen calls notify once subscribed to the notification every committed Append sends,
 	// and then for each notification, until ctx ends or the subscription fails.
 	Listen(ctx context.Context, notify func()) error
-	// QueueDepth reports the queued events per perspective (metrics).
-	QueueDepth(ctx context.Context) ([]QueueDepth, error)
+	// Status reports every build with its catch-up progress and queue (metrics).
+	Status(ctx context.Context) ([]BuildStatus, error)
 }
 
 // ErrCursorMoved means the cursor changed while a long operation ran (another writer got
@@ -104,6 +121,9 @@ type PairWrite struct {
 	Snapshots     []Snapshot  // snapshots to store
 	DropSnapshots []uuid.UUID // snapshots to delete (the retention's victims)
 	Failure       string      // when not empty: a failure to record, with backoff
+	// EnqueueFrom (catch-up only): queue the stream's stored events from this one on, for
+	// the normal path to retry (uuid.Nil: none).
+	EnqueueFrom uuid.UUID
 }
 
 // RewindStart is what a rewind starts from.
@@ -123,9 +143,58 @@ type RewindCommit struct {
 	DropFrom uuid.UUID // snapshots at or after this event (the late one) are invalid
 }
 
-// QueueDepth is the queue of one perspective.
-type QueueDepth struct {
-	Perspective string
-	Depth       int64
-	OldestAge   time.Duration // age of the oldest queued row, on the database clock
+// Build is one build of a perspective: a version, built once or rebuilt. Its pairs are
+// keyed by Key wherever the tables say perspective_name.
+type Build struct {
+	Key         string
+	Perspective string // the perspective's name
+	Version     int
+	N           int    // 1 for a version's first build, one more for each rebuild
+	State       string // BuildBuilding, BuildActive or BuildRetired
+	CatchUpDone bool   // the catch-up has read the whole store: the normal path has every pair
+}
+
+// The states of a build.
+const (
+	BuildBuilding = "building" // catching up beside the active build
+	BuildActive   = "active"   // read by LoadModel
+	BuildRetired  = "retired"  // replaced; its rows are deleted in the background
+)
+
+// BuildStatus is a build with its progress and queue.
+type BuildStatus struct {
+	Build
+	CatchUpEvents  int64         // events the catch-up has read
+	CatchUpStreams int64         // streams it has passed
+	Queued         int64         // events queued for the build
+	OldestQueued   time.Duration // age of the oldest, on the database clock (0: none)
+}
+
+// CatchUpRequest asks Store.CatchUp for one page.
+type CatchUpRequest struct {
+	Key      string        // the build
+	Instance uuid.UUID     // the lease holder
+	Lease    time.Duration // how long the lease lasts after this page
+	PageSize int           // events per page
+}
+
+// CatchUpPage is one page of a catch-up, as fold receives it.
+type CatchUpPage struct {
+	Key    string
+	Events []Event // in (stream, event) order
+	// Streams is the state of each stream of the page, read under its cursor row lock
+	// (a stream missing from it is held by another transaction): its stream lock, and for
+	// Continued its model, cursor and snapshots.
+	Streams map[uuid.UUID]PairState
+	// Continued is the stream the previous page left unfinished (uuid.Nil: none): the
+	// page's first, whose first events are already applied.
+	Continued uuid.UUID
+}
+
+// CatchUpResult is what one Store.CatchUp call did.
+type CatchUpResult struct {
+	NotHeld bool // another instance holds the catch-up (or it is done): nothing read
+	Done    bool // no event was left: the catch-up is over
+	Events  int  // events read
+	Applied int  // events applied (the others were queued, or failed)
 }

@@ -4,14 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
-
-	"github.com/perspectives-go/perspectives/locker"
 )
 
 // instrumentationName names the meter and the tracer.
@@ -21,6 +20,8 @@ const instrumentationName = "github.com/perspectives-go/perspectives"
 // cardinality stays bounded; spans carry the stream too.
 const (
 	attrPerspective  = attribute.Key("perspective")
+	attrVersion      = attribute.Key("version")
+	attrState        = attribute.Key("state")
 	attrReason       = attribute.Key("reason")
 	attrStream       = attribute.Key("stream")
 	attrFromSnapshot = attribute.Key("from_snapshot")
@@ -51,9 +52,13 @@ type telemetry struct {
 	purges        metric.Int64Counter
 	eventsApplied metric.Int64Counter
 	applyErrors   metric.Int64Counter
+	catchUpEvents metric.Int64Counter
 
-	queueDepth  metric.Int64ObservableGauge
-	queueOldest metric.Float64ObservableGauge
+	queueDepth     metric.Int64ObservableGauge
+	queueOldest    metric.Float64ObservableGauge
+	catchUpRead    metric.Int64ObservableGauge
+	catchUpStreams metric.Int64ObservableGauge
+	catchUpDone    metric.Int64ObservableGauge
 }
 
 func newTelemetry(mp metric.MeterProvider, tp trace.TracerProvider) (*telemetry, error) {
@@ -90,55 +95,61 @@ func newTelemetry(mp metric.MeterProvider, tp trace.TracerProvider) (*telemetry,
 	counter(&t.rewindReplayed, "perspectives.rewind.events_replayed", "{event}", "Events replayed by committed rewinds, by from_snapshot.")
 	counter(&t.bootstraps, "perspectives.bootstrap.count", "{bootstrap}", "Snapshot bootstraps, by result (ok, error) and whether the lock was held (locked).")
 	counter(&t.purges, "perspectives.purge.count", "{purge}", "Purges, by result (ok, locked, error).")
-	counter(&t.eventsApplied, "perspectives.events.applied", "{event}", "Events applied by the normal path.")
+	counter(&t.eventsApplied, "perspectives.events.applied", "{event}", "Events applied by the normal path and by catch-ups.")
 	counter(&t.applyErrors, "perspectives.apply.errors", "{error}", "Apply failures (error or panic in a perspective, or a failed rewind).")
+	counter(&t.catchUpEvents, "perspectives.catchup.events_read", "{event}", "Stored events read by this instance's catch-ups, by perspective and version.")
+	gauge := func(dst *metric.Int64ObservableGauge, name, unit, desc string) {
+		g, err := m.Int64ObservableGauge(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		errs = append(errs, err)
+		*dst = g
+	}
+	gauge(&t.queueDepth, "perspectives.queue.depth", "{event}", "Events queued per perspective and version (state: building or active).")
 	var err error
-	t.queueDepth, err = m.Int64ObservableGauge("perspectives.queue.depth", metric.WithUnit("{event}"),
-		metric.WithDescription("Events queued per perspective."))
-	errs = append(errs, err)
 	t.queueOldest, err = m.Float64ObservableGauge("perspectives.queue.oldest_age", metric.WithUnit("s"),
-		metric.WithDescription("Age of the oldest queued event per perspective (database clock)."))
+		metric.WithDescription("Age of the oldest queued event per perspective and version (database clock): the lag."))
 	errs = append(errs, err)
+	gauge(&t.catchUpRead, "perspectives.catchup.events", "{event}", "Stored events a build's catch-up has read, per perspective and version.")
+	gauge(&t.catchUpStreams, "perspectives.catchup.streams", "{stream}", "Streams a build's catch-up has passed, per perspective and version.")
+	gauge(&t.catchUpDone, "perspectives.catchup.done", "1", "1 when a build has caught up with the store, else 0, per perspective and version.")
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("worker: telemetry: %w", err)
 	}
 	return t, nil
 }
 
-// observeQueue registers the queue gauges for names, read from store at collection time.
-func (t *telemetry) observeQueue(store Store, names []string) (metric.Registration, error) {
+// observeBuilds registers the gauges of the builds (not retired) of the perspectives
+// names, read from store at collection time.
+func (t *telemetry) observeBuilds(store Store, names []string) (metric.Registration, error) {
 	return t.meter.RegisterCallback(func(ctx context.Context, o metric.Observer) error {
-		rows, err := store.QueueDepth(ctx)
+		rows, err := store.Status(ctx)
 		if err != nil {
 			return err
 		}
-		depth := make(map[string]QueueDepth, len(rows))
 		for _, r := range rows {
-			depth[r.Perspective] = r
-		}
-		for _, name := range names {
-			r := depth[name]
-			set := metric.WithAttributes(attrPerspective.String(name))
-			o.ObserveInt64(t.queueDepth, r.Depth, set)
-			o.ObserveFloat64(t.queueOldest, r.OldestAge.Seconds(), set)
+			if r.State == BuildRetired || !slices.Contains(names, r.Perspective) {
+				continue
+			}
+			set := metric.WithAttributes(attrPerspective.String(r.Perspective), attrVersion.Int(r.Version), attrState.String(r.State))
+			o.ObserveInt64(t.queueDepth, r.Queued, set)
+			o.ObserveFloat64(t.queueOldest, r.OldestQueued.Seconds(), set)
+			o.ObserveInt64(t.catchUpRead, r.CatchUpEvents, set)
+			o.ObserveInt64(t.catchUpStreams, r.CatchUpStreams, set)
+			done := int64(0)
+			if r.CatchUpDone {
+				done = 1
+			}
+			o.ObserveInt64(t.catchUpDone, done, set)
 		}
 		return nil
-	}, t.queueDepth, t.queueOldest)
-}
-
-func lockAttrs(k Pair, reason locker.Reason) metric.MeasurementOption {
-	return metric.WithAttributes(attrPerspective.String(k.Perspective), attrReason.String(string(reason)))
-}
-
-func perspAttrs(k Pair) metric.MeasurementOption {
-	return metric.WithAttributes(attrPerspective.String(k.Perspective))
+	}, t.queueDepth, t.queueOldest, t.catchUpRead, t.catchUpStreams, t.catchUpDone)
 }
 
 // startSpan starts a span for a long operation on k.
-func (t *telemetry) startSpan(ctx context.Context, name string, k Pair, instance fmt.Stringer) (context.Context, trace.Span) {
-	return t.tracer.Start(ctx, name, trace.WithAttributes(
-		attrPerspective.String(k.Perspective), attrStream.String(k.Stream.String()),
-		attribute.String("instance", instance.String())))
+func (w *Worker) startSpan(ctx context.Context, name string, k Pair) (context.Context, trace.Span) {
+	b := w.buildOf(k.Perspective)
+	return w.tel.tracer.Start(ctx, name, trace.WithAttributes(
+		attrPerspective.String(b.Perspective), attrVersion.Int(b.Version), attrStream.String(k.Stream.String()),
+		attribute.String("instance", w.cfg.InstanceID.String())))
 }
 
 // endSpan records err on span and ends it.

@@ -84,3 +84,8 @@ func utSorted(ids []uuid.UUID) []uuid.UUID {
 	slices.SortFunc(out, func(a, b uuid.UUID) int { return bytes.Compare(a[:], b[:]) })
 	return out
 }
+
+// utBuilds is the one build of the perspective utName: version 1, active, caught up.
+func utBuilds() []worker.Build {
+	return []worker.Build{{Key: utName, Perspective: utName, Version: 1, N: 1, State: worker.BuildActive, CatchUpDone: true}}
+}

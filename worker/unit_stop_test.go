@@ -42,8 +42,10 @@ func newStopFixture(t *testing.T, stubborn bool) *stopFixture {
 	ev := worker.Event{ID: uuid.Must(uuid.NewV7()), StreamID: f.pair.Stream, Type: "n", Data: json.RawMessage(`{"n":1}`)}
 	var claimed atomic.Bool
 	f.store = &mocks.StoreMock{
-		RegisterFunc:   func(context.Context, string) (int64, error) { return 0, nil },
-		QueueDepthFunc: func(context.Context) ([]worker.QueueDepth, error) { return nil, nil },
+		RegisterFunc: func(context.Context, string, int) ([]worker.Build, error) { return utBuilds(), nil },
+		BuildsFunc:   func(context.Context, []string) ([]worker.Build, error) { return utBuilds(), nil },
+		StatusFunc:   func(context.Context) ([]worker.BuildStatus, error) { return nil, nil },
+		CleanupFunc:  func(context.Context, []string, time.Duration, int) (bool, error) { return false, nil },
 		ClaimFunc: func(ctx context.Context, req worker.ClaimRequest) ([]worker.Pair, error) {
 			if claimed.Swap(true) {
 				return nil, nil
@@ -109,13 +111,14 @@ func errString(err error) string {
 func TestUnitStopIsGracefulUntilItsContextEnds(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newStopFixture(t, false)
-		claims := len(f.store.ClaimCalls())
 		stopped := make(chan error, 1)
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			stopped <- f.w.Stop(ctx)
 		}()
+		synctest.Wait() // Stop has stopped the loop's claiming and waits for the rewind
+		claims := len(f.store.ClaimCalls())
 		time.Sleep(30 * time.Second)
 		synctest.Wait()
 		select {

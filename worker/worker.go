@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -38,6 +39,12 @@ type Worker struct {
 	log    *slog.Logger
 	tel    *telemetry
 	wake   chan struct{}
+
+	// buildSet is the builds this instance applies: set by Start, then replaced by the
+	// loop only (adopt); jobs read it. idle is the loop's: the perspectives of which this
+	// instance applies nothing (logged once each).
+	buildSet atomic.Pointer[buildSet]
+	idle     map[string]bool
 
 	mu        sync.Mutex // guards the lifecycle fields below
 	started   bool
@@ -84,7 +91,9 @@ func newWorker(store Store, cfg Config) (*Worker, error) {
 		coord:  newCoordinator(),
 		log:    cfg.Logger.With(slog.String("instance", cfg.InstanceID.String())),
 		wake:   make(chan struct{}, 1),
+		idle:   map[string]bool{},
 	}
+	w.buildSet.Store(&buildSet{byKey: map[string]*build{}})
 	var err error
 	if w.tel, err = newTelemetry(cfg.MeterProvider, cfg.TracerProvider); err != nil {
 		return nil, err
@@ -99,9 +108,10 @@ func newWorker(store Store, cfg Config) (*Worker, error) {
 // InstanceID is this worker's identity as a stream-lock holder.
 func (w *Worker) InstanceID() uuid.UUID { return w.cfg.InstanceID }
 
-// Start registers the perspectives (a newly registered one gets every stored event queued,
-// so it catches up) and starts the loop in the background. It returns once registration is
-// done; the loop is not tied to ctx (Stop ends it).
+// Start registers the perspectives and starts the loop in the background; the loop is not
+// tied to ctx (Stop ends it). Registration is a few short statements whatever the size of
+// the event store: a new perspective, or a new version of one, is caught up from the store
+// in the background (see the README, "Changing a perspective").
 func (w *Worker) Start(ctx context.Context) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -111,16 +121,16 @@ func (w *Worker) Start(ctx context.Context) error {
 	if w.started {
 		return errors.New("worker: start: already started")
 	}
+	var all []Build
 	for _, name := range w.names {
-		queued, err := w.store.Register(ctx, name)
+		builds, err := w.store.Register(ctx, name, versionOf(w.persp[name]))
 		if err != nil {
 			return fmt.Errorf("worker: register perspective %q: %w", name, err)
 		}
-		if queued > 0 {
-			w.log.Info("perspective registered", slog.String("perspective", name), slog.Int64("backlog", queued))
-		}
+		all = append(all, builds...)
 	}
-	gauges, err := w.tel.observeQueue(w.store, w.names)
+	w.adopt(all)
+	gauges, err := w.tel.observeBuilds(w.store, w.names)
 	if err != nil {
 		return fmt.Errorf("worker: start: %w", err)
 	}

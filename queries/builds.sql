@@ -1,0 +1,180 @@
+-- Builds of perspectives (schema/000002_builds.up.sql): registration, catch-up from the
+-- event store, promotion and the cleanup of retired builds.
+
+-- name: BuildsOf :many
+-- Every build of the given perspectives, oldest first.
+SELECT build_key, perspective_name, version, build, state, catchup_done
+FROM wh_perspective_builds
+WHERE perspective_name = ANY(@perspective_names::text[])
+ORDER BY perspective_name, version, build;
+
+-- name: BuildCreate :exec
+-- Adds a build. An active one (the perspective's first) is promoted at once.
+INSERT INTO wh_perspective_builds (build_key, perspective_name, version, build, state, promoted_at)
+VALUES (@build_key, @perspective_name, @version, @build, @state::text,
+        CASE WHEN @state::text = 'active' THEN now() END);
+
+-- name: RegistrationBump :exec
+-- In the transaction that adds a build: see wh_registration.
+UPDATE wh_registration SET epoch = epoch + 1 WHERE id = 1;
+
+-- name: BuildKeyTaken :one
+-- Whether a build key is used, by any perspective's build (a perspective's name is its
+-- first build's key, so a new name must not be another's key either).
+SELECT EXISTS (SELECT 1 FROM wh_perspective_builds WHERE build_key = @build_key)::bool;
+
+-- name: BuildCatchUpAcquire :one
+-- Takes (or renews) the lease on a build's catch-up: free, expired, or already the
+-- caller's. Returns the position to continue from; no row when another instance holds it or
+-- the catch-up is done.
+UPDATE wh_perspective_builds
+SET catchup_holder = @instance_id::uuid,
+    catchup_expiry = clock_timestamp() + make_interval(secs => @lease_seconds::float8),
+    catchup_started_at = COALESCE(catchup_started_at, now())
+WHERE build_key = @build_key
+  AND state <> 'retired'
+  AND NOT catchup_done
+  AND (catchup_holder IS NULL OR catchup_expiry <= clock_timestamp() OR catchup_holder = @instance_id::uuid)
+RETURNING catchup_stream_id, catchup_event_id;
+
+-- name: CatchUpPage :many
+-- The next page of stored events after a position, in (stream_id, event_id) order.
+SELECT event_id, stream_id, event_type, data, created_at
+FROM wh_event_store
+WHERE (stream_id, event_id) > (@after_stream_id::uuid, @after_event_id::uuid)
+ORDER BY stream_id, event_id
+LIMIT @page_size;
+
+-- name: CatchUpQueued :many
+-- The events queued for a build among the streams from first to last (a page's streams).
+SELECT stream_id, event_id
+FROM wh_perspective_events
+WHERE stream_id >= @first_stream_id AND stream_id <= @last_stream_id
+  AND perspective_name = @build_key;
+
+-- name: BuildCatchUpAdvance :execrows
+-- Moves a build's catch-up position, in the transaction that wrote the page's models: only
+-- while the caller holds an unexpired lease and the position is still the one it started
+-- from (the fencing check: 0 rows and the page is rolled back). Renews the lease.
+UPDATE wh_perspective_builds
+SET catchup_stream_id = @stream_id::uuid,
+    catchup_event_id  = @event_id::uuid,
+    catchup_events    = catchup_events + @events::bigint,
+    catchup_streams   = catchup_streams + @streams::bigint,
+    catchup_expiry    = clock_timestamp() + make_interval(secs => @lease_seconds::float8)
+WHERE build_key = @build_key
+  AND catchup_holder = @instance_id::uuid
+  AND catchup_expiry > clock_timestamp()
+  AND NOT catchup_done
+  AND catchup_stream_id IS NOT DISTINCT FROM sqlc.narg(from_stream_id)::uuid
+  AND catchup_event_id IS NOT DISTINCT FROM sqlc.narg(from_event_id)::uuid;
+
+-- name: BuildCatchUpFinish :execrows
+-- Ends a build's catch-up (no stored event after its position), under the same fencing as
+-- BuildCatchUpAdvance; the stream it was at counts as passed.
+UPDATE wh_perspective_builds
+SET catchup_done = true,
+    catchup_done_at = now(),
+    catchup_streams = catchup_streams + CASE WHEN catchup_stream_id IS NULL THEN 0 ELSE 1 END,
+    catchup_holder = NULL,
+    catchup_expiry = NULL
+WHERE build_key = @build_key
+  AND catchup_holder = @instance_id::uuid
+  AND catchup_expiry > clock_timestamp()
+  AND NOT catchup_done
+  AND catchup_stream_id IS NOT DISTINCT FROM sqlc.narg(from_stream_id)::uuid
+  AND catchup_event_id IS NOT DISTINCT FROM sqlc.narg(from_event_id)::uuid;
+
+-- name: QueueEnqueueStreamFrom :execrows
+-- Queues a stream's stored events from an event on (inclusive) for a build: what a
+-- catch-up could not apply (a failing event and the ones after it) is left to the normal
+-- path, which retries it with backoff.
+INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)
+SELECT e.stream_id, @build_key::text, e.event_id
+FROM wh_event_store e
+WHERE e.stream_id = @stream_id AND e.event_id >= @from_event_id
+ON CONFLICT DO NOTHING;
+
+-- name: BuildQueueAge :one
+-- The age of the oldest event queued for a build, in microseconds (-1: none queued).
+SELECT COALESCE((extract(epoch FROM clock_timestamp() - min(enqueued_at)) * 1000000)::bigint, -1)::bigint AS oldest_micros
+FROM wh_perspective_events
+WHERE perspective_name = @build_key;
+
+-- name: BuildSetState :exec
+UPDATE wh_perspective_builds
+SET state = @state::text,
+    promoted_at = CASE WHEN @state::text = 'active' THEN now() ELSE promoted_at END,
+    retired_at  = CASE WHEN @state::text = 'retired' THEN now() ELSE retired_at END,
+    catchup_holder = CASE WHEN @state::text = 'retired' THEN NULL ELSE catchup_holder END,
+    catchup_expiry = CASE WHEN @state::text = 'retired' THEN NULL ELSE catchup_expiry END
+WHERE build_key = @build_key;
+
+-- name: BuildsToClean :many
+-- Retired builds of the given perspectives whose rows are not all deleted, retired at least
+-- grace_seconds ago (a transaction an instance began before it saw the retirement has ended).
+SELECT build_key
+FROM wh_perspective_builds
+WHERE perspective_name = ANY(@perspective_names::text[])
+  AND state = 'retired'
+  AND cleaned_at IS NULL
+  AND retired_at <= now() - make_interval(secs => @grace_seconds::float8);
+
+-- name: BuildCleanupBatch :one
+-- Deletes the rows of up to batch_size pairs of a retired build: queue rows, snapshots,
+-- model and cursor. Returns the number of pairs deleted (0: none left).
+WITH win AS (
+    SELECT c.stream_id
+    FROM wh_perspective_cursors c
+    WHERE c.perspective_name = @build_key
+    ORDER BY c.stream_id
+    LIMIT @batch_size
+), q AS (
+    DELETE FROM wh_perspective_events e USING win
+    WHERE e.stream_id = win.stream_id AND e.perspective_name = @build_key
+), s AS (
+    DELETE FROM wh_perspective_snapshots sn USING win
+    WHERE sn.stream_id = win.stream_id AND sn.perspective_name = @build_key
+), m AS (
+    DELETE FROM wh_perspective_models mo USING win
+    WHERE mo.stream_id = win.stream_id AND mo.perspective_name = @build_key
+), c AS (
+    DELETE FROM wh_perspective_cursors cu USING win
+    WHERE cu.stream_id = win.stream_id AND cu.perspective_name = @build_key
+    RETURNING 1
+)
+SELECT count(*)::bigint AS deleted FROM c;
+
+-- name: BuildMarkCleaned :exec
+UPDATE wh_perspective_builds SET cleaned_at = now() WHERE build_key = @build_key AND state = 'retired';
+
+-- name: BuildsStatus :many
+-- Every build with its catch-up progress and queue (the versions command, the metrics).
+SELECT b.build_key, b.perspective_name, b.version, b.build, b.state,
+       b.created_at, b.promoted_at, b.retired_at, b.cleaned_at,
+       b.catchup_done, b.catchup_events, b.catchup_streams,
+       b.catchup_started_at, b.catchup_done_at, b.catchup_holder,
+       COALESCE(q.depth, 0)::bigint AS queued,
+       COALESCE((extract(epoch FROM clock_timestamp() - q.oldest) * 1000000)::bigint, 0)::bigint AS oldest_queued_micros
+FROM wh_perspective_builds b
+LEFT JOIN (
+    SELECT perspective_name, count(*) AS depth, min(enqueued_at) AS oldest
+    FROM wh_perspective_events
+    GROUP BY perspective_name
+) q ON q.perspective_name = b.build_key
+ORDER BY b.perspective_name, b.version, b.build;
+
+-- name: ModelActiveGet :one
+-- The model of a stream in a perspective's active build (a name without builds: its own
+-- rows). One statement, so a promotion is seen whole or not at all.
+SELECT m.model
+FROM wh_perspective_models m
+WHERE m.stream_id = @stream_id
+  AND m.perspective_name = COALESCE(
+      (SELECT b.build_key FROM wh_perspective_builds b
+       WHERE b.perspective_name = @perspective_name AND b.state = 'active'),
+      @perspective_name);
+
+-- name: EventStoreEstimate :one
+-- The planner's estimate of the stored events (-1 before the first ANALYZE).
+SELECT c.reltuples::bigint AS estimate FROM pg_catalog.pg_class c WHERE c.oid = 'wh_event_store'::regclass;

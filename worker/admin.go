@@ -1,0 +1,181 @@
+package worker
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/perspectives-go/perspectives/db"
+	"github.com/perspectives-go/perspectives/locker"
+)
+
+// Admin runs operators' actions on a database without running any perspective: purging a
+// pair or rebuilding it (under the stream lock), rebuilding a whole perspective beside its
+// active version, promoting a version, reporting the builds. Running workers do the work.
+type Admin struct {
+	store    *pgStore
+	locker   locker.Locker
+	instance uuid.UUID
+}
+
+// NewAdmin returns an Admin on pool. l is the locker the workers use (nil: none); like the
+// worker's, it must keep its locks on the cursor rows (locker.CursorRowLocker). The Admin
+// takes stream locks under its own new instance ID.
+func NewAdmin(pool *pgxpool.Pool, l locker.Locker) (*Admin, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("worker: admin: %w: pool is nil", locker.ErrInvalidArgument)
+	}
+	if l != nil && isNil(l) {
+		return nil, fmt.Errorf("worker: admin: %w: locker is a nil %T: pass a locker, or nil for none", locker.ErrInvalidArgument, l)
+	}
+	if _, ok := l.(locker.CursorRowLocker); l != nil && !ok {
+		return nil, fmt.Errorf("worker: admin: %w: locker is a %T, which does not keep its locks on the cursor rows (see locker.CursorRowLocker)", locker.ErrInvalidArgument, l)
+	}
+	id, err := uuid.NewV7()
+	if err != nil {
+		return nil, fmt.Errorf("worker: admin: %w", err)
+	}
+	return &Admin{store: newPGStore(pool, DefaultRetryBackoff, DefaultMaxRetryBackoff), locker: l, instance: id}, nil
+}
+
+// Purge is Worker.Purge from outside any worker: the pair is purged in every build of the
+// perspective that is not retired.
+func (a *Admin) Purge(ctx context.Context, streamID uuid.UUID, perspectiveName string) error {
+	return a.eachBuild(ctx, streamID, perspectiveName, "purge", func(k Pair, holder uuid.UUID) error {
+		return a.store.Purge(ctx, k, holder)
+	})
+}
+
+// Rebuild rebuilds one stream: it purges (streamID, perspectiveName) in every build of the
+// perspective that is not retired and queues every stored event of the stream for it again,
+// so that running workers rebuild the model from the start (readers meanwhile see no model
+// for that stream). It returns the number of events queued. To rebuild a whole perspective
+// without a gap, use RebuildPerspective.
+func (a *Admin) Rebuild(ctx context.Context, streamID uuid.UUID, perspectiveName string) (int64, error) {
+	var queued int64
+	err := a.eachBuild(ctx, streamID, perspectiveName, "rebuild", func(k Pair, holder uuid.UUID) error {
+		if err := a.store.Purge(ctx, k, holder); err != nil {
+			return err
+		}
+		n, err := a.store.q.QueueEnqueueStream(ctx, db.QueueEnqueueStreamParams{StreamID: streamID, PerspectiveName: k.Perspective})
+		queued += n
+		return err
+	})
+	return queued, err
+}
+
+// RebuildPerspective starts a new build of the perspective's active version beside it: the
+// workers running that version catch it up from the event store and promote it when it has
+// caught up (readers see the active build's models meanwhile). When such a build is already
+// under way it returns that one. created says whether it started one.
+func (a *Admin) RebuildPerspective(ctx context.Context, perspectiveName string) (b Build, created bool, err error) {
+	if err := locker.ValidatePerspectiveName(perspectiveName); err != nil {
+		return Build{}, false, fmt.Errorf("worker: rebuild: %w", err)
+	}
+	builds, nb, err := a.store.addBuild(ctx, perspectiveName, func(builds []Build) (*Build, error) {
+		return planRebuild(perspectiveName, builds)
+	})
+	if err != nil {
+		return Build{}, false, fmt.Errorf("worker: rebuild: %w", err)
+	}
+	if nb != nil {
+		return *nb, true, nil
+	}
+	for _, b := range builds {
+		if b.State == BuildBuilding {
+			return b, false, nil
+		}
+	}
+	return Build{}, false, fmt.Errorf("worker: rebuild: perspective %q has no build under way", perspectiveName)
+}
+
+// Promote makes version of the perspective active: its newest build, which must be
+// building and caught up with the store (its queue may still be behind: the operator's
+// call). The active build is retired.
+func (a *Admin) Promote(ctx context.Context, perspectiveName string, version int) (Build, error) {
+	builds, err := a.store.Builds(ctx, []string{perspectiveName})
+	if err != nil {
+		return Build{}, fmt.Errorf("worker: promote: %w", err)
+	}
+	var cand *Build
+	for i, b := range builds {
+		if b.Version == version && b.State != BuildRetired {
+			cand = &builds[i]
+		}
+	}
+	switch {
+	case len(builds) == 0:
+		return Build{}, fmt.Errorf("worker: promote: %w: perspective %q is not registered", locker.ErrInvalidArgument, perspectiveName)
+	case cand == nil:
+		return Build{}, fmt.Errorf("worker: promote: %w: perspective %q has no build of version %d", locker.ErrInvalidArgument, perspectiveName, version)
+	case cand.State == BuildActive:
+		return *cand, fmt.Errorf("worker: promote: version %d of %q is already active", version, perspectiveName)
+	case !cand.CatchUpDone:
+		return *cand, fmt.Errorf("worker: promote: version %d of %q has not caught up with the event store yet (see: perspectives versions)", version, perspectiveName)
+	}
+	ok, err := a.store.Promote(ctx, perspectiveName, cand.Key, true)
+	if err != nil {
+		return *cand, fmt.Errorf("worker: promote: %w", err)
+	}
+	if !ok {
+		return *cand, fmt.Errorf("worker: promote: version %d of %q changed meanwhile; look again (perspectives versions)", version, perspectiveName)
+	}
+	cand.State = BuildActive
+	return *cand, nil
+}
+
+// Versions reports every build of every perspective with its progress and queue.
+func (a *Admin) Versions(ctx context.Context) ([]BuildStatus, error) {
+	st, err := a.store.Status(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("worker: versions: %w", err)
+	}
+	return st, nil
+}
+
+// eachBuild runs fn on the pair (streamID, build) of every build of the perspective that is
+// not retired, each under the stream lock (reason purge) when the Admin has a locker; fn gets
+// the holder to fence its write with (uuid.Nil without a locker).
+func (a *Admin) eachBuild(ctx context.Context, streamID uuid.UUID, perspectiveName, op string, fn func(k Pair, holder uuid.UUID) error) error {
+	if err := locker.ValidatePair(streamID, perspectiveName); err != nil {
+		return fmt.Errorf("worker: %s: %w", op, err)
+	}
+	builds, err := a.store.Builds(ctx, []string{perspectiveName})
+	if err != nil {
+		return fmt.Errorf("worker: %s: %w", op, err)
+	}
+	if len(builds) == 0 {
+		return fmt.Errorf("worker: %s: %w: perspective %q is not registered", op, locker.ErrInvalidArgument, perspectiveName)
+	}
+	for _, b := range builds {
+		if b.State == BuildRetired {
+			continue
+		}
+		if err := a.withLock(ctx, Pair{Stream: streamID, Perspective: b.Key}, fn); err != nil {
+			return fmt.Errorf("worker: %s: %s version %d: %w", op, perspectiveName, b.Version, err)
+		}
+	}
+	return nil
+}
+
+// withLock runs fn on k under its stream lock when the Admin has a locker.
+func (a *Admin) withLock(ctx context.Context, k Pair, fn func(k Pair, holder uuid.UUID) error) error {
+	if a.locker == nil {
+		return fn(k, uuid.Nil)
+	}
+	ok, err := a.locker.TryAcquire(ctx, k.Stream, k.Perspective, a.instance, locker.ReasonPurge)
+	if err != nil {
+		return fmt.Errorf("acquire stream lock: %w", err)
+	}
+	if !ok {
+		return fmt.Errorf("stream %s: %w", k.Stream, ErrLocked)
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		defer cancel()
+		_ = a.locker.Release(rctx, k.Stream, k.Perspective, a.instance)
+	}()
+	return fn(k, a.instance)
+}

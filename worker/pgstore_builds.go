@@ -1,0 +1,303 @@
+package worker
+
+// Builds on PostgreSQL: registration, catch-up pages, promotion, cleanup, status.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/perspectives-go/perspectives/db"
+)
+
+// maxUUID sorts after every event ID: a catch-up position at (stream, maxUUID) has passed
+// the whole stream.
+var maxUUID = uuid.UUID{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff}
+
+func buildOfRow(r db.BuildsOfRow) Build {
+	return Build{Key: r.BuildKey, Perspective: r.PerspectiveName, Version: int(r.Version), N: int(r.Build), State: r.State, CatchUpDone: r.CatchupDone}
+}
+
+func (s *pgStore) Builds(ctx context.Context, perspectives []string) ([]Build, error) {
+	rows, err := s.q.BuildsOf(ctx, perspectives)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Build, len(rows))
+	for i, r := range rows {
+		out[i] = buildOfRow(r)
+	}
+	return out, nil
+}
+
+func (s *pgStore) Register(ctx context.Context, perspective string, version int) ([]Build, error) {
+	builds, _, err := s.addBuild(ctx, perspective, func(builds []Build) (*Build, error) {
+		return planRegistration(perspective, version, builds), nil
+	})
+	return builds, err
+}
+
+// addBuild adds the build plan asks for, given the perspective's builds (none: nothing to
+// add), and returns the builds afterwards and the one it added. plan runs first on a plain
+// read, then again under the exclusive side of the append lock when it asks for a build:
+// every Append in flight commits first (its events are in the store when the catch-up
+// reads it), every later one queues its events for the new build. The lock is held only
+// for these few statements, so no Append waits on a scan.
+func (s *pgStore) addBuild(ctx context.Context, perspective string, plan func([]Build) (*Build, error)) ([]Build, *Build, error) {
+	builds, err := s.Builds(ctx, []string{perspective})
+	if err != nil {
+		return nil, nil, err
+	}
+	if b, err := plan(builds); err != nil || b == nil {
+		return builds, nil, err
+	}
+	var added *Build
+	err = s.inTx(ctx, func(q *db.Queries) error {
+		if err := q.RegisterLock(ctx); err != nil {
+			return err
+		}
+		if _, err := q.PerspectiveRegister(ctx, perspective); err != nil {
+			return err
+		}
+		rows, err := q.BuildsOf(ctx, []string{perspective})
+		if err != nil {
+			return err
+		}
+		builds = builds[:0]
+		for _, r := range rows {
+			builds = append(builds, buildOfRow(r))
+		}
+		b, err := plan(builds)
+		if err != nil || b == nil {
+			return err // another instance added it meanwhile
+		}
+		taken, err := q.BuildKeyTaken(ctx, b.Key)
+		if err != nil {
+			return err
+		}
+		if taken {
+			return fmt.Errorf("perspective %q: its build key %q is already another perspective's: rename one of them", perspective, b.Key)
+		}
+		if err := q.BuildCreate(ctx, db.BuildCreateParams{
+			BuildKey: b.Key, PerspectiveName: perspective, Version: int32(b.Version), Build: int32(b.N), State: b.State,
+		}); err != nil {
+			return err
+		}
+		builds, added = append(builds, *b), b
+		return q.RegistrationBump(ctx)
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return builds, added, nil
+}
+
+func (s *pgStore) CatchUp(ctx context.Context, req CatchUpRequest, fold func(CatchUpPage) []PairWrite) (CatchUpResult, error) {
+	var res CatchUpResult
+	err := s.inTx(ctx, func(q *db.Queries) error {
+		res = CatchUpResult{}
+		pos, err := q.BuildCatchUpAcquire(ctx, db.BuildCatchUpAcquireParams{
+			InstanceID: req.Instance, LeaseSeconds: req.Lease.Seconds(), BuildKey: req.Key,
+		})
+		if errors.Is(err, pgx.ErrNoRows) {
+			res.NotHeld = true
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("take the catch-up lease: %w", err)
+		}
+		rows, err := q.CatchUpPage(ctx, db.CatchUpPageParams{
+			AfterStreamID: pos.CatchupStreamID.UUID, AfterEventID: pos.CatchupEventID.UUID, PageSize: int32(req.PageSize),
+		})
+		if err != nil {
+			return fmt.Errorf("read the store: %w", err)
+		}
+		fence := func(n int64, err error) error {
+			if err != nil {
+				return fmt.Errorf("move the catch-up position: %w", err)
+			}
+			if n != 1 {
+				return ErrLockLost // the lease lapsed and another instance took over
+			}
+			return nil
+		}
+		if len(rows) == 0 {
+			res.Done = true
+			return fence(q.BuildCatchUpFinish(ctx, db.BuildCatchUpFinishParams{
+				BuildKey: req.Key, InstanceID: req.Instance, FromStreamID: pos.CatchupStreamID, FromEventID: pos.CatchupEventID,
+			}))
+		}
+		res.Events = len(rows)
+		page := CatchUpPage{Key: req.Key, Events: make([]Event, len(rows)), Streams: map[uuid.UUID]PairState{}}
+		var pairs []Pair
+		for i, r := range rows {
+			page.Events[i] = eventOf(r)
+			if i == 0 || r.StreamID != rows[i-1].StreamID {
+				pairs = append(pairs, Pair{Stream: r.StreamID, Perspective: req.Key})
+			}
+		}
+		// Under the cursor row locks: a stream another instance has locked is left to the
+		// normal path (fold queues its events).
+		states, _, err := lockPairs(ctx, q, pairs)
+		if err != nil {
+			return err
+		}
+		for _, st := range states {
+			page.Streams[st.Stream] = st
+		}
+		if pos.CatchupStreamID.Valid && pos.CatchupStreamID.UUID == pairs[0].Stream {
+			page.Continued = pairs[0].Stream
+			if st, ok := page.Streams[page.Continued]; ok && st.LastEventID.Valid {
+				models, err := q.ModelsGet(ctx, db.ModelsGetParams{StreamIds: []uuid.UUID{page.Continued}, PerspectiveNames: []string{req.Key}})
+				if err != nil {
+					return fmt.Errorf("load model: %w", err)
+				}
+				if len(models) == 1 {
+					st.Model, st.ModelAt = json.RawMessage(models[0].Model), models[0].LastEventID
+				}
+				page.Streams[page.Continued] = st
+			}
+		}
+		first, last := pairs[0].Stream, pairs[len(pairs)-1].Stream
+		queuedRows, err := q.CatchUpQueued(ctx, db.CatchUpQueuedParams{FirstStreamID: first, LastStreamID: last, BuildKey: req.Key})
+		if err != nil {
+			return fmt.Errorf("read the queue: %w", err)
+		}
+		queued := make(map[uuid.UUID]bool, len(queuedRows))
+		for _, r := range queuedRows {
+			queued[r.EventID] = true
+		}
+
+		writes := fold(page)
+		if err := s.writePairs(ctx, q, writes, queued); err != nil {
+			return err
+		}
+		to := page.Events[len(page.Events)-1]
+		toEvent := to.ID
+		for _, wr := range writes {
+			res.Applied += len(wr.Applied)
+			if wr.EnqueueFrom == uuid.Nil {
+				continue
+			}
+			if _, err := q.QueueEnqueueStreamFrom(ctx, db.QueueEnqueueStreamFromParams{
+				BuildKey: req.Key, StreamID: wr.Stream, FromEventID: wr.EnqueueFrom,
+			}); err != nil {
+				return fmt.Errorf("queue a stream for the normal path: %w", err)
+			}
+			if wr.Stream == to.StreamID {
+				toEvent = maxUUID // its later events are queued now: pass the whole stream
+			}
+		}
+		passed := int64(len(pairs) - 1) // streams the page finished: all but its last, unless passed whole
+		if toEvent == maxUUID {
+			passed++
+		}
+		return fence(q.BuildCatchUpAdvance(ctx, db.BuildCatchUpAdvanceParams{
+			StreamID: to.StreamID, EventID: toEvent, Events: int64(len(rows)), Streams: passed,
+			LeaseSeconds: req.Lease.Seconds(), BuildKey: req.Key, InstanceID: req.Instance,
+			FromStreamID: pos.CatchupStreamID, FromEventID: pos.CatchupEventID,
+		}))
+	})
+	if err != nil {
+		return CatchUpResult{}, err
+	}
+	return res, nil
+}
+
+func (s *pgStore) Promote(ctx context.Context, perspective, key string, force bool) (bool, error) {
+	promoted := false
+	err := s.inTx(ctx, func(q *db.Queries) error {
+		// Serialized with registration (and other promotions) by the append lock's
+		// exclusive side, held for these few statements.
+		if err := q.RegisterLock(ctx); err != nil {
+			return err
+		}
+		rows, err := q.BuildsOf(ctx, []string{perspective})
+		if err != nil {
+			return err
+		}
+		var cand, active *Build
+		for _, r := range rows {
+			b := buildOfRow(r)
+			switch {
+			case b.Key == key:
+				cand = &b
+			case b.State == BuildActive:
+				active = &b
+			}
+		}
+		if cand == nil {
+			return fmt.Errorf("perspective %q has no build %q", perspective, key)
+		}
+		if cand.State != BuildBuilding || !cand.CatchUpDone {
+			return nil
+		}
+		if active != nil && !force {
+			candAge, err := q.BuildQueueAge(ctx, cand.Key)
+			if err != nil {
+				return err
+			}
+			activeAge, err := q.BuildQueueAge(ctx, active.Key)
+			if err != nil {
+				return err
+			}
+			if !caughtUp(micros(candAge), micros(activeAge)) {
+				return nil
+			}
+		}
+		if active != nil {
+			if err := q.BuildSetState(ctx, db.BuildSetStateParams{State: BuildRetired, BuildKey: active.Key}); err != nil {
+				return err
+			}
+		}
+		if err := q.BuildSetState(ctx, db.BuildSetStateParams{State: BuildActive, BuildKey: cand.Key}); err != nil {
+			return err
+		}
+		promoted = true
+		return nil
+	})
+	return promoted, err
+}
+
+// micros is a queue age in microseconds as a duration (-1: nothing queued, 0).
+func micros(us int64) time.Duration { return time.Duration(max(us, 0)) * time.Microsecond }
+
+func (s *pgStore) Cleanup(ctx context.Context, perspectives []string, grace time.Duration, batch int) (bool, error) {
+	keys, err := s.q.BuildsToClean(ctx, db.BuildsToCleanParams{PerspectiveNames: perspectives, GraceSeconds: grace.Seconds()})
+	if err != nil || len(keys) == 0 {
+		return false, err
+	}
+	n, err := s.q.BuildCleanupBatch(ctx, db.BuildCleanupBatchParams{BuildKey: keys[0], BatchSize: int32(batch)})
+	if err != nil {
+		return false, err
+	}
+	if n == 0 {
+		if err := s.q.BuildMarkCleaned(ctx, keys[0]); err != nil {
+			return false, err
+		}
+		return len(keys) > 1, nil
+	}
+	return true, nil
+}
+
+func (s *pgStore) Status(ctx context.Context) ([]BuildStatus, error) {
+	rows, err := s.q.BuildsStatus(ctx)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]BuildStatus, len(rows))
+	for i, r := range rows {
+		out[i] = BuildStatus{
+			Build: Build{Key: r.BuildKey, Perspective: r.PerspectiveName, Version: int(r.Version), N: int(r.Build),
+				State: r.State, CatchUpDone: r.CatchupDone},
+			CatchUpEvents: r.CatchupEvents, CatchUpStreams: r.CatchupStreams,
+			Queued: r.Queued, OldestQueued: micros(r.OldestQueuedMicros),
+		}
+	}
+	return out, nil
+}
