@@ -6,6 +6,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/golang-migrate/migrate/v4"
+	migratepgx "github.com/golang-migrate/migrate/v4/database/pgx/v5"
+	"github.com/golang-migrate/migrate/v4/source/iofs"
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
 	"github.com/perspectives-go/perspectives/internal/pgtest"
@@ -22,7 +27,7 @@ func TestMigrateIsNoOpWhenCurrent(t *testing.T) {
 	var version int64
 	var dirty bool
 	require.NoError(t, testDB.Pool.QueryRow(ctx, "SELECT version, dirty FROM "+schema.MigrationsTable).Scan(&version, &dirty))
-	require.Equal(t, int64(1), version)
+	require.Equal(t, int64(2), version)
 	require.False(t, dirty)
 }
 
@@ -48,7 +53,7 @@ func TestMigrateConcurrentlyOnFreshDatabase(t *testing.T) {
 	}
 	var n int
 	require.NoError(t, d.Pool.QueryRow(ctx, "SELECT count(*) FROM information_schema.tables WHERE table_name LIKE 'wh_%'").Scan(&n))
-	require.Equal(t, 7, n, "six perspectives tables plus the migrations table")
+	require.Equal(t, 9, n, "eight perspectives tables plus the migrations table")
 	// Every connection went back to the pool: nothing is acquired now.
 	require.Equal(t, int32(0), d.Pool.Stat().AcquiredConns())
 }
@@ -62,4 +67,66 @@ func TestMigrateHonoursCancelledContext(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	require.ErrorIs(t, schema.Migrate(ctx, testDB.Pool), context.Canceled)
+}
+
+// A database migrated before builds existed keeps its perspectives' rows: each becomes the
+// first build of version 1, active and caught up, keyed by the perspective's name, so its
+// models are still read and its events still queued.
+func TestMigrateFromVersion1KeepsEachPerspectiveAsItsFirstBuild(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	d, err := pgtest.CreateEmpty(ctx, "schema_v1")
+	require.NoError(t, err)
+	defer d.Close()
+
+	src, err := iofs.New(schema.FS, ".")
+	require.NoError(t, err)
+	driver, err := migratepgx.WithInstance(stdlib.OpenDBFromPool(d.Pool), &migratepgx.Config{MigrationsTable: schema.MigrationsTable})
+	require.NoError(t, err)
+	m, err := migrate.NewWithInstance("iofs", src, "pgx5", driver)
+	require.NoError(t, err)
+	require.NoError(t, m.Steps(1), "the schema as it was before builds")
+	srcErr, dbErr := m.Close()
+	require.NoError(t, srcErr)
+	require.NoError(t, dbErr)
+
+	stream, event := uuid.New(), uuid.Must(uuid.NewV7())
+	for _, sql := range []string{
+		`INSERT INTO wh_perspectives (perspective_name) VALUES ('orders'), ('visits')`,
+		`INSERT INTO wh_perspective_models (stream_id, perspective_name, model, last_event_id) VALUES ($1, 'orders', '{"n":1}', $2)`,
+	} {
+		args := []any{}
+		if len(sql) > 80 {
+			args = []any{stream, event}
+		}
+		_, err := d.Pool.Exec(ctx, sql, args...)
+		require.NoError(t, err)
+	}
+	require.NoError(t, schema.Migrate(ctx, d.Pool))
+
+	rows, err := d.Pool.Query(ctx, `SELECT build_key, perspective_name, version, build, state, catchup_done
+		FROM wh_perspective_builds ORDER BY build_key`)
+	require.NoError(t, err)
+	type build struct {
+		Key, Name      string
+		Version, Build int
+		State          string
+		Done           bool
+	}
+	var got []build
+	for rows.Next() {
+		var b build
+		require.NoError(t, rows.Scan(&b.Key, &b.Name, &b.Version, &b.Build, &b.State, &b.Done))
+		got = append(got, b)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []build{
+		{"orders", "orders", 1, 1, "active", true},
+		{"visits", "visits", 1, 1, "active", true},
+	}, got)
+	var model string
+	require.NoError(t, d.Pool.QueryRow(ctx, `SELECT m.model::text FROM wh_perspective_models m
+		JOIN wh_perspective_builds b ON b.build_key = m.perspective_name AND b.state = 'active'
+		WHERE b.perspective_name = 'orders' AND m.stream_id = $1`, stream).Scan(&model))
+	require.JSONEq(t, `{"n":1}`, model, "the active build's model is the one stored before")
 }
