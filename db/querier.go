@@ -29,7 +29,8 @@ type Querier interface {
 	// from (the fencing check: 0 rows and the page is rolled back). Renews the lease.
 	BuildCatchUpAdvance(ctx context.Context, arg BuildCatchUpAdvanceParams) (int64, error)
 	// Ends a build's catch-up (no stored event after its position), under the same fencing as
-	// BuildCatchUpAdvance; the stream it was at counts as passed.
+	// BuildCatchUpAdvance; the stream it was at counts as passed (unless it was passed whole
+	// already: its position is the highest UUID).
 	BuildCatchUpFinish(ctx context.Context, arg BuildCatchUpFinishParams) (int64, error)
 	// Deletes the rows of up to batch_size pairs of a retired build: queue rows, snapshots,
 	// model and cursor. Returns the number of pairs deleted (0: none left).

@@ -71,11 +71,14 @@ WHERE build_key = @build_key
 
 -- name: BuildCatchUpFinish :execrows
 -- Ends a build's catch-up (no stored event after its position), under the same fencing as
--- BuildCatchUpAdvance; the stream it was at counts as passed.
+-- BuildCatchUpAdvance; the stream it was at counts as passed (unless it was passed whole
+-- already: its position is the highest UUID).
 UPDATE wh_perspective_builds
 SET catchup_done = true,
     catchup_done_at = now(),
-    catchup_streams = catchup_streams + CASE WHEN catchup_stream_id IS NULL THEN 0 ELSE 1 END,
+    catchup_streams = catchup_streams + CASE
+        WHEN catchup_stream_id IS NULL OR catchup_event_id = 'ffffffff-ffff-ffff-ffff-ffffffffffff' THEN 0
+        ELSE 1 END,
     catchup_holder = NULL,
     catchup_expiry = NULL
 WHERE build_key = @build_key

@@ -121,8 +121,6 @@ const cleanupBatch = 1000
 // gives it a new ID): EnqueueFrom firstEventID queues a whole stream.
 var firstEventID = uuid.UUID{15: 1}
 
-// catchUpPageSize is how many stored events one catch-up page reads.
-const catchUpPageSize = 2000
 
 // build is a build this instance applies, with the perspective code that applies it.
 type build struct {
@@ -240,7 +238,7 @@ func (w *Worker) catchUp(ctx context.Context, key string) (more bool, err error)
 	}
 	attrs := []any{slog.String("perspective", b.Perspective), slog.Int("version", b.Version)}
 	res, err := w.store.CatchUp(ctx, CatchUpRequest{
-		Key: key, Instance: w.cfg.InstanceID, Lease: w.cfg.LockOptions.LockTimeout, PageSize: catchUpPageSize,
+		Key: key, Instance: w.cfg.InstanceID, Lease: w.cfg.LockOptions.LockTimeout, PageSize: w.cfg.CatchUpPageSize,
 	}, func(page CatchUpPage) []PairWrite { return w.foldPage(ctx, b, page) })
 	if errors.Is(err, ErrLockLost) {
 		w.log.Warn("catch-up page refused: its lease was taken over", attrs...)

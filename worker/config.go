@@ -30,6 +30,8 @@ const (
 	MaxConcurrency              = 64
 	DefaultGroupSize            = 50
 	MaxGroupSize                = 1000
+	DefaultCatchUpPageSize      = 2000
+	MaxCatchUpPageSize          = 100000
 )
 
 // SnapshotOptions control the restore points that make rewinds cheap.
@@ -77,6 +79,10 @@ type Config struct {
 	// once; a long rewind holds one while the others go on. Default 4, at most 64. Each
 	// takes a pool connection while it works.
 	Concurrency int
+	// CatchUpPageSize is how many stored events one page of a catch-up (a new perspective,
+	// version or rebuild reading the event store) reads and applies in one transaction.
+	// Default 2000, at most 100000.
+	CatchUpPageSize int
 	// ManualPromotion leaves a caught-up new version (or rebuild) of a perspective building
 	// until an operator promotes it (perspectives promote, or Admin.Promote). Default false:
 	// it is promoted as soon as it has caught up.
@@ -139,6 +145,7 @@ func (cfg Config) withDefaults() Config {
 	cfg.MaxRetryBackoff = cmp.Or(cfg.MaxRetryBackoff, DefaultMaxRetryBackoff)
 	cfg.Concurrency = cmp.Or(cfg.Concurrency, DefaultConcurrency)
 	cfg.GroupSize = cmp.Or(cfg.GroupSize, DefaultGroupSize)
+	cfg.CatchUpPageSize = cmp.Or(cfg.CatchUpPageSize, DefaultCatchUpPageSize)
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -186,6 +193,8 @@ func (cfg Config) validate() error {
 		return invalid("Concurrency must be between 1 and %d, got %d", MaxConcurrency, cfg.Concurrency)
 	case cfg.GroupSize < 1 || cfg.GroupSize > MaxGroupSize:
 		return invalid("GroupSize must be between 1 and %d, got %d", MaxGroupSize, cfg.GroupSize)
+	case cfg.CatchUpPageSize < 1 || cfg.CatchUpPageSize > MaxCatchUpPageSize:
+		return invalid("CatchUpPageSize must be between 1 and %d, got %d", MaxCatchUpPageSize, cfg.CatchUpPageSize)
 	}
 	return nil
 }

@@ -3,8 +3,13 @@ package worker_test
 // The perspective lifecycle against PostgreSQL: registration, catch-up, versions.
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
 	"testing"
 	"time"
 
@@ -13,6 +18,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
+	"github.com/perspectives-go/perspectives/internal/pgtest"
+	"github.com/perspectives-go/perspectives/locker"
 	"github.com/perspectives-go/perspectives/worker"
 )
 
@@ -68,4 +75,325 @@ func waitModelWithin(t testing.TB, ctx context.Context, name string, stream uuid
 		return len(m.IDs) == n
 	})
 	return m
+}
+
+// vledger is the model of a versioned ledger perspective: the version that built it, and
+// every applied event ID in order.
+type vledger struct {
+	V   int         `json:"v"`
+	IDs []uuid.UUID `json:"ids"`
+}
+
+// vledgerPerspective is version v of a ledger perspective named name.
+type vledgerPerspective struct {
+	worker.Perspective
+	v int
+}
+
+func (p vledgerPerspective) Version() int { return p.v }
+
+func newVLedger(name string, v int) worker.Perspective {
+	return vledgerPerspective{v: v, Perspective: worker.JSONPerspective(name, func(m vledger, ev worker.Event) (vledger, error) {
+		m.V = v
+		m.IDs = append(m.IDs, ev.ID)
+		return m, nil
+	})}
+}
+
+func loadVLedger(t testing.TB, ctx context.Context, d *pgtest.DB, name string, stream uuid.UUID) (vledger, bool) {
+	t.Helper()
+	raw, ok, err := worker.LoadModel(ctx, d.Pool, name, stream)
+	require.NoError(t, err)
+	var m vledger
+	if ok {
+		require.NoError(t, json.Unmarshal(raw, &m), "model %s", raw)
+	}
+	return m, ok
+}
+
+// lcWorker starts a worker on d (stopped when the test ends, unless stopped before).
+func lcWorker(t *testing.T, d *pgtest.DB, cfg worker.Config) *worker.Worker {
+	t.Helper()
+	if cfg.Logger == nil {
+		cfg.Logger = quietLogger()
+	}
+	cfg.PollInterval = cmp.Or(cfg.PollInterval, 20*time.Millisecond)
+	w, err := worker.New(d.Pool, cfg)
+	require.NoError(t, err)
+	start := time.Now()
+	require.NoError(t, w.Start(context.Background()))
+	require.Less(t, time.Since(start), 2*time.Second, "Start does no long work")
+	t.Cleanup(func() { lcStop(t, w) })
+	return w
+}
+
+func lcStop(t *testing.T, w *worker.Worker) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	require.NoError(t, w.Stop(ctx))
+}
+
+func lcCount(t testing.TB, d *pgtest.DB, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, d.Pool.QueryRow(context.Background(), sql, args...).Scan(&n))
+	return n
+}
+
+// lcStored is every event of d's store, by stream, in ID order.
+func lcStored(t testing.TB, d *pgtest.DB) map[uuid.UUID][]uuid.UUID {
+	t.Helper()
+	rows, err := d.Pool.Query(context.Background(), `SELECT stream_id, event_id FROM wh_event_store ORDER BY stream_id, event_id`)
+	require.NoError(t, err)
+	out := map[uuid.UUID][]uuid.UUID{}
+	for rows.Next() {
+		var s, e uuid.UUID
+		require.NoError(t, rows.Scan(&s, &e))
+		out[s] = append(out[s], e)
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+// lcConverged waits until every stream's model in the active build of name is version v
+// folded over exactly the stored events, in ID order, and nothing is queued for it.
+func lcConverged(t *testing.T, d *pgtest.DB, name string, v int, timeout time.Duration) map[uuid.UUID][]uuid.UUID {
+	t.Helper()
+	ctx := context.Background()
+	var stored map[uuid.UUID][]uuid.UUID
+	var last string
+	deadline := time.Now().Add(timeout)
+	for {
+		stored = lcStored(t, d)
+		bad := 0
+		for s, ids := range stored {
+			m, ok := loadVLedger(t, ctx, d, name, s)
+			if !ok || m.V != v || !slices.Equal(m.IDs, ids) {
+				bad++
+				last = fmt.Sprintf("stream %s: version %d, %d of %d events (present %v)", s, m.V, len(m.IDs), len(ids), ok)
+			}
+		}
+		if bad == 0 {
+			return stored
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after %s, %d of %d streams differ from the fold of version %d; e.g. %s", timeout, bad, len(stored), v, last)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// A new perspective registers in a few statements over a store that already holds events
+// and catches up from the store: no queue row per historical event, models equal to the
+// fold of the stored events (streams longer than a page, and many short ones).
+func TestNewPerspectiveCatchesUpFromTheStore(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := isolatedDB(t)
+	long := uuid.New()
+	var evs []worker.Event
+	evs = append(evs, events(long, newIDs(t, 730))...)
+	for range 40 {
+		evs = append(evs, events(uuid.New(), newIDs(t, 12))...)
+	}
+	for i := 0; i < len(evs); i += 500 {
+		require.NoError(t, worker.Append(ctx, d.Pool, evs[i:min(i+500, len(evs))]...))
+	}
+	require.Zero(t, lcCount(t, d, `SELECT count(*) FROM wh_perspective_events`), "no perspective yet: nothing queued")
+
+	name := uniqueName("catchup")
+	lcWorker(t, d, worker.Config{Perspectives: []worker.Perspective{newVLedger(name, 1)}, CatchUpPageSize: 100})
+	require.Zero(t, lcCount(t, d, `SELECT count(*) FROM wh_perspective_events`), "registration queues nothing")
+	stored := lcConverged(t, d, name, 1, 30*time.Second)
+	require.Len(t, stored, 41)
+	require.Zero(t, lcCount(t, d, `SELECT count(*) FROM wh_perspective_events`))
+	var done bool
+	var read, passed int64
+	require.NoError(t, d.Pool.QueryRow(ctx, `SELECT catchup_done, catchup_events, catchup_streams FROM wh_perspective_builds
+		WHERE perspective_name = $1`, name).Scan(&done, &read, &passed))
+	require.True(t, done)
+	require.EqualValues(t, len(evs), read, "every stored event read once")
+	require.EqualValues(t, 41, passed, "every stream passed once")
+}
+
+// A rolling deployment of version 2 of a perspective over three instances, while events
+// (some late) keep being appended: v2 builds beside v1 and is promoted when it has caught
+// up; readers meanwhile always get a complete model, never version 1 after version 2; the
+// v1 instances still running say once that their version was retired and apply nothing
+// more; the retired build's rows are deleted; every model ends as v2's fold of exactly the
+// stored events.
+func TestRollingDeploymentBuildsTheNewVersionBesideTheOld(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := isolatedDB(t)
+	name := uniqueName("rolling")
+	streams := make([]uuid.UUID, 20)
+	for i := range streams {
+		streams[i] = uuid.New()
+		require.NoError(t, worker.Append(ctx, d.Pool, events(streams[i], newIDs(t, 30))...))
+	}
+	lk, err := locker.NewPostgres(d.Pool, locker.Options{})
+	require.NoError(t, err)
+	cfg := func(v int, logs *logCapture) worker.Config {
+		c := worker.Config{Perspectives: []worker.Perspective{newVLedger(name, v)}, Locker: lk, CatchUpPageSize: 64}
+		if logs != nil {
+			c.Logger = slog.New(logs)
+		}
+		return c
+	}
+	logs := []*logCapture{{}, {}, {}}
+	v1 := []*worker.Worker{lcWorker(t, d, cfg(1, logs[0])), lcWorker(t, d, cfg(1, logs[1])), lcWorker(t, d, cfg(1, logs[2]))}
+	lcConverged(t, d, name, 1, 30*time.Second)
+
+	// Appends: rounds of 3 events per stream; one of each round's events is held back to
+	// the next round, so it arrives after newer ones (late).
+	stop := make(chan struct{})
+	appended := make(chan error, 1)
+	go func() {
+		held := map[uuid.UUID]worker.Event{}
+		for round := 0; ; round++ {
+			select {
+			case <-stop:
+				var rest []worker.Event
+				for _, ev := range held {
+					rest = append(rest, ev)
+				}
+				appended <- worker.Append(ctx, d.Pool, rest...)
+				return
+			default:
+			}
+			for _, s := range streams {
+				evs := events(s, newIDs(t, 3))
+				batch := evs[1:]
+				if ev, ok := held[s]; ok {
+					batch = append(batch, ev)
+				}
+				held[s] = evs[0]
+				if err := worker.Append(ctx, d.Pool, batch...); err != nil {
+					appended <- err
+					return
+				}
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}()
+
+	// Readers: a model once seen is never gone, and its version never goes back.
+	readErr := make(chan string, 1)
+	readStop := make(chan struct{})
+	readDone := make(chan struct{})
+	sawV2 := false
+	go func() {
+		defer close(readDone)
+		seen := map[uuid.UUID]int{}
+		for {
+			select {
+			case <-readStop:
+				return
+			default:
+			}
+			for _, s := range streams {
+				raw, ok, err := worker.LoadModel(ctx, d.Pool, name, s)
+				var m vledger
+				if err == nil && ok {
+					err = json.Unmarshal(raw, &m)
+				}
+				switch {
+				case err != nil:
+					readErr <- err.Error()
+					return
+				case !ok || len(m.IDs) == 0:
+					readErr <- fmt.Sprintf("stream %s: no model (was version %d)", s, seen[s])
+					return
+				case m.V < seen[s]:
+					readErr <- fmt.Sprintf("stream %s: version %d after version %d", s, m.V, seen[s])
+					return
+				}
+				seen[s] = m.V
+				sawV2 = sawV2 || m.V == 2
+			}
+		}
+	}()
+
+	// Roll: replace the v1 instances one by one with v2 instances.
+	v2Logs := &logCapture{}
+	for i := range v1 {
+		time.Sleep(150 * time.Millisecond)
+		if i < 2 {
+			lcStop(t, v1[i])
+		}
+		lcWorker(t, d, cfg(2, v2Logs))
+	}
+	eventually(t, 30*time.Second, "version 2 promoted", func() bool {
+		return lcCount(t, d, `SELECT count(*) FROM wh_perspective_builds WHERE perspective_name = $1 AND version = 2 AND state = 'active'`, name) == 1
+	})
+	time.Sleep(200 * time.Millisecond)
+	close(stop)
+	require.NoError(t, <-appended)
+	stored := lcConverged(t, d, name, 2, 30*time.Second)
+	close(readStop)
+	<-readDone
+	select {
+	case msg := <-readErr:
+		t.Fatal(msg)
+	default:
+	}
+	require.True(t, sawV2, "readers saw the new version")
+	require.Equal(t, 1, logs[2].count("perspective version retired: this instance no longer applies it"),
+		"the v1 instance still running says so, once")
+	require.Equal(t, 1, v2Logs.count("perspective version promoted"), "promoted once")
+	require.Zero(t, lcCount(t, d, `SELECT count(*) FROM wh_perspective_events q
+		JOIN wh_perspective_builds b ON b.build_key = q.perspective_name
+		WHERE b.perspective_name = $1 AND b.state = 'retired' AND q.enqueued_at > b.retired_at`, name),
+		"nothing is queued for the retired version once it is retired")
+	rewinds := v2Logs.count("rewind completed")
+	t.Logf("%d streams, %d events, %d rewinds by v2", len(stored), lcCount(t, d, `SELECT count(*) FROM wh_event_store`), rewinds)
+
+	// The retired build's rows are deleted in the background once its grace has passed.
+	_, err = d.Pool.Exec(ctx, `UPDATE wh_perspective_builds SET retired_at = now() - interval '1 hour'
+		WHERE perspective_name = $1 AND state = 'retired'`, name)
+	require.NoError(t, err)
+	eventually(t, 30*time.Second, "the retired build's rows deleted", func() bool {
+		return lcCount(t, d, `SELECT count(*) FROM wh_perspective_builds WHERE perspective_name = $1 AND state = 'retired' AND cleaned_at IS NOT NULL`, name) == 1
+	})
+	for _, table := range []string{"wh_perspective_cursors", "wh_perspective_models", "wh_perspective_snapshots", "wh_perspective_events"} {
+		require.Zero(t, lcCount(t, d, `SELECT count(*) FROM `+table+` WHERE perspective_name = $1`, name), "%s of the retired build", table)
+	}
+	lcConverged(t, d, name, 2, time.Second)
+}
+
+// When every instance is replaced at once, readers keep getting the old version's models
+// (no longer advancing) until the new version is promoted.
+func TestReplacingEveryInstanceServesTheOldVersionUntilPromotion(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := isolatedDB(t)
+	name := uniqueName("replace")
+	stream := uuid.New()
+	first := events(stream, newIDs(t, 5))
+	require.NoError(t, worker.Append(ctx, d.Pool, first...))
+	w1 := lcWorker(t, d, worker.Config{Perspectives: []worker.Perspective{newVLedger(name, 1)}})
+	lcConverged(t, d, name, 1, 20*time.Second)
+	lcStop(t, w1)
+
+	more := events(stream, newIDs(t, 3))
+	require.NoError(t, worker.Append(ctx, d.Pool, more...))
+	m, ok := loadVLedger(t, ctx, d, name, stream)
+	require.True(t, ok)
+	require.Equal(t, 1, m.V)
+	require.Len(t, m.IDs, 5, "no instance runs version 1: its model stays as it was")
+
+	lcWorker(t, d, worker.Config{Perspectives: []worker.Perspective{newVLedger(name, 2)}, ManualPromotion: true})
+	eventually(t, 20*time.Second, "version 2 caught up", func() bool {
+		return lcCount(t, d, `SELECT count(*) FROM wh_perspective_builds WHERE perspective_name = $1 AND version = 2 AND catchup_done`, name) == 1
+	})
+	m, _ = loadVLedger(t, ctx, d, name, stream)
+	require.Equal(t, vledger{V: 1, IDs: sortedIDs(first)}, m, "until promotion, readers get version 1's model")
+
+	admin, err := worker.NewAdmin(d.Pool, nil)
+	require.NoError(t, err)
+	b, err := admin.Promote(ctx, name, 2)
+	require.NoError(t, err)
+	require.Equal(t, worker.BuildActive, b.State)
+	lcConverged(t, d, name, 2, 20*time.Second)
 }

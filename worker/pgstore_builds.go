@@ -193,8 +193,13 @@ func (s *pgStore) CatchUp(ctx context.Context, req CatchUpRequest, fold func(Cat
 				toEvent = maxUUID // its later events are queued now: pass the whole stream
 			}
 		}
-		passed := int64(len(pairs) - 1) // streams the page finished: all but its last, unless passed whole
+		// Streams passed: those the page ends (all but its last, unless that one is passed
+		// whole), and the previous page's last when this page starts with another.
+		passed := int64(len(pairs) - 1)
 		if toEvent == maxUUID {
+			passed++
+		}
+		if pos.CatchupStreamID.Valid && pos.CatchupStreamID.UUID != pairs[0].Stream && pos.CatchupEventID.UUID != maxUUID {
 			passed++
 		}
 		return fence(q.BuildCatchUpAdvance(ctx, db.BuildCatchUpAdvanceParams{
