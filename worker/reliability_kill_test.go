@@ -57,6 +57,12 @@ func runReliabilityHelper(role string) int {
 			return 1
 		}
 		return 0
+	case helperRoleCatchUpVictim:
+		if err := runCatchUpVictim(); err != nil {
+			fmt.Fprintln(os.Stderr, "catch-up victim:", err)
+			return 1
+		}
+		return 0
 	}
 	fmt.Fprintf(os.Stderr, "unknown %s role %q\n", reliabilityHelperEnv, role)
 	return 2
