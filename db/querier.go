@@ -116,7 +116,7 @@ type Querier interface {
 	PerspectiveList(ctx context.Context) ([]WhPerspective, error)
 	PerspectiveRegister(ctx context.Context, perspectiveName string) (int64, error)
 	QueueCount(ctx context.Context) (int64, error)
-	// Queued rows of one perspective, optionally of one stream.
+	// Queued rows of a perspective's builds that are not retired, optionally of one stream.
 	QueueCountFor(ctx context.Context, arg QueueCountForParams) (int64, error)
 	// Queue depth per perspective, and the age of its oldest row on the database clock.
 	QueueDepth(ctx context.Context) ([]QueueDepthRow, error)

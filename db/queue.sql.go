@@ -23,9 +23,11 @@ func (q *Queries) QueueCount(ctx context.Context) (int64, error) {
 }
 
 const queueCountFor = `-- name: QueueCountFor :one
-SELECT count(*)::bigint FROM wh_perspective_events
-WHERE perspective_name = $1
-  AND ($2::uuid IS NULL OR stream_id = $2::uuid)
+SELECT count(*)::bigint FROM wh_perspective_events q
+WHERE q.perspective_name IN (
+        SELECT b.build_key FROM wh_perspective_builds b
+        WHERE b.perspective_name = $1 AND b.state <> 'retired')
+  AND ($2::uuid IS NULL OR q.stream_id = $2::uuid)
 `
 
 type QueueCountForParams struct {
@@ -33,7 +35,7 @@ type QueueCountForParams struct {
 	StreamID        uuid.NullUUID
 }
 
-// Queued rows of one perspective, optionally of one stream.
+// Queued rows of a perspective's builds that are not retired, optionally of one stream.
 func (q *Queries) QueueCountFor(ctx context.Context, arg QueueCountForParams) (int64, error) {
 	row := q.db.QueryRow(ctx, queueCountFor, arg.PerspectiveName, arg.StreamID)
 	var column_1 int64

@@ -78,10 +78,12 @@ ORDER BY perspective_name;
 SELECT count(*)::bigint FROM wh_perspective_events;
 
 -- name: QueueCountFor :one
--- Queued rows of one perspective, optionally of one stream.
-SELECT count(*)::bigint FROM wh_perspective_events
-WHERE perspective_name = @perspective_name
-  AND (sqlc.narg(stream_id)::uuid IS NULL OR stream_id = sqlc.narg(stream_id)::uuid);
+-- Queued rows of a perspective's builds that are not retired, optionally of one stream.
+SELECT count(*)::bigint FROM wh_perspective_events q
+WHERE q.perspective_name IN (
+        SELECT b.build_key FROM wh_perspective_builds b
+        WHERE b.perspective_name = @perspective_name AND b.state <> 'retired')
+  AND (sqlc.narg(stream_id)::uuid IS NULL OR q.stream_id = sqlc.narg(stream_id)::uuid);
 
 -- name: QueueEnqueueStream :execrows
 -- Enqueues every stored event of one stream for one perspective (rebuild).

@@ -126,13 +126,34 @@ func (a *Admin) Promote(ctx context.Context, perspectiveName string, version int
 	return *cand, nil
 }
 
+// Versions is every build of every perspective with its progress and queue, and the size
+// of the event store a catch-up reads.
+type Versions struct {
+	Builds       []BuildStatus
+	StoredEvents int64 // events in the store
+	Estimated    bool  // StoredEvents is the planner's estimate (a large store is not counted)
+}
+
+// exactCountBelow is the estimated store size up to which Versions counts the events.
+const exactCountBelow = 5_000_000
+
 // Versions reports every build of every perspective with its progress and queue.
-func (a *Admin) Versions(ctx context.Context) ([]BuildStatus, error) {
-	st, err := a.store.Status(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("worker: versions: %w", err)
+func (a *Admin) Versions(ctx context.Context) (Versions, error) {
+	var v Versions
+	var err error
+	if v.Builds, err = a.store.Status(ctx); err != nil {
+		return v, fmt.Errorf("worker: versions: %w", err)
 	}
-	return st, nil
+	if v.StoredEvents, err = a.store.q.EventStoreEstimate(ctx); err != nil {
+		return v, fmt.Errorf("worker: versions: %w", err)
+	}
+	v.Estimated = v.StoredEvents >= exactCountBelow
+	if !v.Estimated {
+		if v.StoredEvents, err = a.store.q.EventCount(ctx); err != nil {
+			return v, fmt.Errorf("worker: versions: %w", err)
+		}
+	}
+	return v, nil
 }
 
 // eachBuild runs fn on the pair (streamID, build) of every build of the perspective that is

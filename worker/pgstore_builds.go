@@ -300,7 +300,7 @@ func (s *pgStore) Status(ctx context.Context) ([]BuildStatus, error) {
 		out[i] = BuildStatus{
 			Build: Build{Key: r.BuildKey, Perspective: r.PerspectiveName, Version: int(r.Version), N: int(r.Build),
 				State: r.State, CatchUpDone: r.CatchupDone},
-			CatchUpEvents: r.CatchupEvents, CatchUpStreams: r.CatchupStreams,
+			CatchUpStarted: r.CatchupStartedAt, CatchUpEvents: r.CatchupEvents, CatchUpStreams: r.CatchupStreams,
 			Queued: r.Queued, OldestQueued: micros(r.OldestQueuedMicros),
 		}
 	}

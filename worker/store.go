@@ -164,6 +164,7 @@ const (
 // BuildStatus is a build with its progress and queue.
 type BuildStatus struct {
 	Build
+	CatchUpStarted *time.Time    // when its catch-up began (nil: not yet)
 	CatchUpEvents  int64         // events the catch-up has read
 	CatchUpStreams int64         // streams it has passed
 	Queued         int64         // events queued for the build

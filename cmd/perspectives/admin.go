@@ -13,6 +13,7 @@ import (
 	"github.com/perspectives-go/perspectives/db"
 	"github.com/perspectives-go/perspectives/locker"
 	"github.com/perspectives-go/perspectives/schema"
+	"github.com/perspectives-go/perspectives/worker"
 )
 
 func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -60,33 +61,32 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	defer pool.Close()
-	q := db.New(pool)
-	persp, err := q.PerspectiveList(ctx)
+	admin, err := worker.NewAdmin(pool, nil)
 	if err != nil {
 		return err
 	}
-	depth, err := q.QueueDepth(ctx)
+	v, err := admin.Versions(ctx)
 	if err != nil {
 		return err
 	}
-	byName := map[string]db.QueueDepthRow{}
-	for _, d := range depth {
-		byName[d.PerspectiveName] = d
-	}
+	byKey := map[string]worker.BuildStatus{}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "PERSPECTIVE\tQUEUED\tOLDEST QUEUED")
-	for _, p := range persp {
-		d := byName[p.PerspectiveName]
-		oldest := "-"
-		if d.Depth > 0 {
-			oldest = (time.Duration(d.OldestAgeMicros) * time.Microsecond).Round(time.Millisecond).String() + " ago"
+	fmt.Fprintln(tw, "PERSPECTIVE\tVERSION\tSTATE\tQUEUED\tOLDEST QUEUED")
+	for _, b := range v.Builds {
+		byKey[b.Key] = b
+		if b.State == worker.BuildRetired {
+			continue
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\n", p.PerspectiveName, d.Depth, oldest)
+		oldest := "-"
+		if b.Queued > 0 {
+			oldest = b.OldestQueued.Round(time.Millisecond).String() + " ago"
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\n", b.Perspective, b.Version, b.State, b.Queued, oldest)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	failed, err := q.CursorsFailed(ctx)
+	failed, err := db.New(pool).CursorsFailed(ctx)
 	if err != nil {
 		return err
 	}
@@ -96,7 +96,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	fmt.Fprintf(stdout, "\n%d failed pairs:\n", len(failed))
 	tw = tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "STREAM\tPERSPECTIVE\tATTEMPTS\tLAST ERROR")
+	fmt.Fprintln(tw, "STREAM\tPERSPECTIVE\tVERSION\tATTEMPTS\tLAST ERROR")
 	for _, f := range failed {
 		msg := ""
 		if f.LastError != nil {
@@ -105,7 +105,11 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 				msg = msg[:117] + "..."
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", f.StreamID, f.PerspectiveName, f.Attempts, msg)
+		name, version := f.PerspectiveName, "-"
+		if b, ok := byKey[f.PerspectiveName]; ok {
+			name, version = b.Perspective, fmt.Sprint(b.Version)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", f.StreamID, name, version, f.Attempts, msg)
 	}
 	return tw.Flush()
 }

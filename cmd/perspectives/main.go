@@ -38,7 +38,9 @@ func commands() []command {
 		{"locks", "list held stream locks: stream, perspective, holder, reason, expires in", runLocks},
 		{"status", "show queue depth per perspective and failed (stream, perspective) pairs", runStatus},
 		{"purge", "delete one pair's model and snapshots under the stream lock", runPurge},
-		{"rebuild", "purge and re-queue a perspective's streams, with a progress bar", runRebuild},
+		{"rebuild", "rebuild a perspective beside its active version (or one stream), with a progress bar", runRebuild},
+		{"versions", "per perspective: active and building versions, catch-up progress, rate, ETA, lag", runVersions},
+		{"promote", "make a caught-up version of a perspective the active one", runPromote},
 		{demoWorkerCommand, "(internal) one demo worker instance", runDemoWorker},
 	}
 }

@@ -135,7 +135,7 @@ func TestMigrateLocksStatus(t *testing.T) {
 	}, 20*time.Second, 20*time.Millisecond)
 	_, stdout, _ = cli(t, "status", "--database-url", url)
 	require.Contains(t, stdout, "PERSPECTIVE")
-	require.Regexp(t, name+`\s+2\s+\d`, lineWith(t, stdout, name+" "), "two events stay queued, with the age of the oldest")
+	require.Regexp(t, name+`\s+1\s+active\s+2\s+\d`, lineWith(t, stdout, name+" "), "version 1, active: two events stay queued, with the age of the oldest")
 	failRow := lineWith(t, stdout, bad.String())
 	require.Contains(t, failRow, "refusing bad events")
 	require.Regexp(t, `\s1\s`, failRow, "attempts")
@@ -208,19 +208,31 @@ func TestPurgeAndRebuild(t *testing.T) {
 	require.Contains(t, stdout, "purged")
 	require.Equal(t, "none", model(s1))
 
-	// Rebuild every stream of the perspective and wait for the worker to apply them.
+	// Rebuild the whole perspective beside the active build, and wait for its promotion.
 	code, stdout, stderr = cli(t, "rebuild", "--database-url", url, "--perspective", name, "--timeout", "30s")
 	require.Equal(t, 0, code, stderr)
-	require.Contains(t, stdout, "events queued")
-	require.Contains(t, stdout, "rebuild applied")
-	require.Contains(t, stderr, "applying")
+	require.Contains(t, stdout, "started version 1, build 2, beside the active build")
+	require.Contains(t, stdout, "rebuild promoted")
+	require.Contains(t, stderr, "catch-up")
 	require.Contains(t, stderr, "100%")
-	require.Equal(t, "2", model(s1))
+	require.Equal(t, "2", model(s1), "the purged stream is whole again in the new build")
 	require.Equal(t, "1", model(s2))
+
+	code, stdout, stderr = cli(t, "versions", "--database-url", url)
+	require.Equal(t, 0, code, stderr)
+	require.Regexp(t, name+`\s+1\s+2\s+active\s+done`, stdout, "the rebuild is the active build")
+	require.NotRegexp(t, name+`\s+1\s+1\s`, stdout, "the replaced build is retired, not listed")
 
 	code, stdout, stderr = cli(t, "rebuild", "--database-url", url, "--perspective", name, "--stream", s2.String(), "--wait=false")
 	require.Equal(t, 0, code, stderr)
-	require.Contains(t, stdout, "1 streams purged, 1 events queued")
+	require.Contains(t, stdout, "stream "+s2.String()+": purged, 1 events queued")
+
+	code, _, stderr = cli(t, "promote", "--database-url", url, "--perspective", name, "--version", "1")
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "version 1 of "+`"`+name+`"`+" is already active")
+	code, _, stderr = cli(t, "promote", "--database-url", url, "--perspective", name, "--version", "7")
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, "has no build of version 7")
 }
 
 func TestDemoSmall(t *testing.T) {

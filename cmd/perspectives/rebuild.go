@@ -39,8 +39,8 @@ func openAdmin(ctx context.Context, dbURL, perspective string) (*pgxpool.Pool, *
 func runRebuild(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs, dbURL := flags("rebuild", "rebuild --perspective NAME [--stream UUID] [--wait] [--timeout 10m] [--database-url URL]", stderr)
 	name := fs.String("perspective", "", "perspective name (required)")
-	stream := fs.String("stream", "", "one stream ID (default: every stream)")
-	wait := fs.Bool("wait", true, "wait for running workers to apply the queued events, showing progress")
+	stream := fs.String("stream", "", "one stream ID (default: the whole perspective, built beside its active version)")
+	wait := fs.Bool("wait", true, "wait for running workers to do the rebuild, showing progress")
 	timeout := fs.Duration("timeout", 10*time.Minute, "how long --wait waits")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -50,46 +50,90 @@ func runRebuild(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		return err
 	}
 	defer pool.Close()
-	q := db.New(pool)
-	var streams []uuid.UUID
+	wctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
 	if *stream != "" {
 		id, err := requiredStream(*stream)
 		if err != nil {
 			return err
 		}
-		streams = []uuid.UUID{id}
-	} else if streams, err = q.StreamIDs(ctx); err != nil {
+		return rebuildStream(wctx, pool, admin, *name, id, *wait, *timeout, stdout, stderr)
+	}
+
+	b, created, err := admin.RebuildPerspective(ctx, *name)
+	if err != nil {
 		return err
 	}
-
-	bar := newProgress(stderr, "queueing", int64(len(streams)))
-	var queued int64
-	for i, s := range streams {
-		n, err := admin.Rebuild(ctx, s, *name)
-		if err != nil {
-			bar.done()
-			return fmt.Errorf("stream %s: %w", s, err)
-		}
-		queued += n
-		bar.set(int64(i + 1))
+	verb := "started"
+	if !created {
+		verb = "already under way:"
 	}
-	bar.done()
-	fmt.Fprintf(stdout, "rebuild of %s: %d streams purged, %d events queued\n", *name, len(streams), queued)
-	if !*wait || queued == 0 {
+	fmt.Fprintf(stdout, "rebuild of %s %s version %d, build %d, beside the active build (readers keep it until the rebuild is promoted)\n",
+		*name, verb, b.Version, b.N)
+	if !*wait {
 		return nil
 	}
-
-	var filter uuid.NullUUID
-	if len(streams) == 1 {
-		filter = uuid.NullUUID{UUID: streams[0], Valid: true}
-	}
-	wctx, cancel := context.WithTimeout(ctx, *timeout)
-	defer cancel()
-	bar = newProgress(stderr, "applying", queued)
+	var bar *progress
+	saidCaughtUp := false
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		left, err := q.QueueCountFor(wctx, db.QueueCountForParams{PerspectiveName: *name, StreamID: filter})
+		v, err := admin.Versions(wctx)
+		if err != nil {
+			return fmt.Errorf("waiting for workers: %w", err)
+		}
+		var st *worker.BuildStatus
+		for i := range v.Builds {
+			if v.Builds[i].Key == b.Key {
+				st = &v.Builds[i]
+			}
+		}
+		if st == nil {
+			return fmt.Errorf("build %d of %s version %d is gone", b.N, *name, b.Version)
+		}
+		if bar == nil {
+			bar = newProgress(stderr, "catch-up", v.StoredEvents)
+		}
+		bar.set(min(st.CatchUpEvents, v.StoredEvents))
+		switch {
+		case st.State == worker.BuildActive:
+			bar.done()
+			fmt.Fprintln(stdout, "rebuild promoted: readers get it now")
+			return nil
+		case st.State == worker.BuildRetired:
+			bar.done()
+			return fmt.Errorf("the rebuild was retired before it was promoted (a newer version was promoted)")
+		case st.CatchUpDone && !saidCaughtUp:
+			saidCaughtUp = true
+			fmt.Fprintf(stderr, "\ncaught up with the store; waiting for its promotion (automatic, unless the workers run with ManualPromotion: then run perspectives promote --perspective %s --version %d)\n", *name, b.Version)
+		}
+		select {
+		case <-wctx.Done():
+			bar.done()
+			return fmt.Errorf("the rebuild read %d of %d events in %s: are workers running %s version %d? (they keep going; see: perspectives versions)",
+				st.CatchUpEvents, v.StoredEvents, *timeout, *name, b.Version)
+		case <-tick.C:
+		}
+	}
+}
+
+// rebuildStream rebuilds one stream of the perspective (purge and re-queue under the stream
+// lock) and waits for the workers to apply it.
+func rebuildStream(ctx context.Context, pool *pgxpool.Pool, admin *worker.Admin, name string, stream uuid.UUID, wait bool, timeout time.Duration, stdout, stderr io.Writer) error {
+	queued, err := admin.Rebuild(ctx, stream, name)
+	if err != nil {
+		return fmt.Errorf("stream %s: %w", stream, err)
+	}
+	fmt.Fprintf(stdout, "rebuild of %s, stream %s: purged, %d events queued\n", name, stream, queued)
+	if !wait || queued == 0 {
+		return nil
+	}
+	q := db.New(pool)
+	bar := newProgress(stderr, "applying", queued)
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		left, err := q.QueueCountFor(ctx, db.QueueCountForParams{PerspectiveName: name, StreamID: uuid.NullUUID{UUID: stream, Valid: true}})
 		if err != nil {
 			bar.done()
 			return fmt.Errorf("waiting for workers: %w", err)
@@ -101,9 +145,9 @@ func runRebuild(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			return nil
 		}
 		select {
-		case <-wctx.Done():
+		case <-ctx.Done():
 			bar.done()
-			return fmt.Errorf("%d events still queued after %s: are workers running %s? (they keep applying; see: perspectives status)", left, *timeout, *name)
+			return fmt.Errorf("%d events still queued after %s: are workers running %s? (they keep applying; see: perspectives status)", left, timeout, name)
 		case <-tick.C:
 		}
 	}
