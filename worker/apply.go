@@ -284,11 +284,27 @@ type folded struct {
 
 // fold applies events (in ID order) to model, taking a snapshot each time
 // Snapshots.EveryNEvents events have been applied since the last one (since of them before
-// the first event). The first event whose Apply fails ends it.
+// the first event). The first event whose Apply fails, or returns a model that is not JSON,
+// ends it. Only the models it returns (the last one and the snapshots) are checked to be
+// valid JSON; when one is not, the fold runs again checking every model, to find the event
+// at fault.
 func (w *Worker) fold(ctx context.Context, persp Perspective, model json.RawMessage, since int, events []Event) folded {
+	f := w.foldEvents(ctx, persp, model, since, events, false)
+	valid := len(f.applied) == 0 || json.Valid(f.model)
+	for _, s := range f.snaps {
+		valid = valid && json.Valid(s.Model)
+	}
+	if !valid {
+		return w.foldEvents(ctx, persp, model, since, events, true)
+	}
+	return f
+}
+
+// foldEvents is fold; strict checks every model Apply returns.
+func (w *Worker) foldEvents(ctx context.Context, persp Perspective, model json.RawMessage, since int, events []Event, strict bool) folded {
 	f := folded{model: model, since: since, applied: make([]uuid.UUID, 0, len(events))}
 	for _, ev := range events {
-		next, err := w.applyOne(ctx, persp, f.model, ev)
+		next, err := w.applyOne(ctx, persp, f.model, ev, strict)
 		if err != nil {
 			f.err = fmt.Errorf("apply event %s (%s): %w", ev.ID, ev.Type, err)
 			break
@@ -304,8 +320,9 @@ func (w *Worker) fold(ctx context.Context, persp Perspective, model json.RawMess
 	return f
 }
 
-// applyOne runs the perspective's Apply, turning a panic or an invalid model into an error.
-func (w *Worker) applyOne(ctx context.Context, persp Perspective, model json.RawMessage, ev Event) (next json.RawMessage, err error) {
+// applyOne runs the perspective's Apply, turning a panic or an empty model (or, when
+// strict, one that is not valid JSON) into an error.
+func (w *Worker) applyOne(ctx context.Context, persp Perspective, model json.RawMessage, ev Event, strict bool) (next json.RawMessage, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = fmt.Errorf("panic in Apply: %v", r)
@@ -315,7 +332,7 @@ func (w *Worker) applyOne(ctx context.Context, persp Perspective, model json.Raw
 	if err != nil {
 		return nil, err
 	}
-	if len(next) == 0 || !json.Valid(next) {
+	if len(next) == 0 || strict && !json.Valid(next) {
 		return nil, fmt.Errorf("perspective %s returned a model that is not valid JSON", persp.Name())
 	}
 	return next, nil

@@ -9,7 +9,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -260,50 +263,66 @@ func (w *Worker) catchUp(ctx context.Context, key string) (more bool, err error)
 	return !res.Done && !res.NotHeld, nil
 }
 
-// foldPage folds a catch-up page into one write per stream. A stream that another instance
-// has locked (or another transaction holds), or that the build already has a position in
-// (other than the one the previous page left unfinished), is left to the normal path: its
-// events from the page's first on are queued. A stream whose Apply fails keeps the events
-// before the failure; the failure is recorded on it and its events from the failing one on
-// are queued, so that the normal path retries them with backoff. The catch-up goes on with
-// the next stream either way.
+// foldPage folds a catch-up page into one write per stream, the streams side by side (on
+// up to GOMAXPROCS goroutines: Apply already runs concurrently for different pairs). A
+// stream that another instance has locked (or another transaction holds), or that the
+// build already has a position in (other than the one the previous page left unfinished),
+// is left to the normal path: its events from the page's first on are queued. A stream
+// whose Apply fails keeps the events before the failure; the failure is recorded on it and
+// its events from the failing one on are queued, so that the normal path retries them with
+// backoff. The catch-up goes on with the next stream either way.
 func (w *Worker) foldPage(ctx context.Context, b *build, page CatchUpPage) []PairWrite {
-	var writes []PairWrite
-	events := page.Events
-	for len(events) > 0 {
-		stream := events[0].StreamID
+	var runs [][]Event
+	for events := page.Events; len(events) > 0; {
 		n := 1
-		for n < len(events) && events[n].StreamID == stream {
+		for n < len(events) && events[n].StreamID == events[0].StreamID {
 			n++
 		}
-		run := events[:n]
-		events = events[n:]
-		k := Pair{Stream: stream, Perspective: page.Key}
-		st, locked := page.Streams[stream]
-		continued := stream == page.Continued
-		switch {
-		case !locked || w.lockedElsewhere(st.LockHolder), st.LastEventID.Valid && !continued:
-			writes = append(writes, PairWrite{Pair: k, EnqueueFrom: run[0].ID})
-			continue
-		case continued && (!st.LastEventID.Valid || st.Model == nil || st.ModelAt != st.LastEventID.UUID):
-			// Purged (or inconsistent) since the previous page: the whole stream is queued.
-			writes = append(writes, PairWrite{Pair: k, EnqueueFrom: firstEventID})
-			continue
+		runs, events = append(runs, events[:n]), events[n:]
+	}
+	writes := make([]PairWrite, len(runs))
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(runtime.GOMAXPROCS(0), len(runs)) {
+		wg.Go(func() {
+			for i := int(next.Add(1)) - 1; i < len(runs); i = int(next.Add(1)) - 1 {
+				writes[i] = w.foldRun(ctx, b, page, runs[i])
+			}
+		})
+	}
+	wg.Wait()
+	for _, wr := range writes {
+		if wr.Failure != "" {
+			w.reportApplied(ctx, pairReport{pair: wr.Pair, applied: len(wr.Applied), err: errors.New(wr.Failure)})
 		}
-		f := w.fold(ctx, b.persp, st.Model, st.SinceSnapshot, run)
-		wr := PairWrite{Pair: k, Applied: f.applied, Model: f.model, SinceSnapshot: f.since}
-		if len(f.applied) > 0 {
-			wr.LastEventID = f.applied[len(f.applied)-1]
-		}
-		wr.Snapshots, wr.DropSnapshots = w.retain(f.snaps, st.Snapshots)
-		if f.err != nil {
-			wr.Failure = failureText(f.err)
-			wr.EnqueueFrom = run[len(f.applied)].ID
-			w.reportApplied(ctx, pairReport{pair: k, err: f.err})
-		}
-		writes = append(writes, wr)
 	}
 	return writes
+}
+
+// foldRun folds the events run of one stream of a catch-up page (see foldPage).
+func (w *Worker) foldRun(ctx context.Context, b *build, page CatchUpPage, run []Event) PairWrite {
+	stream := run[0].StreamID
+	k := Pair{Stream: stream, Perspective: page.Key}
+	st, locked := page.Streams[stream]
+	continued := stream == page.Continued
+	switch {
+	case !locked || w.lockedElsewhere(st.LockHolder), st.LastEventID.Valid && !continued:
+		return PairWrite{Pair: k, EnqueueFrom: run[0].ID}
+	case continued && (!st.LastEventID.Valid || st.Model == nil || st.ModelAt != st.LastEventID.UUID):
+		// Purged (or inconsistent) since the previous page: the whole stream is queued.
+		return PairWrite{Pair: k, EnqueueFrom: firstEventID}
+	}
+	f := w.fold(ctx, b.persp, st.Model, st.SinceSnapshot, run)
+	wr := PairWrite{Pair: k, Applied: f.applied, Model: f.model, SinceSnapshot: f.since}
+	if len(f.applied) > 0 {
+		wr.LastEventID = f.applied[len(f.applied)-1]
+	}
+	wr.Snapshots, wr.DropSnapshots = w.retain(f.snaps, st.Snapshots)
+	if f.err != nil {
+		wr.Failure = failureText(f.err)
+		wr.EnqueueFrom = run[len(f.applied)].ID
+	}
+	return wr
 }
 
 // promote makes build key active when it has caught up.

@@ -142,7 +142,12 @@ func (s *pgStore) CatchUp(ctx context.Context, req CatchUpRequest, fold func(Cat
 			}
 		}
 		// Under the cursor row locks: a stream another instance has locked is left to the
-		// normal path (fold queues its events).
+		// normal path (fold queues its events). Most of the page's pairs are new to the
+		// build: their rows are created first, in key order.
+		streams, names := pairArrays(pairs)
+		if _, err := q.CursorsEnsure(ctx, db.CursorsEnsureParams{StreamIds: streams, PerspectiveNames: names}); err != nil {
+			return fmt.Errorf("create cursors: %w", err)
+		}
 		states, _, err := lockPairs(ctx, q, pairs)
 		if err != nil {
 			return err

@@ -218,7 +218,10 @@ func (w *Worker) loop(loopCtx, opsCtx context.Context) {
 			if r.refresh {
 				maintained = time.Time{} // the builds changed: look at them again at once
 			}
-			poll = true // for what the last claim left behind, and for the pairs that were in flight
+			// A finished pair job: claim for what the last claim left behind, and for the
+			// pairs that were in flight. A catch-up page leaves nothing to claim but the
+			// events that waited for it to pass their stream: those wait for the next poll.
+			poll = poll || len(r.job.pairs) > 0 || r.refresh
 		case <-w.wake:
 			poll = true
 		case <-timer.C:
