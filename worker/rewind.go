@@ -29,9 +29,9 @@ func (w *Worker) rewind(ctx context.Context, k Pair) (contended bool, err error)
 	attrs := w.logPair(k)
 	holder := uuid.Nil
 	if w.locker != nil {
-		l, err := w.acquire(ctx, k, locker.ReasonRewind)
-		if err != nil {
-			return false, fmt.Errorf("rewind: acquire stream lock: %w", err)
+		l, aerr := w.acquire(ctx, k, locker.ReasonRewind)
+		if aerr != nil {
+			return false, fmt.Errorf("rewind: acquire stream lock: %w", aerr)
 		}
 		if l == nil {
 			w.log.Debug("rewind skipped: stream lock held by another instance", attrs...)
