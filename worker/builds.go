@@ -124,7 +124,6 @@ const cleanupBatch = 1000
 // gives it a new ID): EnqueueFrom firstEventID queues a whole stream.
 var firstEventID = uuid.UUID{15: 1}
 
-
 // build is a build this instance applies, with the perspective code that applies it.
 type build struct {
 	Build

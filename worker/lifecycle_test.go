@@ -209,9 +209,11 @@ func TestNewPerspectiveCatchesUpFromTheStore(t *testing.T) {
 	require.Zero(t, lcCount(t, d, `SELECT count(*) FROM wh_perspective_events`))
 	var done bool
 	var read, passed int64
-	require.NoError(t, d.Pool.QueryRow(ctx, `SELECT catchup_done, catchup_events, catchup_streams FROM wh_perspective_builds
-		WHERE perspective_name = $1`, name).Scan(&done, &read, &passed))
-	require.True(t, done)
+	eventually(t, 10*time.Second, "the catch-up done", func() bool {
+		require.NoError(t, d.Pool.QueryRow(ctx, `SELECT catchup_done, catchup_events, catchup_streams FROM wh_perspective_builds
+			WHERE perspective_name = $1`, name).Scan(&done, &read, &passed))
+		return done
+	})
 	require.EqualValues(t, len(evs), read, "every stored event read once")
 	require.EqualValues(t, 41, passed, "every stream passed once")
 }

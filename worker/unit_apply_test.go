@@ -775,17 +775,22 @@ func TestUnitApplyErrorCommitsTheEventsBeforeIt(t *testing.T) {
 			assert.Contains(t, f.logs.String(), tc.want, "the failure is logged")
 		})
 	}
-	t.Run("model that is not JSON", func(t *testing.T) {
-		t.Parallel()
-		persp := &mocks.PerspectiveMock{
+	// Only the models the worker stores (the last of a batch, and snapshots) are checked to
+	// be JSON; when one is not, the fold runs again checking each, to name the event at fault.
+	notJSON := func(badAt int) *mocks.PerspectiveMock {
+		return &mocks.PerspectiveMock{
 			NameFunc: func() string { return utName },
 			ApplyFunc: func(_ context.Context, _ json.RawMessage, ev worker.Event) (json.RawMessage, error) {
-				if string(ev.Data) == `{"n":2}` {
+				if string(ev.Data) == fmt.Sprintf(`{"n":%d}`, badAt) {
 					return json.RawMessage(`{"seq":[1,2`), nil
 				}
 				return json.RawMessage(`{"seq":[1]}`), nil
 			},
 		}
+	}
+	t.Run("stored model that is not JSON", func(t *testing.T) {
+		t.Parallel()
+		persp := notJSON(3)
 		f := newUFix(t, false, func(c *worker.Config) { c.Perspectives = []worker.Perspective{persp} })
 		p := uPair(t)
 		evs := uEvents(t, p.Stream, 3)
@@ -794,11 +799,26 @@ func TestUnitApplyErrorCommitsTheEventsBeforeIt(t *testing.T) {
 		f.w.RunApply(context.Background(), p)
 
 		wr := f.write(p)
-		assert.Equal(t, uIDs(evs[:1]), wr.Applied)
+		assert.Equal(t, uIDs(evs[:2]), wr.Applied)
 		assert.JSONEq(t, `{"seq":[1]}`, string(wr.Model), "the model before the bad one")
 		assert.Contains(t, wr.Failure, "not valid JSON")
-		assert.Contains(t, wr.Failure, evs[1].ID.String())
-		assert.Len(t, persp.ApplyCalls(), 2, "the third event is not applied")
+		assert.Contains(t, wr.Failure, evs[2].ID.String())
+		assert.Len(t, persp.ApplyCalls(), 6, "a second, checking pass finds the event at fault")
+	})
+	t.Run("intermediate model that is not JSON", func(t *testing.T) {
+		t.Parallel()
+		persp := notJSON(2)
+		f := newUFix(t, false, func(c *worker.Config) { c.Perspectives = []worker.Perspective{persp} })
+		p := uPair(t)
+		evs := uEvents(t, p.Stream, 3)
+		f.set(uState(t, p, evs, 0))
+
+		f.w.RunApply(context.Background(), p)
+
+		wr := f.write(p)
+		assert.Equal(t, uIDs(evs), wr.Applied, "a model never stored is not checked: the next Apply replaced it")
+		assert.Empty(t, wr.Failure)
+		assert.Len(t, persp.ApplyCalls(), 3)
 	})
 }
 

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/assert"
@@ -412,8 +413,10 @@ func TestUnitLoopRunsFollowUpsInFreeSlots(t *testing.T) {
 					f.set(uLateState(t, sc))
 				}
 				var claimed atomic.Bool
-				f.store.RegisterFunc = func(context.Context, string) (int64, error) { return 0, nil }
-				f.store.QueueDepthFunc = func(context.Context) ([]worker.QueueDepth, error) { return nil, nil }
+				f.store.RegisterFunc = func(context.Context, string, int) ([]worker.Build, error) { return utBuilds(), nil }
+				f.store.BuildsFunc = func(context.Context, []string) ([]worker.Build, error) { return utBuilds(), nil }
+				f.store.StatusFunc = func(context.Context) ([]worker.BuildStatus, error) { return nil, nil }
+				f.store.CleanupFunc = func(context.Context, []string, time.Duration, int) (bool, error) { return false, nil }
 				f.store.ClaimFunc = func(context.Context, worker.ClaimRequest) ([]worker.Pair, error) {
 					if claimed.Swap(true) {
 						return nil, nil
