@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/perspectives-go/perspectives/locker"
 )
@@ -131,3 +132,9 @@ func LeaseMargin(opts locker.Options) time.Duration { return leaseMargin(opts.Wi
 
 // SnapshotsToDrop exposes the retention rule.
 var SnapshotsToDrop = snapshotsToDrop
+
+// NewPGStore is the worker's Store on pool (the SQL behind each method, for tests against
+// PostgreSQL), with the failure backoff given.
+func NewPGStore(pool *pgxpool.Pool, retryBase, retryMax time.Duration) Store {
+	return newPGStore(pool, retryBase, retryMax)
+}
