@@ -30,7 +30,7 @@ const (
 	MaxConcurrency              = 64
 	DefaultGroupSize            = 50
 	MaxGroupSize                = 1000
-	DefaultCatchUpPageSize      = 2000
+	DefaultCatchUpPageSize      = 10000
 	MaxCatchUpPageSize          = 100000
 )
 
@@ -81,7 +81,7 @@ type Config struct {
 	Concurrency int
 	// CatchUpPageSize is how many stored events one page of a catch-up (a new perspective,
 	// version or rebuild reading the event store) reads and applies in one transaction.
-	// Default 2000, at most 100000.
+	// Default 10000, at most 100000.
 	CatchUpPageSize int
 	// ManualPromotion leaves a caught-up new version (or rebuild) of a perspective building
 	// until an operator promotes it (perspectives promote, or Admin.Promote). Default false:

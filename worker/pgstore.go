@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -21,12 +22,15 @@ type pgStore struct {
 	q    *db.Queries
 	// retryBase and retryMax are the failure backoff (Config.RetryBackoff, MaxRetryBackoff).
 	retryBase, retryMax time.Duration
+
+	readAheadMu sync.Mutex
+	readAhead   map[string]*pageRead // per build: the catch-up page read ahead, if any
 }
 
 var _ Store = (*pgStore)(nil)
 
 func newPGStore(pool *pgxpool.Pool, retryBase, retryMax time.Duration) *pgStore {
-	return &pgStore{pool: pool, q: db.New(pool), retryBase: retryBase, retryMax: retryMax}
+	return &pgStore{pool: pool, q: db.New(pool), retryBase: retryBase, retryMax: retryMax, readAhead: map[string]*pageRead{}}
 }
 
 // inTx runs fn in one transaction: committed when fn returns nil, rolled back otherwise.

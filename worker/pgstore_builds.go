@@ -111,11 +111,15 @@ func (s *pgStore) CatchUp(ctx context.Context, req CatchUpRequest, fold func(Cat
 		if err != nil {
 			return fmt.Errorf("take the catch-up lease: %w", err)
 		}
-		rows, err := q.CatchUpPage(ctx, db.CatchUpPageParams{
-			AfterStreamID: pos.CatchupStreamID.UUID, AfterEventID: pos.CatchupEventID.UUID, PageSize: int32(req.PageSize),
-		})
+		at := db.CatchUpPageParams{AfterStreamID: pos.CatchupStreamID.UUID, AfterEventID: pos.CatchupEventID.UUID, PageSize: int32(req.PageSize)}
+		rows, err := s.readPage(ctx, q, req.Key, at)
 		if err != nil {
 			return fmt.Errorf("read the store: %w", err)
+		}
+		if len(rows) == req.PageSize {
+			// Read the next page while this one is folded and written.
+			last := rows[len(rows)-1]
+			s.readNext(ctx, req.Key, db.CatchUpPageParams{AfterStreamID: last.StreamID, AfterEventID: last.EventID, PageSize: at.PageSize})
 		}
 		fence := func(n int64, err error) error {
 			if err != nil {
@@ -218,6 +222,54 @@ func (s *pgStore) CatchUp(ctx context.Context, req CatchUpRequest, fold func(Cat
 	}
 	return res, nil
 }
+
+// pageRead is a catch-up page read ahead.
+type pageRead struct {
+	at   db.CatchUpPageParams
+	done chan struct{} // closed when rows and err are set
+	rows []db.WhEventStore
+	err  error
+}
+
+// readPage reads the catch-up page of build key at at: the page read ahead when there is
+// one for exactly that position (a page is plain stored events: reading it outside the
+// page's transaction is as good as inside, since every event committed after the build's
+// registration is queued for it anyway), else with q.
+func (s *pgStore) readPage(ctx context.Context, q *db.Queries, key string, at db.CatchUpPageParams) ([]db.WhEventStore, error) {
+	s.readAheadMu.Lock()
+	p := s.readAhead[key]
+	delete(s.readAhead, key)
+	s.readAheadMu.Unlock()
+	if p != nil && p.at == at {
+		select {
+		case <-p.done:
+			if p.err == nil {
+				return p.rows, nil
+			}
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return q.CatchUpPage(ctx, at)
+}
+
+// readNext reads the catch-up page of build key at at in the background, for readPage.
+// It ends with its query (at most readAheadTimeout), whatever becomes of the reader.
+func (s *pgStore) readNext(ctx context.Context, key string, at db.CatchUpPageParams) {
+	p := &pageRead{at: at, done: make(chan struct{})}
+	s.readAheadMu.Lock()
+	s.readAhead[key] = p
+	s.readAheadMu.Unlock()
+	go func() {
+		defer close(p.done)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), readAheadTimeout)
+		defer cancel()
+		p.rows, p.err = s.q.CatchUpPage(rctx, at)
+	}()
+}
+
+// readAheadTimeout bounds a read-ahead query.
+const readAheadTimeout = 30 * time.Second
 
 func (s *pgStore) Promote(ctx context.Context, perspective, key string, force bool) (bool, error) {
 	promoted := false
