@@ -1,6 +1,6 @@
 // Command bench summarises `go test -bench` output: it copies its input to stdout as it
 // reads it, then prints, for every benchmark and metric, the median over the runs (-count)
-// with the minimum and maximum, and the targets of issue 7 with the median measured and
+// with the minimum and maximum, and the targets of the issues with the median measured and
 // whether it is met. It never fails on a missed target: speed is reported, not asserted.
 //
 //	go test -run '^$' -bench . -benchtime 1x -count 3 -p 1 ./... 2>&1 | go run ./bench
@@ -19,7 +19,7 @@ import (
 	"strings"
 )
 
-// target is one figure of issue 7 with its bound.
+// target is one figure of the issues with its bound.
 type target struct {
 	bench, metric string
 	atMost        bool // the figure must be <= bound (else >= bound)
@@ -40,6 +40,12 @@ var targets = []target{
 	{"BenchmarkIsolation", "during/normal", false, 0.9, "other streams during a long rewind ≥ 0.9× normal"},
 	{"BenchmarkTakeover/poll=1s", "takeover/bound", true, 1, "takeover ≤ LockTimeout + PollInterval + 1s (poll 1s)"},
 	{"BenchmarkTakeover/poll=100ms", "takeover/bound", true, 1, "takeover ≤ LockTimeout + PollInterval + 1s (poll 100ms)"},
+	// Issue 12: the lifecycle over 1,000,000 stored events (20,000 streams × 50).
+	{"BenchmarkLifecycle", "register-start-ms", true, 1000, "registration: Start of a new perspective ≤ 1 s"},
+	{"BenchmarkLifecycle", "register-append-max-ms", true, 50, "registration: slowest Append meanwhile ≤ 50 ms"},
+	{"BenchmarkLifecycle", "register-queue-rows", true, 20000, "registration: queue rows ≤ 1 per stream (20,000)"},
+	{"BenchmarkLifecycle", "catchup/floor", false, 0.8, "catch-up throughput ≥ 0.8× the hand-written floor"},
+	{"BenchmarkLifecycle", "during-build/idle", true, 2, "Append → v1 model while v2 builds ≤ 2× idle"},
 }
 
 var benchLine = regexp.MustCompile(`^(Benchmark\S+?)(?:-\d+)?\s+(\d+)\s+(.+)$`)
@@ -125,7 +131,7 @@ func report(results map[string]*series, names []string) {
 			fmt.Printf("  %-26s %14s   (%s … %s, %d)\n", unit, num(median(xs)), num(slices.Min(xs)), num(slices.Max(xs)), len(xs))
 		}
 	}
-	fmt.Println("\n==== Targets (issue 7) ====")
+	fmt.Println("\n==== Targets ====")
 	for _, t := range targets {
 		s := results[t.bench]
 		if s == nil || len(s.vals[t.metric]) == 0 {
