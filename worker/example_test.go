@@ -118,3 +118,82 @@ func ExampleAppend() {
 	fmt.Println("assigned a UUIDv7:", events[0].ID.Version() == 7)
 	// Output: assigned a UUIDv7: true
 }
+
+// orderTotalsV2 is version 2 of order_totals: it also keeps the average line.
+type orderTotalsV2 struct{ worker.Perspective }
+
+func (orderTotalsV2) Version() int { return 2 }
+
+// OrderTotalsV2 is version 2's model.
+type OrderTotalsV2 struct {
+	Lines   int `json:"lines"`
+	Total   int `json:"total"`
+	Average int `json:"average"`
+}
+
+// The README's "Changing a perspective": version 2 of a perspective builds beside version 1
+// from the event store and is promoted once it has caught up; readers get version 1's
+// models until then, and version 2's after.
+func Example_versions() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, databaseURL())
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	name := "order_lines_" + uuid.NewString()[:8]
+	v1 := worker.JSONPerspective(name, func(m OrderTotals, ev worker.Event) (OrderTotals, error) {
+		var line LineAdded
+		err := json.Unmarshal(ev.Data, &line)
+		m.Lines, m.Total = m.Lines+1, m.Total+line.Amount
+		return m, err
+	})
+	v2 := orderTotalsV2{worker.JSONPerspective(name, func(m OrderTotalsV2, ev worker.Event) (OrderTotalsV2, error) {
+		var line LineAdded
+		err := json.Unmarshal(ev.Data, &line)
+		m.Lines, m.Total = m.Lines+1, m.Total+line.Amount
+		m.Average = m.Total / m.Lines
+		return m, err
+	})}
+	run := func(p worker.Perspective) *worker.Worker {
+		w, err := worker.New(pool, worker.Config{Perspectives: []worker.Perspective{p}, Logger: slog.New(slog.DiscardHandler)})
+		if err != nil {
+			log.Fatal(err)
+		}
+		if err := w.Start(ctx); err != nil {
+			log.Fatal(err)
+		}
+		return w
+	}
+	read := func(order uuid.UUID) string {
+		raw, _, err := worker.LoadModel(ctx, pool, name, order)
+		if err != nil {
+			log.Fatal(err)
+		}
+		return string(raw)
+	}
+
+	order := uuid.New()
+	w1 := run(v1)
+	if err := worker.Append(ctx, pool,
+		worker.Event{StreamID: order, Type: "LineAdded", Data: json.RawMessage(`{"amount": 25}`)},
+		worker.Event{StreamID: order, Type: "LineAdded", Data: json.RawMessage(`{"amount": 10}`)},
+	); err != nil {
+		log.Fatal(err)
+	}
+	for read(order) != `{"lines": 2, "total": 35}` {
+		time.Sleep(20 * time.Millisecond)
+	}
+	fmt.Println("version 1:", read(order))
+
+	w2 := run(v2) // a rolling deployment: the new version's instance beside the old one
+	for read(order) == `{"lines": 2, "total": 35}` {
+		time.Sleep(20 * time.Millisecond)
+	}
+	fmt.Println("version 2:", read(order))
+	_ = w1.Stop(ctx)
+	_ = w2.Stop(ctx)
+	// Output:
+	// version 1: {"lines": 2, "total": 35}
+	// version 2: {"lines": 2, "total": 35, "average": 17}
+}
