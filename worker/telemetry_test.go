@@ -129,6 +129,14 @@ func (m *metricsReader) requireNoStreamAttribute() {
 			for _, dp := range d.DataPoints {
 				sets = append(sets, dp.Attributes)
 			}
+		case metricdata.Gauge[int64]:
+			for _, dp := range d.DataPoints {
+				sets = append(sets, dp.Attributes)
+			}
+		case metricdata.Gauge[float64]:
+			for _, dp := range d.DataPoints {
+				sets = append(sets, dp.Attributes)
+			}
 		}
 		for _, s := range sets {
 			_, has := s.Value("stream")
@@ -342,4 +350,46 @@ func forceExpiry(t *testing.T, ctx context.Context, d *pgtest.DB, stream uuid.UU
 	_, err := d.Pool.Exec(ctx, `UPDATE wh_perspective_cursors SET stream_lock_expiry = now() - interval '1 second'
 		WHERE stream_id = $1 AND perspective_name = $2 AND stream_lock_instance_id IS NOT NULL`, stream, name)
 	require.NoError(t, err)
+}
+
+// A new version's catch-up is measured per perspective and version: events read, streams
+// passed, done, and the queue of each build; the events it applies count as applied.
+func TestMetricsCatchUpProgressPerVersion(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := uniqueName("metrics_catchup")
+	d := isolatedDB(t)
+	m := newMetrics(t)
+	for range 5 {
+		require.NoError(t, worker.Append(ctx, d.Pool, events(uuid.New(), newIDs(t, 8))...))
+	}
+	startWorkerIn(t, d, worker.Config{Perspectives: []worker.Perspective{newVLedger(name, 1)}, MeterProvider: m.mp, CatchUpPageSize: 7})
+	v1, v2 := attribute.Int("version", 1), attribute.Int("version", 2)
+	eventually(t, 20*time.Second, "version 1 caught up", func() bool {
+		done, ok := m.gaugeInt("perspectives.catchup.done", persp(name), v1)
+		return ok && done == 1
+	})
+	read, _ := m.gaugeInt("perspectives.catchup.events", persp(name), v1, attribute.String("state", "active"))
+	require.EqualValues(t, 40, read)
+	passed, _ := m.gaugeInt("perspectives.catchup.streams", persp(name), v1)
+	require.EqualValues(t, 5, passed)
+	require.EqualValues(t, 40, m.sum("perspectives.catchup.events_read", persp(name), v1))
+	require.EqualValues(t, 40, m.sum("perspectives.events.applied", persp(name), v1))
+
+	// Version 2 builds beside it (a second worker, manual promotion: it stays building).
+	m2 := newMetrics(t)
+	startWorkerIn(t, d, worker.Config{Perspectives: []worker.Perspective{newVLedger(name, 2)}, MeterProvider: m2.mp, ManualPromotion: true})
+	eventually(t, 20*time.Second, "version 2 caught up", func() bool {
+		done, ok := m2.gaugeInt("perspectives.catchup.done", persp(name), v2, attribute.String("state", "building"))
+		return ok && done == 1
+	})
+	read, _ = m2.gaugeInt("perspectives.catchup.events", persp(name), v2)
+	require.EqualValues(t, 40, read)
+	depth, ok := m2.gaugeInt("perspectives.queue.depth", persp(name), v2)
+	require.True(t, ok)
+	require.Zero(t, depth)
+	_, ok = m2.gaugeInt("perspectives.queue.depth", persp(name), v1)
+	require.True(t, ok, "an instance reports every build of its perspectives, the active one too")
+	m.requireNoStreamAttribute()
+	m2.requireNoStreamAttribute()
 }
