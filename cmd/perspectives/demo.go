@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -164,8 +165,12 @@ func (d *demo) run(ctx context.Context, dbURL string) (err error) {
 	if err != nil {
 		return err
 	}
+	changed, err := d.changeVersion(ctx, demoURL)
+	if err != nil {
+		return err
+	}
 	stats := d.stopSurvivors()
-	matched, total, mismatches, err := d.check(ctx, all)
+	matched, total, mismatches, err := d.check(ctx, all, 2)
 	if err != nil {
 		return err
 	}
@@ -178,6 +183,7 @@ func (d *demo) run(ctx context.Context, dbURL string) (err error) {
 		sum.Refused += s.Refused
 		sum.Bootstraps += s.Bootstraps
 		sum.Failures += s.Failures
+		sum.Retired += s.Retired
 	}
 	fmt.Fprintln(d.out)
 	fmt.Fprintln(d.out, "report")
@@ -187,6 +193,8 @@ func (d *demo) run(ctx context.Context, dbURL string) (err error) {
 	fmt.Fprintf(d.out, "  lock contention           %d rewinds skipped (lock held elsewhere), retried later\n", sum.Contended)
 	fmt.Fprintf(d.out, "  takeovers                 %d of %d locks left by the killed instance\n", takeovers, len(kill.held))
 	fmt.Fprintf(d.out, "  snapshot bootstraps       %d\n", sum.Bootstraps)
+	fmt.Fprintf(d.out, "  version change            version 2 built beside version 1 and promoted in %s; %d version-1 instances retired it\n",
+		changed.Round(10*time.Millisecond), sum.Retired)
 	fmt.Fprintf(d.out, "  elapsed                   %s\n", time.Since(start).Round(100*time.Millisecond))
 	fmt.Fprintf(d.out, "consistent: %d of %d models match\n", matched, total)
 	if matched != total {
@@ -249,31 +257,45 @@ func (d *demo) startInstances(ctx context.Context, demoURL string) error {
 		return fmt.Errorf("find own executable: %w", err)
 	}
 	for range d.cfg.instances {
-		p := &demoProc{id: uuid.Must(uuid.NewV7()), stdout: &bytes.Buffer{}, ready: make(chan struct{}), exited: make(chan error, 1)}
-		p.cmd = exec.Command(exe, demoWorkerCommand, "--database-url", demoURL, "--instance", p.id.String(),
-			"--lock-timeout", d.cfg.lockTimeout.String(), "--apply-delay", d.cfg.applyDelay.String())
-		p.cmd.Stderr = d.errw
-		out, err := p.cmd.StdoutPipe()
-		if err != nil {
+		if err := d.startInstance(exe, demoURL, 1); err != nil {
 			return err
 		}
-		if err := p.cmd.Start(); err != nil {
-			return fmt.Errorf("start worker instance: %w", err)
-		}
-		go func() {
-			sc := bufio.NewScanner(out)
-			for sc.Scan() {
-				if sc.Text() == "ready" {
-					close(p.ready)
-					continue
-				}
-				p.stdout.Write(append(sc.Bytes(), '\n'))
-			}
-			p.exited <- p.cmd.Wait()
-		}()
-		d.procs = append(d.procs, p)
 	}
-	for _, p := range d.procs {
+	return d.waitReady(ctx, d.procs)
+}
+
+// startInstance starts one worker instance running version of the demo perspective.
+func (d *demo) startInstance(exe, demoURL string, version int) error {
+	p := &demoProc{id: uuid.Must(uuid.NewV7()), stdout: &bytes.Buffer{}, ready: make(chan struct{}), exited: make(chan error, 1)}
+	p.cmd = exec.Command(exe, demoWorkerCommand, "--database-url", demoURL, "--instance", p.id.String(),
+		"--lock-timeout", d.cfg.lockTimeout.String(), "--apply-delay", d.cfg.applyDelay.String(),
+		"--version", strconv.Itoa(version))
+	p.cmd.Stderr = d.errw
+	out, err := p.cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	if err := p.cmd.Start(); err != nil {
+		return fmt.Errorf("start worker instance: %w", err)
+	}
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if sc.Text() == "ready" {
+				close(p.ready)
+				continue
+			}
+			p.stdout.Write(append(sc.Bytes(), '\n'))
+		}
+		p.exited <- p.cmd.Wait()
+	}()
+	d.procs = append(d.procs, p)
+	return nil
+}
+
+// waitReady waits until every instance of procs has started.
+func (d *demo) waitReady(ctx context.Context, procs []*demoProc) error {
+	for _, p := range procs {
 		select {
 		case <-p.ready:
 		case err := <-p.exited:
@@ -450,8 +472,54 @@ func (d *demo) stopAll() {
 	wg.Wait()
 }
 
-// check compares every stream's model with the fold of its stored events sorted by ID.
-func (d *demo) check(ctx context.Context, all map[uuid.UUID][]worker.Event) (matched, total int, mismatches []string, err error) {
+// changeVersion deploys version 2 of the demo perspective as a rolling deployment would: one
+// instance running it joins those running version 1; it builds version 2 from the event store
+// beside version 1, and is promoted once caught up. It returns how long that took.
+func (d *demo) changeVersion(ctx context.Context, demoURL string) (time.Duration, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	if err := d.startInstance(exe, demoURL, 2); err != nil {
+		return 0, err
+	}
+	if err := d.waitReady(ctx, d.procs[len(d.procs)-1:]); err != nil {
+		return 0, err
+	}
+	d.logf("deployed version 2 of %s on a new instance, beside version 1", demoPerspectiveName)
+	admin, err := worker.NewAdmin(d.pool, nil)
+	if err != nil {
+		return 0, err
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		v, err := admin.Versions(ctx)
+		if err != nil {
+			return 0, err
+		}
+		for _, b := range v.Builds {
+			if b.Perspective == demoPerspectiveName && b.Version == 2 && b.State == worker.BuildActive {
+				took := time.Since(start)
+				d.logf("version 2 caught up with the store (%d events) and was promoted; readers get it now", b.CatchUpEvents)
+				time.Sleep(500 * time.Millisecond) // the version-1 instances notice at their next look
+				return took, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("version 2 was not promoted within 2 minutes")
+		}
+		select {
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// check compares every stream's model with the fold, by version of the perspective, of its
+// stored events sorted by ID.
+func (d *demo) check(ctx context.Context, all map[uuid.UUID][]worker.Event, version int) (matched, total int, mismatches []string, err error) {
 	q := db.New(d.pool)
 	for s := range all {
 		total++
@@ -461,7 +529,7 @@ func (d *demo) check(ctx context.Context, all map[uuid.UUID][]worker.Event) (mat
 		}
 		var want demoModel
 		for _, e := range stored {
-			if want, err = foldDemo(want, worker.Event{ID: e.EventID, StreamID: e.StreamID, Type: e.EventType, Data: e.Data}); err != nil {
+			if want, err = foldDemo(version, want, worker.Event{ID: e.EventID, StreamID: e.StreamID, Type: e.EventType, Data: e.Data}); err != nil {
 				return 0, 0, nil, err
 			}
 		}

@@ -26,6 +26,7 @@ type demoStats struct {
 	Refused       int64  `json:"refused"`
 	Bootstraps    int64  `json:"bootstraps"`
 	Failures      int64  `json:"failures"`
+	Retired       int64  `json:"retired"` // "perspective version retired" said
 }
 
 // statsHandler counts the worker's log records instead of printing them.
@@ -59,6 +60,8 @@ func (h *statsHandler) Handle(_ context.Context, r slog.Record) error {
 		h.s.Bootstraps++
 	case "processing failed; will retry with backoff", "event application failed; will retry with backoff":
 		h.s.Failures++
+	case "perspective version retired: this instance no longer applies it":
+		h.s.Retired++
 	}
 	return nil
 }
@@ -76,6 +79,7 @@ func runDemoWorker(ctx context.Context, args []string, stdout, stderr io.Writer)
 	instance := fs.String("instance", "", "instance ID")
 	lockTimeout := fs.Duration("lock-timeout", 4*time.Second, "stream lock timeout")
 	delay := fs.Duration("apply-delay", time.Millisecond, "time spent per applied event")
+	version := fs.Int("version", 1, "the version of the demo perspective this instance runs")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -96,7 +100,7 @@ func runDemoWorker(ctx context.Context, args []string, stdout, stderr io.Writer)
 	h := &statsHandler{s: demoStats{Instance: id.String()}}
 	w, err := worker.New(pool, worker.Config{
 		InstanceID:   id,
-		Perspectives: []worker.Perspective{demoPerspective(*delay)},
+		Perspectives: []worker.Perspective{demoPerspective(*version, *delay)},
 		Locker:       lk,
 		LockOptions:  opts,
 		Snapshots:    worker.SnapshotOptions{EveryNEvents: 10, MaxPerStream: 3},
