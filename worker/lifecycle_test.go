@@ -399,3 +399,63 @@ func TestReplacingEveryInstanceServesTheOldVersionUntilPromotion(t *testing.T) {
 	require.Equal(t, worker.BuildActive, b.State)
 	lcConverged(t, d, name, 2, 20*time.Second)
 }
+
+// Three instances register a new perspective while events keep being appended (some late)
+// to a store that already holds history: no event is lost, doubled or misordered.
+func TestRegistrationUnderConcurrentAppendsWithThreeInstances(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := isolatedDB(t)
+	name := uniqueName("regload")
+	streams := make([]uuid.UUID, 15)
+	for i := range streams {
+		streams[i] = uuid.New()
+		require.NoError(t, worker.Append(ctx, d.Pool, events(streams[i], newIDs(t, 40))...))
+	}
+	stop := make(chan struct{})
+	appended := make(chan error, 1)
+	go func() {
+		held := map[uuid.UUID]worker.Event{}
+		for {
+			select {
+			case <-stop:
+				var rest []worker.Event
+				for _, ev := range held {
+					rest = append(rest, ev)
+				}
+				appended <- worker.Append(ctx, d.Pool, rest...)
+				return
+			default:
+			}
+			for _, s := range streams {
+				evs := events(s, newIDs(t, 2))
+				batch := evs[1:]
+				if ev, ok := held[s]; ok {
+					batch = append(batch, ev) // late: older than evs[1]
+				}
+				held[s] = evs[0]
+				if err := worker.Append(ctx, d.Pool, batch...); err != nil {
+					appended <- err
+					return
+				}
+			}
+		}
+	}()
+	lk, err := locker.NewPostgres(d.Pool, locker.Options{})
+	require.NoError(t, err)
+	for range 3 {
+		time.Sleep(30 * time.Millisecond)
+		lcWorker(t, d, worker.Config{Perspectives: []worker.Perspective{newVLedger(name, 1)}, Locker: lk, CatchUpPageSize: 50})
+	}
+	time.Sleep(300 * time.Millisecond)
+	close(stop)
+	require.NoError(t, <-appended)
+	stored := lcConverged(t, d, name, 1, 30*time.Second)
+	n := 0
+	for _, ids := range stored {
+		n += len(ids)
+	}
+	require.Equal(t, 1, lcCount(t, d, `SELECT count(*) FROM wh_perspective_builds WHERE perspective_name = $1`, name),
+		"three instances registered one build")
+	t.Logf("%d streams, %d events converged", len(stored), n)
+}
