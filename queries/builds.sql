@@ -132,6 +132,9 @@ WITH win AS (
     WHERE c.perspective_name = @build_key
     ORDER BY c.stream_id
     LIMIT @batch_size
+    -- Another instance cleaning the same build at once takes other pairs: 0 pairs deleted
+    -- means none is left but those it is deleting.
+    FOR UPDATE OF c SKIP LOCKED
 ), q AS (
     DELETE FROM wh_perspective_events e USING win
     WHERE e.stream_id = win.stream_id AND e.perspective_name = @build_key

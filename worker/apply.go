@@ -17,21 +17,21 @@ func (w *Worker) runJob(ctx context.Context, j job) jobResult {
 	r := jobResult{job: j}
 	switch j.kind {
 	case jobCatchUp:
-		more, err := w.catchUp(ctx, j.key)
+		more, done, err := w.catchUp(ctx, j.key)
 		if err != nil && ctx.Err() == nil {
 			w.log.Error("catch-up failed; retried at the next look at the builds", slog.Any("error", err))
 		}
 		if more {
 			r.next = append(r.next, job{kind: jobCatchUp, key: j.key})
-		} else {
-			r.refresh = true
 		}
+		r.refresh = done // a build to promote, maybe: look again at once (else at the next poll)
 		return r
 	case jobPromote:
-		if err := w.promote(ctx, j.key); err != nil && ctx.Err() == nil {
+		promoted, err := w.promote(ctx, j.key)
+		if err != nil && ctx.Err() == nil {
 			w.log.Error("promotion failed", slog.Any("error", err))
 		}
-		r.refresh = true
+		r.refresh = promoted
 		return r
 	case jobCleanup:
 		more, err := w.store.Cleanup(ctx, w.names, retireGrace, cleanupBatch)

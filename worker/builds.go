@@ -232,11 +232,12 @@ func (w *Worker) maintain(ctx context.Context, s *schedule) {
 	s.queueBuildJob(job{kind: jobCleanup})
 }
 
-// catchUp runs one page of build key's catch-up, and says whether to run another at once.
-func (w *Worker) catchUp(ctx context.Context, key string) (more bool, err error) {
+// catchUp runs one page of build key's catch-up, and says whether to run another at once
+// (more) and whether the catch-up is over (done).
+func (w *Worker) catchUp(ctx context.Context, key string) (more, done bool, err error) {
 	b := w.buildOf(key)
 	if b.persp == nil {
-		return false, nil // no longer applied here
+		return false, false, nil // no longer applied here
 	}
 	attrs := []any{slog.String("perspective", b.Perspective), slog.Int("version", b.Version)}
 	res, err := w.store.CatchUp(ctx, CatchUpRequest{
@@ -244,10 +245,10 @@ func (w *Worker) catchUp(ctx context.Context, key string) (more bool, err error)
 	}, func(page CatchUpPage) []PairWrite { return w.foldPage(ctx, b, page) })
 	if errors.Is(err, ErrLockLost) {
 		w.log.Warn("catch-up page refused: its lease was taken over", attrs...)
-		return false, nil
+		return false, false, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("catch-up of %s version %d: %w", b.Perspective, b.Version, err)
+		return false, false, fmt.Errorf("catch-up of %s version %d: %w", b.Perspective, b.Version, err)
 	}
 	if res.Events > 0 {
 		set := metric.WithAttributes(attrPerspective.String(b.Perspective), attrVersion.Int(b.Version))
@@ -259,7 +260,7 @@ func (w *Worker) catchUp(ctx context.Context, key string) (more bool, err error)
 	if res.Done {
 		w.log.Info("catch-up done", attrs...)
 	}
-	return !res.Done && !res.NotHeld, nil
+	return !res.Done && !res.NotHeld, res.Done, nil
 }
 
 // foldPage folds a catch-up page into one write per stream, the streams side by side (on
@@ -324,16 +325,16 @@ func (w *Worker) foldRun(ctx context.Context, b *build, page CatchUpPage, run []
 	return wr
 }
 
-// promote makes build key active when it has caught up.
-func (w *Worker) promote(ctx context.Context, key string) error {
+// promote makes build key active when it has caught up, and says whether it did.
+func (w *Worker) promote(ctx context.Context, key string) (bool, error) {
 	b := w.buildOf(key)
 	ok, err := w.store.Promote(ctx, b.Perspective, key, false)
 	if err != nil {
-		return fmt.Errorf("promote %s version %d: %w", b.Perspective, b.Version, err)
+		return false, fmt.Errorf("promote %s version %d: %w", b.Perspective, b.Version, err)
 	}
 	if ok {
 		w.log.Info("perspective version promoted", slog.String("perspective", b.Perspective),
 			slog.Int("version", b.Version), slog.Int("build", b.N))
 	}
-	return nil
+	return ok, nil
 }

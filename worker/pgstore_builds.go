@@ -183,9 +183,6 @@ func (s *pgStore) CatchUp(ctx context.Context, req CatchUpRequest, fold func(Cat
 		}
 
 		writes := fold(page)
-		if err := s.writePairs(ctx, q, writes, queued); err != nil {
-			return err
-		}
 		to := page.Events[len(page.Events)-1]
 		toEvent := to.ID
 		for _, wr := range writes {
@@ -193,6 +190,8 @@ func (s *pgStore) CatchUp(ctx context.Context, req CatchUpRequest, fold func(Cat
 			if wr.EnqueueFrom == uuid.Nil {
 				continue
 			}
+			// Queued before the writes, so that a failure recorded with them marks these
+			// rows too (PairsMarkFailed sets every queued row's retry time).
 			if _, err := q.QueueEnqueueStreamFrom(ctx, db.QueueEnqueueStreamFromParams{
 				BuildKey: req.Key, StreamID: wr.Stream, FromEventID: wr.EnqueueFrom,
 			}); err != nil {
@@ -201,6 +200,9 @@ func (s *pgStore) CatchUp(ctx context.Context, req CatchUpRequest, fold func(Cat
 			if wr.Stream == to.StreamID {
 				toEvent = maxUUID // its later events are queued now: pass the whole stream
 			}
+		}
+		if err := s.writePairs(ctx, q, writes, queued); err != nil {
+			return err
 		}
 		// Streams passed: those the page ends (all but its last, unless that one is passed
 		// whole), and the previous page's last when this page starts with another.

@@ -129,6 +129,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		}
 		all = append(all, builds...)
 	}
+	w.buildSet.Store(&buildSet{byKey: map[string]*build{}}) // nothing applied before Start
 	w.adopt(all)
 	gauges, err := w.tel.observeBuilds(w.store, w.names)
 	if err != nil {
