@@ -7,9 +7,25 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"time"
 
 	"github.com/google/uuid"
 )
+
+// yieldToLive pauses a catch-up beside an active version as long as its page took: such a
+// build (a new version, a rebuild) is background work, so it runs at most half the time
+// and leaves the machine to live application of the version readers see. A perspective's
+// first build (there is nothing to serve yet) is not paced. Measured in BenchmarkLifecycle
+// (BENCHMARKS.md): without the pause, Append → active model took 3–4× its idle time on
+// two cores while a version built; with it, within 2×.
+func yieldToLive(ctx context.Context, took time.Duration) {
+	t := time.NewTimer(took)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
 
 // runJob runs one job under the apply coordinator and reports to the loop. A pair that
 // another goroutine of this process holds (a Purge) is skipped and reported busy.
@@ -17,7 +33,11 @@ func (w *Worker) runJob(ctx context.Context, j job) jobResult {
 	r := jobResult{job: j}
 	switch j.kind {
 	case jobCatchUp:
+		started := time.Now()
 		more, done, err := w.catchUp(ctx, j.key)
+		if more && w.buildOf(j.key).State == BuildBuilding {
+			yieldToLive(ctx, time.Since(started))
+		}
 		if err != nil && ctx.Err() == nil {
 			w.log.Error("catch-up failed; retried at the next look at the builds", slog.Any("error", err))
 		}

@@ -306,8 +306,9 @@ type stmtTracer struct {
 }
 
 type stmtStat struct {
-	n int
-	d time.Duration
+	n   int
+	d   time.Duration
+	max time.Duration
 }
 
 type stmtTraceKey struct{}
@@ -351,6 +352,7 @@ func (t *stmtTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.Trace
 	}
 	s.n++
 	s.d += d
+	s.max = max(s.max, d)
 	t.mu.Unlock()
 }
 
@@ -384,7 +386,7 @@ func stmtReport(stats map[string]stmtStat) string {
 	var sb strings.Builder
 	for _, k := range names {
 		s := stats[k]
-		fmt.Fprintf(&sb, "  %-28s %7d stmts %9.1f ms total %7.3f ms each\n", k, s.n, ms(s.d), ms(s.d)/float64(s.n))
+		fmt.Fprintf(&sb, "  %-28s %7d stmts %9.1f ms total %7.3f ms each %7.3f ms max\n", k, s.n, ms(s.d), ms(s.d)/float64(s.n), ms(s.max))
 	}
 	return sb.String()
 }

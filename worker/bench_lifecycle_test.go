@@ -111,10 +111,16 @@ func BenchmarkLifecycle(b *testing.B) {
 		b.ReportMetric(floor.Seconds()/catchUp.Seconds(), "catchup/floor")
 
 		// Blue/green: live latency to v1 at idle, then while v2 builds.
+		tracer.take()
 		idle := lifeLatencies(b, name, live, 15, nil)
+		idleStmts := tracer.take()
 		v2started := time.Now()
 		v2 := benchStart(b, worker.Config{Perspectives: []worker.Perspective{versioned(sumPerspective(name), 2)}, ManualPromotion: true})
 		building := lifeLatencies(b, name, live, 15, func() bool { return lifeCaughtUp(b, name, 2) })
+		if os.Getenv("PERSPECTIVES_BENCH_VERBOSE") != "" {
+			b.Logf("v1's statements, idle (%v ms):\n%s", idle, stmtReport(idleStmts))
+			b.Logf("v1's statements while v2 builds (%v ms):\n%s", building, stmtReport(tracer.take()))
+		}
 		b.ReportMetric(medianOf(idle), "live-idle-p50-ms")
 		b.ReportMetric(medianOf(building), "live-during-build-p50-ms")
 		b.ReportMetric(medianOf(building)/medianOf(idle), "during-build/idle")

@@ -967,8 +967,9 @@ func TestUnitMaintainCatchUpOneChainPerBuild(t *testing.T) {
 				}
 				mu.Unlock()
 				close(gate)
-				synctest.Wait() // the chains run to their end at once
-				ubIdle(5)
+				// The chains run to their end: the active build's at once, a building one's
+				// after the pause as long as its 10-second first page (yieldToLive).
+				ubIdle(15)
 				f.stop(t)
 
 				mu.Lock()
@@ -992,6 +993,56 @@ func TestUnitMaintainCatchUpOneChainPerBuild(t *testing.T) {
 				}
 				assert.NotContains(t, f.logs.String(), ubNotAppliedMsg)
 				assert.NotContains(t, f.logs.String(), ubRetiredMsg)
+			})
+		})
+	}
+}
+
+// A build beside an active version (building) pauses after each page as long as the page
+// took, leaving half the time to live application; the perspective's first build (active,
+// nothing to serve yet) runs its pages back to back.
+func TestUnitMaintainCatchUpBesideAnActiveVersionIsPaced(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name   string
+		builds []worker.Build
+		key    string
+		gap    time.Duration // from the end of one page to the start of the next
+	}{
+		{"first build", []worker.Build{ubBuild(1, 1, worker.BuildActive, false)}, "seq", 0},
+		{"rebuild beside the active build", []worker.Build{ubBuild(1, 1, worker.BuildActive, true), ubBuild(1, 2, worker.BuildBuilding, false)}, "seq@v1.2", 3 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				f := newUBLoop(t, 0, tc.builds, nil)
+				var mu sync.Mutex
+				var starts, ends []time.Time
+				f.catchUp = func(_ context.Context, req worker.CatchUpRequest) (worker.CatchUpResult, error) {
+					require.Equal(t, tc.key, req.Key)
+					mu.Lock()
+					starts = append(starts, time.Now())
+					n := len(starts)
+					mu.Unlock()
+					time.Sleep(3 * time.Second) // the page's work
+					mu.Lock()
+					ends = append(ends, time.Now())
+					mu.Unlock()
+					if n < 4 {
+						return worker.CatchUpResult{Events: 10, Applied: 10}, nil
+					}
+					f.markDone(req.Key)
+					return worker.CatchUpResult{Done: true}, nil
+				}
+				require.NoError(t, f.w.Start(context.Background()))
+				ubIdle(60)
+				f.stop(t)
+				mu.Lock()
+				defer mu.Unlock()
+				require.Len(t, starts, 4, "pages until the store said done")
+				for i := 1; i < len(starts); i++ {
+					assert.Equal(t, tc.gap, starts[i].Sub(ends[i-1]), "page %d started after the previous one ended", i+1)
+				}
 			})
 		})
 	}
