@@ -46,86 +46,59 @@ func (q *Queries) BuildCatchUpAcquire(ctx context.Context, arg BuildCatchUpAcqui
 }
 
 const buildCatchUpAdvance = `-- name: BuildCatchUpAdvance :execrows
-UPDATE wh_perspective_builds
-SET catchup_stream_id = $1::uuid,
-    catchup_event_id  = $2::uuid,
-    catchup_events    = catchup_events + $3::bigint,
-    catchup_streams   = catchup_streams + $4::bigint,
-    catchup_expiry    = clock_timestamp() + make_interval(secs => $5::float8)
-WHERE build_key = $6
-  AND catchup_holder = $7::uuid
-  AND catchup_expiry > clock_timestamp()
-  AND NOT catchup_done
-  AND catchup_stream_id IS NOT DISTINCT FROM $8::uuid
-  AND catchup_event_id IS NOT DISTINCT FROM $9::uuid
+UPDATE wh_perspective_builds b
+SET catchup_stream_id = CASE WHEN a.done THEN b.catchup_stream_id ELSE a.stream_id END,
+    catchup_event_id  = CASE WHEN a.done THEN b.catchup_event_id ELSE a.event_id END,
+    catchup_events    = b.catchup_events + a.events,
+    catchup_streams   = b.catchup_streams + a.streams + CASE
+        WHEN NOT a.done OR b.catchup_stream_id IS NULL
+             OR b.catchup_event_id = 'ffffffff-ffff-ffff-ffff-ffffffffffff' THEN 0
+        ELSE 1 END,
+    catchup_done      = a.done,
+    catchup_done_at   = CASE WHEN a.done THEN now() END,
+    catchup_holder    = CASE WHEN a.done THEN NULL ELSE b.catchup_holder END,
+    catchup_expiry    = CASE WHEN a.done THEN NULL ELSE clock_timestamp() + make_interval(secs => a.lease_seconds) END
+FROM (SELECT $5::bool AS done, $6::uuid AS stream_id, $7::uuid AS event_id,
+             $8::bigint AS events, $9::bigint AS streams, $10::float8 AS lease_seconds) a
+WHERE b.build_key = $1
+  AND b.catchup_holder = $2::uuid
+  AND b.catchup_expiry > clock_timestamp()
+  AND NOT b.catchup_done
+  AND b.catchup_stream_id IS NOT DISTINCT FROM $3::uuid
+  AND b.catchup_event_id IS NOT DISTINCT FROM $4::uuid
 `
 
 type BuildCatchUpAdvanceParams struct {
-	StreamID     uuid.UUID
-	EventID      uuid.UUID
-	Events       int64
-	Streams      int64
-	LeaseSeconds float64
 	BuildKey     string
 	InstanceID   uuid.UUID
 	FromStreamID uuid.NullUUID
 	FromEventID  uuid.NullUUID
+	Done         bool
+	StreamID     uuid.NullUUID
+	EventID      uuid.NullUUID
+	Events       int64
+	Streams      int64
+	LeaseSeconds float64
 }
 
-// Moves a build's catch-up position, in the transaction that wrote the page's models: only
-// while the caller holds an unexpired lease and the position is still the one it started
-// from (the fencing check: 0 rows and the page is rolled back). Renews the lease.
+// Moves a build's catch-up position, in the transaction that wrote the page's models, and
+// renews the lease; with done (no stored event after the position) ends the catch-up
+// instead: the stream it was at counts as passed (unless it was passed whole already: its
+// position is the highest UUID) and the lease is let go. Fenced: only while the caller
+// holds an unexpired lease and the position is still the one it started from (0 rows and
+// the page is rolled back).
 func (q *Queries) BuildCatchUpAdvance(ctx context.Context, arg BuildCatchUpAdvanceParams) (int64, error) {
 	result, err := q.db.Exec(ctx, buildCatchUpAdvance,
+		arg.BuildKey,
+		arg.InstanceID,
+		arg.FromStreamID,
+		arg.FromEventID,
+		arg.Done,
 		arg.StreamID,
 		arg.EventID,
 		arg.Events,
 		arg.Streams,
 		arg.LeaseSeconds,
-		arg.BuildKey,
-		arg.InstanceID,
-		arg.FromStreamID,
-		arg.FromEventID,
-	)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
-const buildCatchUpFinish = `-- name: BuildCatchUpFinish :execrows
-UPDATE wh_perspective_builds
-SET catchup_done = true,
-    catchup_done_at = now(),
-    catchup_streams = catchup_streams + CASE
-        WHEN catchup_stream_id IS NULL OR catchup_event_id = 'ffffffff-ffff-ffff-ffff-ffffffffffff' THEN 0
-        ELSE 1 END,
-    catchup_holder = NULL,
-    catchup_expiry = NULL
-WHERE build_key = $1
-  AND catchup_holder = $2::uuid
-  AND catchup_expiry > clock_timestamp()
-  AND NOT catchup_done
-  AND catchup_stream_id IS NOT DISTINCT FROM $3::uuid
-  AND catchup_event_id IS NOT DISTINCT FROM $4::uuid
-`
-
-type BuildCatchUpFinishParams struct {
-	BuildKey     string
-	InstanceID   uuid.UUID
-	FromStreamID uuid.NullUUID
-	FromEventID  uuid.NullUUID
-}
-
-// Ends a build's catch-up (no stored event after its position), under the same fencing as
-// BuildCatchUpAdvance; the stream it was at counts as passed (unless it was passed whole
-// already: its position is the highest UUID).
-func (q *Queries) BuildCatchUpFinish(ctx context.Context, arg BuildCatchUpFinishParams) (int64, error) {
-	result, err := q.db.Exec(ctx, buildCatchUpFinish,
-		arg.BuildKey,
-		arg.InstanceID,
-		arg.FromStreamID,
-		arg.FromEventID,
 	)
 	if err != nil {
 		return 0, err

@@ -24,14 +24,13 @@ type Querier interface {
 	// caller's. Returns the position to continue from; no row when another instance holds it or
 	// the catch-up is done.
 	BuildCatchUpAcquire(ctx context.Context, arg BuildCatchUpAcquireParams) (BuildCatchUpAcquireRow, error)
-	// Moves a build's catch-up position, in the transaction that wrote the page's models: only
-	// while the caller holds an unexpired lease and the position is still the one it started
-	// from (the fencing check: 0 rows and the page is rolled back). Renews the lease.
+	// Moves a build's catch-up position, in the transaction that wrote the page's models, and
+	// renews the lease; with done (no stored event after the position) ends the catch-up
+	// instead: the stream it was at counts as passed (unless it was passed whole already: its
+	// position is the highest UUID) and the lease is let go. Fenced: only while the caller
+	// holds an unexpired lease and the position is still the one it started from (0 rows and
+	// the page is rolled back).
 	BuildCatchUpAdvance(ctx context.Context, arg BuildCatchUpAdvanceParams) (int64, error)
-	// Ends a build's catch-up (no stored event after its position), under the same fencing as
-	// BuildCatchUpAdvance; the stream it was at counts as passed (unless it was passed whole
-	// already: its position is the highest UUID).
-	BuildCatchUpFinish(ctx context.Context, arg BuildCatchUpFinishParams) (int64, error)
 	// Deletes the rows of up to batch_size pairs of a retired build: queue rows, snapshots,
 	// model and cursor. Returns the number of pairs deleted (0: none left).
 	BuildCleanupBatch(ctx context.Context, arg BuildCleanupBatchParams) (int64, error)

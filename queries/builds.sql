@@ -53,40 +53,32 @@ WHERE stream_id >= @first_stream_id AND stream_id <= @last_stream_id
   AND perspective_name = @build_key;
 
 -- name: BuildCatchUpAdvance :execrows
--- Moves a build's catch-up position, in the transaction that wrote the page's models: only
--- while the caller holds an unexpired lease and the position is still the one it started
--- from (the fencing check: 0 rows and the page is rolled back). Renews the lease.
-UPDATE wh_perspective_builds
-SET catchup_stream_id = @stream_id::uuid,
-    catchup_event_id  = @event_id::uuid,
-    catchup_events    = catchup_events + @events::bigint,
-    catchup_streams   = catchup_streams + @streams::bigint,
-    catchup_expiry    = clock_timestamp() + make_interval(secs => @lease_seconds::float8)
-WHERE build_key = @build_key
-  AND catchup_holder = @instance_id::uuid
-  AND catchup_expiry > clock_timestamp()
-  AND NOT catchup_done
-  AND catchup_stream_id IS NOT DISTINCT FROM sqlc.narg(from_stream_id)::uuid
-  AND catchup_event_id IS NOT DISTINCT FROM sqlc.narg(from_event_id)::uuid;
-
--- name: BuildCatchUpFinish :execrows
--- Ends a build's catch-up (no stored event after its position), under the same fencing as
--- BuildCatchUpAdvance; the stream it was at counts as passed (unless it was passed whole
--- already: its position is the highest UUID).
-UPDATE wh_perspective_builds
-SET catchup_done = true,
-    catchup_done_at = now(),
-    catchup_streams = catchup_streams + CASE
-        WHEN catchup_stream_id IS NULL OR catchup_event_id = 'ffffffff-ffff-ffff-ffff-ffffffffffff' THEN 0
+-- Moves a build's catch-up position, in the transaction that wrote the page's models, and
+-- renews the lease; with done (no stored event after the position) ends the catch-up
+-- instead: the stream it was at counts as passed (unless it was passed whole already: its
+-- position is the highest UUID) and the lease is let go. Fenced: only while the caller
+-- holds an unexpired lease and the position is still the one it started from (0 rows and
+-- the page is rolled back).
+UPDATE wh_perspective_builds b
+SET catchup_stream_id = CASE WHEN a.done THEN b.catchup_stream_id ELSE a.stream_id END,
+    catchup_event_id  = CASE WHEN a.done THEN b.catchup_event_id ELSE a.event_id END,
+    catchup_events    = b.catchup_events + a.events,
+    catchup_streams   = b.catchup_streams + a.streams + CASE
+        WHEN NOT a.done OR b.catchup_stream_id IS NULL
+             OR b.catchup_event_id = 'ffffffff-ffff-ffff-ffff-ffffffffffff' THEN 0
         ELSE 1 END,
-    catchup_holder = NULL,
-    catchup_expiry = NULL
-WHERE build_key = @build_key
-  AND catchup_holder = @instance_id::uuid
-  AND catchup_expiry > clock_timestamp()
-  AND NOT catchup_done
-  AND catchup_stream_id IS NOT DISTINCT FROM sqlc.narg(from_stream_id)::uuid
-  AND catchup_event_id IS NOT DISTINCT FROM sqlc.narg(from_event_id)::uuid;
+    catchup_done      = a.done,
+    catchup_done_at   = CASE WHEN a.done THEN now() END,
+    catchup_holder    = CASE WHEN a.done THEN NULL ELSE b.catchup_holder END,
+    catchup_expiry    = CASE WHEN a.done THEN NULL ELSE clock_timestamp() + make_interval(secs => a.lease_seconds) END
+FROM (SELECT @done::bool AS done, sqlc.narg(stream_id)::uuid AS stream_id, sqlc.narg(event_id)::uuid AS event_id,
+             @events::bigint AS events, @streams::bigint AS streams, @lease_seconds::float8 AS lease_seconds) a
+WHERE b.build_key = @build_key
+  AND b.catchup_holder = @instance_id::uuid
+  AND b.catchup_expiry > clock_timestamp()
+  AND NOT b.catchup_done
+  AND b.catchup_stream_id IS NOT DISTINCT FROM sqlc.narg(from_stream_id)::uuid
+  AND b.catchup_event_id IS NOT DISTINCT FROM sqlc.narg(from_event_id)::uuid;
 
 -- name: QueueEnqueueStreamFrom :execrows
 -- Queues a stream's stored events from an event on (inclusive) for a build: what a

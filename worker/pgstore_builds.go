@@ -132,8 +132,8 @@ func (s *pgStore) CatchUp(ctx context.Context, req CatchUpRequest, fold func(Cat
 		}
 		if len(rows) == 0 {
 			res.Done = true
-			return fence(q.BuildCatchUpFinish(ctx, db.BuildCatchUpFinishParams{
-				BuildKey: req.Key, InstanceID: req.Instance, FromStreamID: pos.CatchupStreamID, FromEventID: pos.CatchupEventID,
+			return fence(q.BuildCatchUpAdvance(ctx, db.BuildCatchUpAdvanceParams{
+				Done: true, BuildKey: req.Key, InstanceID: req.Instance, FromStreamID: pos.CatchupStreamID, FromEventID: pos.CatchupEventID,
 			}))
 		}
 		res.Events = len(rows)
@@ -214,7 +214,8 @@ func (s *pgStore) CatchUp(ctx context.Context, req CatchUpRequest, fold func(Cat
 			passed++
 		}
 		return fence(q.BuildCatchUpAdvance(ctx, db.BuildCatchUpAdvanceParams{
-			StreamID: to.StreamID, EventID: toEvent, Events: int64(len(rows)), Streams: passed,
+			StreamID: uuid.NullUUID{UUID: to.StreamID, Valid: true}, EventID: uuid.NullUUID{UUID: toEvent, Valid: true},
+			Events: int64(len(rows)), Streams: passed,
 			LeaseSeconds: req.Lease.Seconds(), BuildKey: req.Key, InstanceID: req.Instance,
 			FromStreamID: pos.CatchupStreamID, FromEventID: pos.CatchupEventID,
 		}))

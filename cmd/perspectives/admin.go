@@ -56,19 +56,11 @@ func runLocks(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 }
 
 func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	pool, err := parseAndConnect(ctx, "status", args, stderr)
+	pool, v, err := connectVersions(ctx, "status", args, stderr)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	admin, err := worker.NewAdmin(pool, nil)
-	if err != nil {
-		return err
-	}
-	v, err := admin.Versions(ctx)
-	if err != nil {
-		return err
-	}
 	byKey := map[string]worker.BuildStatus{}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "PERSPECTIVE\tVERSION\tSTATE\tQUEUED\tOLDEST QUEUED")

@@ -7,23 +7,16 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/perspectives-go/perspectives/worker"
 )
 
 func runVersions(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	pool, err := parseAndConnect(ctx, "versions", args, stderr)
+	pool, v, err := connectVersions(ctx, "versions", args, stderr)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	admin, err := worker.NewAdmin(pool, nil)
-	if err != nil {
-		return err
-	}
-	v, err := admin.Versions(ctx)
-	if err != nil {
-		return err
-	}
 	if len(v.Builds) == 0 {
 		fmt.Fprintln(stdout, "no perspective registered")
 		return nil
@@ -52,6 +45,24 @@ func runVersions(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	}
 	fmt.Fprintf(stdout, "\nstore: %d events (%s); LAG is the age of the oldest queued event\n", v.StoredEvents, about)
 	return nil
+}
+
+// connectVersions parses a command's flags (--database-url only), connects and reads every
+// build's status; the caller closes the pool.
+func connectVersions(ctx context.Context, name string, args []string, stderr io.Writer) (*pgxpool.Pool, worker.Versions, error) {
+	pool, err := parseAndConnect(ctx, name, args, stderr)
+	if err != nil {
+		return nil, worker.Versions{}, err
+	}
+	admin, err := worker.NewAdmin(pool, nil)
+	if err == nil {
+		var v worker.Versions
+		if v, err = admin.Versions(ctx); err == nil {
+			return pool, v, nil
+		}
+	}
+	pool.Close()
+	return nil, worker.Versions{}, err
 }
 
 // catchUpFigures gives a build's catch-up progress (events and streams of the store's),

@@ -3,6 +3,12 @@
 // The server comes from DATABASE_URL (default postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable).
 // Main creates a database with a unique name, migrates it, runs the tests, closes the pool,
 // drops the database and checks for leaked goroutines.
+//
+// With PGTEST_POOLER_URL set (a connection pooler in front of that server, e.g.
+// postgres://postgres@127.0.0.1:6439/?sslmode=disable&default_query_exec_mode=exec), the
+// tests' pool and URL go through the pooler, to the same database name, with the pooler URL's
+// query parameters; creating, migrating and dropping the database still use the direct
+// connection (migrations need one). DirectURL is the database without the pooler.
 package pgtest
 
 import (
@@ -34,11 +40,15 @@ func ServerURL() string {
 	return DefaultURL
 }
 
+// PoolerURL returns PGTEST_POOLER_URL: "" when the tests connect directly.
+func PoolerURL() string { return os.Getenv("PGTEST_POOLER_URL") }
+
 // DB is a throw-away database.
 type DB struct {
-	Name string
-	URL  string
-	Pool *pgxpool.Pool
+	Name      string
+	URL       string // what the tests connect to: through the pooler when there is one
+	DirectURL string // the database on the server itself
+	Pool      *pgxpool.Pool
 }
 
 // Create makes a new database named after prefix, migrates it and opens a pool on it.
@@ -47,11 +57,24 @@ func Create(ctx context.Context, prefix string) (*DB, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := schema.Migrate(ctx, d.Pool); err != nil {
+	if err := d.migrate(ctx); err != nil {
 		d.Close()
 		return nil, err
 	}
 	return d, nil
+}
+
+// migrate migrates the database on a direct pool of its own.
+func (d *DB) migrate(ctx context.Context) error {
+	if d.DirectURL == d.URL {
+		return schema.Migrate(ctx, d.Pool)
+	}
+	direct, err := pgxpool.New(ctx, d.DirectURL)
+	if err != nil {
+		return fmt.Errorf("pgtest: %w", err)
+	}
+	defer direct.Close()
+	return schema.Migrate(ctx, direct)
 }
 
 // CreateEmpty makes a new, unmigrated database named after prefix and opens a pool on it.
@@ -73,7 +96,16 @@ func CreateEmpty(ctx context.Context, prefix string) (*DB, error) {
 		return nil, fmt.Errorf("pgtest: parse DATABASE_URL: %w", err)
 	}
 	u.Path = "/" + name
-	d := &DB{Name: name, URL: u.String()}
+	d := &DB{Name: name, URL: u.String(), DirectURL: u.String()}
+	if p := PoolerURL(); p != "" {
+		pu, err := url.Parse(p)
+		if err != nil {
+			_ = d.drop()
+			return nil, fmt.Errorf("pgtest: parse PGTEST_POOLER_URL: %w", err)
+		}
+		pu.Path = "/" + name
+		d.URL = pu.String()
+	}
 	cfg, err := pgxpool.ParseConfig(d.URL)
 	if err != nil {
 		_ = d.drop()
