@@ -144,7 +144,7 @@ const pairsApplyCommit = `-- name: PairsApplyCommit :one
 WITH input AS (
     SELECT unnest($1::uuid[]) AS stream_id,
            unnest($2::text[]) AS perspective_name,
-           unnest($3::jsonb[]) AS model,
+           unnest($3::text[])::jsonb AS model,
            unnest($4::uuid[]) AS last_event_id,
            unnest($5::int[]) AS since_snapshot
 ), model AS (
@@ -184,7 +184,7 @@ SELECT count(*)::bigint AS deleted FROM applied
 type PairsApplyCommitParams struct {
 	StreamIds               []uuid.UUID
 	PerspectiveNames        []string
-	Models                  [][]byte
+	Models                  []string
 	LastEventIds            []uuid.UUID
 	EventsSinceSnapshot     []int32
 	AppliedStreamIds        []uuid.UUID

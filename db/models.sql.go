@@ -144,7 +144,7 @@ func (q *Queries) SnapshotsDeleteFrom(ctx context.Context, arg SnapshotsDeleteFr
 const snapshotsInsert = `-- name: SnapshotsInsert :exec
 INSERT INTO wh_perspective_snapshots (stream_id, perspective_name, snapshot_event_id, model)
 SELECT unnest($1::uuid[]), unnest($2::text[]),
-       unnest($3::uuid[]), unnest($4::jsonb[])
+       unnest($3::uuid[]), unnest($4::text[])::jsonb
 ON CONFLICT (stream_id, perspective_name, snapshot_event_id) DO UPDATE
 SET model = EXCLUDED.model
 `
@@ -153,7 +153,7 @@ type SnapshotsInsertParams struct {
 	StreamIds        []uuid.UUID
 	PerspectiveNames []string
 	SnapshotEventIds []uuid.UUID
-	Models           [][]byte
+	Models           []string
 }
 
 // Stores snapshots, given as parallel arrays (a snapshot already at that position is

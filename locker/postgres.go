@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/perspectives-go/perspectives/db"
+	"github.com/perspectives-go/perspectives/internal/pgq"
 )
 
 // queries is the part of db.Querier the Postgres locker uses.
@@ -46,7 +47,7 @@ func NewPostgres(pool *pgxpool.Pool, opts Options) (*Postgres, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, fmt.Errorf("locker: new postgres locker: %w", err)
 	}
-	return &Postgres{q: db.New(pool), opts: opts.WithDefaults()}, nil
+	return &Postgres{q: pgq.New(pool), opts: opts.WithDefaults()}, nil
 }
 
 // Options returns the options in force (defaults filled in).

@@ -82,7 +82,7 @@ JOIN wh_perspective_models m
 WITH input AS (
     SELECT unnest(@stream_ids::uuid[]) AS stream_id,
            unnest(@perspective_names::text[]) AS perspective_name,
-           unnest(@models::jsonb[]) AS model,
+           unnest(@models::text[])::jsonb AS model,
            unnest(@last_event_ids::uuid[]) AS last_event_id,
            unnest(@events_since_snapshot::int[]) AS since_snapshot
 ), model AS (

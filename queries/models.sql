@@ -24,7 +24,7 @@ ORDER BY snapshot_event_id DESC;
 -- replaced).
 INSERT INTO wh_perspective_snapshots (stream_id, perspective_name, snapshot_event_id, model)
 SELECT unnest(@stream_ids::uuid[]), unnest(@perspective_names::text[]),
-       unnest(@snapshot_event_ids::uuid[]), unnest(@models::jsonb[])
+       unnest(@snapshot_event_ids::uuid[]), unnest(@models::text[])::jsonb
 ON CONFLICT (stream_id, perspective_name, snapshot_event_id) DO UPDATE
 SET model = EXCLUDED.model;
 

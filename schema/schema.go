@@ -25,14 +25,26 @@ var FS embed.FS
 // application's own golang-migrate history in the same database.
 const MigrationsTable = "wh_schema_migrations"
 
+// ErrNeedsDirectConnection is returned by Migrate when its pool goes through a connection
+// pooler (such as PgBouncer) instead of straight to PostgreSQL.
+var ErrNeedsDirectConnection = errors.New("migrations need a direct connection to PostgreSQL, not one through a connection pooler")
+
 // Migrate applies every up migration. It is a no-op when the schema is current and is
-// safe when several instances call it at once (golang-migrate serializes them with an
-// advisory lock). Every connection it takes is returned to the pool.
+// safe when several instances call it at once (golang-migrate serializes them with a
+// session-level advisory lock). Every connection it takes is returned to the pool.
+//
+// That lock needs a session of its own, which a transaction pooler does not keep: Migrate
+// refuses a pool that goes through a pooler (the backend that answers is not the one the
+// connection was opened with) with an error wrapping ErrNeedsDirectConnection, before it
+// writes anything. Give it a pool on a direct URL; the application may then use the pooler.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) (err error) {
 	if pool == nil {
 		return errors.New("schema: migrate: nil pool")
 	}
 	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("schema: migrate: %w", err)
+	}
+	if err := checkDirect(ctx, pool); err != nil {
 		return fmt.Errorf("schema: migrate: %w", err)
 	}
 	src, err := iofs.New(FS, ".")
@@ -62,6 +74,27 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) (err error) {
 	}()
 	if err := m.Up(); err != nil && !errors.Is(err, migrate.ErrNoChange) {
 		return fmt.Errorf("schema: migrate: %w", err)
+	}
+	return nil
+}
+
+// checkDirect fails when pool's connections go through a pooler. PostgreSQL tells each
+// connection its backend's process ID at start-up (BackendKeyData); a pooler tells its
+// client an ID of its own, while pg_backend_pid() names the server backend that runs the
+// statement.
+func checkDirect(ctx context.Context, pool *pgxpool.Pool) error {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	var pid uint32
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+		return err
+	}
+	if told := conn.Conn().PgConn().PID(); told != pid {
+		return fmt.Errorf("%w (the connection was told backend %d, the statement ran in backend %d): run it with a URL that reaches the server itself, e.g. perspectives migrate --database-url <direct URL>",
+			ErrNeedsDirectConnection, told, pid)
 	}
 	return nil
 }

@@ -10,6 +10,7 @@ import (
 	migratepgx "github.com/golang-migrate/migrate/v4/database/pgx/v5"
 	"github.com/golang-migrate/migrate/v4/source/iofs"
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
@@ -129,4 +130,31 @@ func TestMigrateFromVersion1KeepsEachPerspectiveAsItsFirstBuild(t *testing.T) {
 		JOIN wh_perspective_builds b ON b.build_key = m.perspective_name AND b.state = 'active'
 		WHERE b.perspective_name = 'orders' AND m.stream_id = $1`, stream).Scan(&model))
 	require.JSONEq(t, `{"n":1}`, model, "the active build's model is the one stored before")
+}
+
+// Through a transaction pooler Migrate refuses, in every query exec mode, and writes
+// nothing (golang-migrate's session-level advisory lock would leak there; concurrent runs
+// hung or failed).
+func TestMigrateRefusesAConnectionPooler(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	d, err := pgtest.CreateEmpty(ctx, "schema_pooler")
+	require.NoError(t, err)
+	defer d.Close()
+	pooler := pgtest.StartPooler(t, d.Name)
+	for _, mode := range []string{"exec", "simple_protocol", ""} {
+		t.Run("mode="+mode, func(t *testing.T) {
+			pool, err := pgxpool.New(ctx, pgtest.WithExecMode(pooler, mode))
+			require.NoError(t, err)
+			defer pool.Close()
+			err = schema.Migrate(ctx, pool)
+			require.ErrorIs(t, err, schema.ErrNeedsDirectConnection)
+			require.ErrorContains(t, err, "direct URL")
+		})
+	}
+	var n int
+	require.NoError(t, d.Pool.QueryRow(ctx, "SELECT count(*) FROM information_schema.tables WHERE table_name LIKE 'wh_%'").Scan(&n))
+	require.Zero(t, n, "nothing was written")
+	// The same database migrates on a direct pool.
+	require.NoError(t, schema.Migrate(ctx, d.Pool))
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/perspectives-go/perspectives/db"
+	"github.com/perspectives-go/perspectives/internal/pgq"
 	"github.com/perspectives-go/perspectives/locker"
 )
 
@@ -108,9 +109,9 @@ func Append(ctx context.Context, dbtx DBTX, events ...Event) error {
 	}
 	var err error
 	if b, ok := dbtx.(beginner); ok {
-		err = pgx.BeginFunc(ctx, b, func(tx pgx.Tx) error { return run(db.New(tx)) })
+		err = pgx.BeginFunc(ctx, b, func(tx pgx.Tx) error { return run(pgq.New(tx)) })
 	} else {
-		err = run(db.New(dbtx))
+		err = run(pgq.New(dbtx))
 	}
 	if err != nil {
 		if isUniqueViolation(err) {
@@ -137,7 +138,7 @@ func LoadModel(ctx context.Context, dbtx DBTX, perspectiveName string, streamID 
 	if err := locker.ValidatePair(streamID, perspectiveName); err != nil {
 		return nil, false, fmt.Errorf("worker: load model: %w", err)
 	}
-	model, err := db.New(dbtx).ModelActiveGet(ctx, db.ModelActiveGetParams{StreamID: streamID, PerspectiveName: perspectiveName})
+	model, err := pgq.New(dbtx).ModelActiveGet(ctx, db.ModelActiveGetParams{StreamID: streamID, PerspectiveName: perspectiveName})
 	if errors.Is(err, pgx.ErrNoRows) {
 		return nil, false, nil
 	}

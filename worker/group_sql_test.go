@@ -26,6 +26,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/perspectives-go/perspectives/db"
+	"github.com/perspectives-go/perspectives/internal/pgq"
 	"github.com/perspectives-go/perspectives/worker"
 )
 
@@ -59,7 +60,7 @@ func gsPairs(name string, streams ...uuid.UUID) []gsPair {
 func gsRegister(t *testing.T, ctx context.Context, prefix string) string {
 	t.Helper()
 	name := uniqueName(prefix)
-	_, err := db.New(testDB.Pool).PerspectiveRegister(ctx, name)
+	_, err := pgq.New(testDB.Pool).PerspectiveRegister(ctx, name)
 	require.NoError(t, err)
 	// Its first build, active and caught up: Append queues events for it.
 	gsExec(t, ctx, testDB.Pool, `INSERT INTO wh_perspective_builds
@@ -73,7 +74,7 @@ func gsRegister(t *testing.T, ctx context.Context, prefix string) string {
 func gsUnregister(t *testing.T, ctx context.Context, names ...string) {
 	t.Helper()
 	require.NoError(t, pgx.BeginFunc(ctx, testDB.Pool, func(tx pgx.Tx) error {
-		if err := db.New(tx).RegisterLock(ctx); err != nil {
+		if err := pgq.New(tx).RegisterLock(ctx); err != nil {
 			return err
 		}
 		_, err := tx.Exec(ctx, `DELETE FROM wh_perspectives WHERE perspective_name = ANY($1)`, names)
@@ -93,7 +94,7 @@ func gsSeal(t *testing.T, ctx context.Context, names []string, streams ...uuid.U
 
 func gsExec(t testing.TB, ctx context.Context, q db.DBTX, sql string, args ...any) {
 	t.Helper()
-	_, err := q.Exec(ctx, sql, args...)
+	_, err := q.Exec(ctx, sql, pgq.Args(args)...) // any query exec mode (the pooler suite)
 	require.NoError(t, err, sql)
 }
 
@@ -208,7 +209,7 @@ func TestGroupSQLPairsLockForApplySkipsHeldAndMissingCursors(t *testing.T) {
 
 	tx := gsBeginNoWait(t, ctx)
 	streams, names := gsArrays(free, held, snapped, noCursor, gsPair{free.Stream, unregistered})
-	rows, err := db.New(tx).PairsLockForApply(ctx, db.PairsLockForApplyParams{StreamIds: streams, PerspectiveNames: names})
+	rows, err := pgq.New(tx).PairsLockForApply(ctx, db.PairsLockForApplyParams{StreamIds: streams, PerspectiveNames: names})
 	require.NoError(t, err, "PairsLockForApply must skip the held row, not wait for it")
 
 	got := map[gsPair]db.PairsLockForApplyRow{}
@@ -236,7 +237,7 @@ func TestGroupSQLPairsLockForApplySkipsHeldAndMissingCursors(t *testing.T) {
 
 	// Once the holder is gone, the held pair is locked too: it was skipped for the lock alone.
 	require.NoError(t, holder.Rollback(ctx))
-	rows, err = db.New(testDB.Pool).PairsLockForApply(ctx, db.PairsLockForApplyParams{StreamIds: streams, PerspectiveNames: names})
+	rows, err = pgq.New(testDB.Pool).PairsLockForApply(ctx, db.PairsLockForApplyParams{StreamIds: streams, PerspectiveNames: names})
 	require.NoError(t, err)
 	var after []gsPair
 	for _, r := range rows {
@@ -273,14 +274,14 @@ func TestGroupSQLCursorsMissingNeverWaitsAndCursorsEnsureCreatesOnlyMissing(t *t
 	control := gsBegin(t, ctx)
 	gsExec(t, ctx, control, `SET LOCAL statement_timeout = '200ms'`)
 	s, n := gsArrays(updated)
-	_, err := db.New(control).CursorsEnsure(ctx, db.CursorsEnsureParams{StreamIds: s, PerspectiveNames: n})
+	_, err := pgq.New(control).CursorsEnsure(ctx, db.CursorsEnsureParams{StreamIds: s, PerspectiveNames: n})
 	var pgErr *pgconn.PgError
 	require.True(t, errors.As(err, &pgErr), "CursorsEnsure on the updated row should wait and time out, got %v", err)
 	require.Equal(t, "57014", pgErr.Code, "query_canceled (statement_timeout): %v", err)
 	require.NoError(t, control.Rollback(ctx))
 
 	tx := gsBeginNoWait(t, ctx)
-	q := db.New(tx)
+	q := pgq.New(tx)
 	want := []gsPair{deleted, never, otherName}
 
 	s, n = gsArrays(updated, existing, deleted, never, otherName)
@@ -314,7 +315,7 @@ func TestGroupSQLCursorsMissingNeverWaitsAndCursorsEnsureCreatesOnlyMissing(t *t
 		require.Equal(t, gsCursor{Status: "ok"}, gsReadCursor(t, ctx, p), "a fresh cursor row of %v", p)
 	}
 	s, n = gsArrays(updated, existing, deleted, never, otherName)
-	missing, err = db.New(testDB.Pool).CursorsMissing(ctx, db.CursorsMissingParams{StreamIds: s, PerspectiveNames: n})
+	missing, err = pgq.New(testDB.Pool).CursorsMissing(ctx, db.CursorsMissingParams{StreamIds: s, PerspectiveNames: n})
 	require.NoError(t, err)
 	require.Empty(t, missing)
 	require.NoError(t, holder.Rollback(ctx))
@@ -350,7 +351,7 @@ func TestGroupSQLQueueEventsForPairsLowestIDsPerPair(t *testing.T) {
 	require.NoError(t, worker.Append(ctx, testDB.Pool, notAskedEvs...))
 
 	streams, names := gsArrays(gsPair{short, name}, gsPair{long, name}, gsPair{long, unregistered})
-	rows, err := db.New(testDB.Pool).QueueEventsForPairs(ctx, db.QueueEventsForPairsParams{
+	rows, err := pgq.New(testDB.Pool).QueueEventsForPairs(ctx, db.QueueEventsForPairsParams{
 		StreamIds: streams, PerspectiveNames: names, PerPairLimit: 3,
 	})
 	require.NoError(t, err)
@@ -391,7 +392,7 @@ func TestGroupSQLModelsGetOnlyPairsWithAModel(t *testing.T) {
 	}
 
 	streams, names := gsArrays(a, b, c, gsPair{a.Stream, other})
-	rows, err := db.New(testDB.Pool).ModelsGet(ctx, db.ModelsGetParams{StreamIds: streams, PerspectiveNames: names})
+	rows, err := pgq.New(testDB.Pool).ModelsGet(ctx, db.ModelsGetParams{StreamIds: streams, PerspectiveNames: names})
 	require.NoError(t, err)
 	require.Len(t, rows, 2, "only a and c have a model: %v", rows)
 	got := map[gsPair]db.ModelsGetRow{}
@@ -440,7 +441,7 @@ func TestGroupSQLPairsApplyCommitWritesModelsCursorsAndQueue(t *testing.T) {
 	arg := db.PairsApplyCommitParams{
 		StreamIds:           []uuid.UUID{fresh.Stream, going.Stream},
 		PerspectiveNames:    []string{fresh.Name, going.Name},
-		Models:              [][]byte{[]byte(`{"m":"fresh"}`), []byte(`{"m":"going"}`)},
+		Models:              []string{`{"m":"fresh"}`, `{"m":"going"}`},
 		LastEventIds:        []uuid.UUID{freshIDs[1], goingIDs[1]},
 		EventsSinceSnapshot: []int32{2, 9},
 	}
@@ -449,7 +450,7 @@ func TestGroupSQLPairsApplyCommitWritesModelsCursorsAndQueue(t *testing.T) {
 		arg.AppliedPerspectiveNames = append(arg.AppliedPerspectiveNames, a.p.Name)
 		arg.AppliedEventIds = append(arg.AppliedEventIds, a.id)
 	}
-	deleted, err := db.New(testDB.Pool).PairsApplyCommit(ctx, arg)
+	deleted, err := pgq.New(testDB.Pool).PairsApplyCommit(ctx, arg)
 	require.NoError(t, err)
 	require.EqualValues(t, 3, deleted)
 
@@ -508,15 +509,15 @@ func TestGroupSQLSnapshotsInsertAndDeleteExactlyTheListed(t *testing.T) {
 			ins.StreamIds = append(ins.StreamIds, p.Stream)
 			ins.PerspectiveNames = append(ins.PerspectiveNames, p.Name)
 			ins.SnapshotEventIds = append(ins.SnapshotEventIds, id)
-			ins.Models = append(ins.Models, []byte(fmt.Sprintf(`{"at":"%s","v":1}`, id)))
+			ins.Models = append(ins.Models, fmt.Sprintf(`{"at":"%s","v":1}`, id))
 		}
 	}
-	q := db.New(testDB.Pool)
+	q := pgq.New(testDB.Pool)
 	require.NoError(t, q.SnapshotsInsert(ctx, ins))
 	// Again at one position: replaced, not doubled.
 	require.NoError(t, q.SnapshotsInsert(ctx, db.SnapshotsInsertParams{
 		StreamIds: []uuid.UUID{b.Stream}, PerspectiveNames: []string{b.Name},
-		SnapshotEventIds: []uuid.UUID{ascending[b][0]}, Models: [][]byte{[]byte(fmt.Sprintf(`{"at":"%s","v":2}`, ascending[b][0]))},
+		SnapshotEventIds: []uuid.UUID{ascending[b][0]}, Models: []string{fmt.Sprintf(`{"at":"%s","v":2}`, ascending[b][0])},
 	}))
 	stored := func(p gsPair) []uuid.UUID {
 		ids, err := q.SnapshotIDs(ctx, db.SnapshotIDsParams{StreamID: p.Stream, PerspectiveName: p.Name})
@@ -580,7 +581,7 @@ func TestGroupSQLPairsMarkFailedBacksOffPerPair(t *testing.T) {
 	var before time.Time
 	require.NoError(t, testDB.Pool.QueryRow(ctx, `SELECT now()`).Scan(&before))
 	streams, names := gsArrays(first, third, capped)
-	rows, err := db.New(testDB.Pool).PairsMarkFailed(ctx, db.PairsMarkFailedParams{
+	rows, err := pgq.New(testDB.Pool).PairsMarkFailed(ctx, db.PairsMarkFailedParams{
 		StreamIds: streams, PerspectiveNames: names, Errors: []string{"e1", "e3", "ecap"},
 		BaseSeconds: 10, MaxSeconds: 300,
 	})
@@ -617,7 +618,7 @@ func TestGroupSQLPairsMarkFailedBacksOffPerPair(t *testing.T) {
 // gsClaim runs QueueDuePairs. A nil BusyPairs is sent as NULL, which must mean "none".
 func gsClaim(t *testing.T, ctx context.Context, arg db.QueueDuePairsParams) []gsPair {
 	t.Helper()
-	rows, err := db.New(testDB.Pool).QueueDuePairs(ctx, arg)
+	rows, err := pgq.New(testDB.Pool).QueueDuePairs(ctx, arg)
 	require.NoError(t, err)
 	out := make([]gsPair, len(rows))
 	for i, r := range rows {

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/perspectives-go/perspectives/db"
+	"github.com/perspectives-go/perspectives/internal/pgq"
 	"github.com/perspectives-go/perspectives/worker"
 )
 
@@ -93,7 +94,7 @@ func loadLedger(t testing.TB, ctx context.Context, name string, stream uuid.UUID
 
 func queued(t testing.TB, ctx context.Context, name string, stream uuid.UUID) []uuid.UUID {
 	t.Helper()
-	ids, err := db.New(testDB.Pool).QueueIDsForPair(ctx, db.QueueIDsForPairParams{StreamID: stream, PerspectiveName: name})
+	ids, err := pgq.New(testDB.Pool).QueueIDsForPair(ctx, db.QueueIDsForPairParams{StreamID: stream, PerspectiveName: name})
 	require.NoError(t, err)
 	return ids
 }

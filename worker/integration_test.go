@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/perspectives-go/perspectives/db"
+	"github.com/perspectives-go/perspectives/internal/pgq"
 	"github.com/perspectives-go/perspectives/locker"
 	"github.com/perspectives-go/perspectives/worker"
 )
@@ -92,7 +93,7 @@ func TestMultiInstanceShuffledEventsConverge(t *testing.T) {
 		})
 		m, _ := loadLedger(t, ctx, name, s)
 		require.Equal(t, want, m, "stream %s", s)
-		cur, err := db.New(testDB.Pool).CursorGet(ctx, db.CursorGetParams{StreamID: s, PerspectiveName: name})
+		cur, err := pgq.New(testDB.Pool).CursorGet(ctx, db.CursorGetParams{StreamID: s, PerspectiveName: name})
 		require.NoError(t, err)
 		require.Equal(t, evs[len(evs)-1].ID, cur.LastEventID.UUID)
 	}

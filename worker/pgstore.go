@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/perspectives-go/perspectives/db"
+	"github.com/perspectives-go/perspectives/internal/pgq"
 )
 
 // pgStore is the Store on a pgx pool, over the sqlc queries of queries/.
@@ -30,12 +31,12 @@ type pgStore struct {
 var _ Store = (*pgStore)(nil)
 
 func newPGStore(pool *pgxpool.Pool, retryBase, retryMax time.Duration) *pgStore {
-	return &pgStore{pool: pool, q: db.New(pool), retryBase: retryBase, retryMax: retryMax, readAhead: map[string]*pageRead{}}
+	return &pgStore{pool: pool, q: pgq.New(pool), retryBase: retryBase, retryMax: retryMax, readAhead: map[string]*pageRead{}}
 }
 
 // inTx runs fn in one transaction: committed when fn returns nil, rolled back otherwise.
 func (s *pgStore) inTx(ctx context.Context, fn func(q *db.Queries) error) error {
-	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error { return fn(db.New(tx)) })
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error { return fn(pgq.New(tx)) })
 }
 
 // eventOf is a stored event as the worker sees it.
@@ -174,7 +175,7 @@ func (s *pgStore) Bootstrap(ctx context.Context, p Pair) (bool, error) {
 		}
 		if err := q.SnapshotsInsert(ctx, db.SnapshotsInsertParams{
 			StreamIds: []uuid.UUID{p.Stream}, PerspectiveNames: []string{p.Perspective},
-			SnapshotEventIds: []uuid.UUID{m.LastEventID}, Models: [][]byte{m.Model},
+			SnapshotEventIds: []uuid.UUID{m.LastEventID}, Models: []string{string(m.Model)},
 		}); err != nil {
 			return fmt.Errorf("write snapshot: %w", err)
 		}
@@ -232,7 +233,7 @@ func (s *pgStore) Listen(ctx context.Context, notify func()) error {
 		defer cancel()
 		_ = conn.Close(cctx)
 	}()
-	if err := db.New(conn).QueueListen(ctx); err != nil {
+	if err := pgq.New(conn).QueueListen(ctx); err != nil {
 		return err
 	}
 	notify() // events appended before the subscription took effect

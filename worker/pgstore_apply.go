@@ -176,7 +176,7 @@ func (s *pgStore) writePairs(ctx context.Context, q *db.Queries, writes []PairWr
 		if len(wr.Applied) > 0 {
 			commit.StreamIds = append(commit.StreamIds, wr.Stream)
 			commit.PerspectiveNames = append(commit.PerspectiveNames, wr.Perspective)
-			commit.Models = append(commit.Models, []byte(wr.Model))
+			commit.Models = append(commit.Models, string(wr.Model))
 			commit.LastEventIds = append(commit.LastEventIds, wr.LastEventID)
 			commit.EventsSinceSnapshot = append(commit.EventsSinceSnapshot, int32(wr.SinceSnapshot))
 			for _, id := range wr.Applied {
@@ -192,7 +192,7 @@ func (s *pgStore) writePairs(ctx context.Context, q *db.Queries, writes []PairWr
 			snaps.StreamIds = append(snaps.StreamIds, wr.Stream)
 			snaps.PerspectiveNames = append(snaps.PerspectiveNames, wr.Perspective)
 			snaps.SnapshotEventIds = append(snaps.SnapshotEventIds, sn.EventID)
-			snaps.Models = append(snaps.Models, []byte(sn.Model))
+			snaps.Models = append(snaps.Models, string(sn.Model))
 		}
 		for _, id := range wr.DropSnapshots {
 			drop.StreamIds = append(drop.StreamIds, wr.Stream)

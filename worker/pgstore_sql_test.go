@@ -26,6 +26,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/perspectives-go/perspectives/db"
+	"github.com/perspectives-go/perspectives/internal/pgq"
 	"github.com/perspectives-go/perspectives/internal/pgtest"
 	"github.com/perspectives-go/perspectives/worker"
 )
@@ -178,7 +179,7 @@ func psSnapshots(t testing.TB, ctx context.Context, d *pgtest.DB, p worker.Pair)
 // psQueued is the pair's queued event IDs, ascending.
 func psQueued(t testing.TB, ctx context.Context, d *pgtest.DB, p worker.Pair) []uuid.UUID {
 	t.Helper()
-	ids, err := db.New(d.Pool).QueueIDsForPair(ctx, db.QueueIDsForPairParams{StreamID: p.Stream, PerspectiveName: p.Perspective})
+	ids, err := pgq.New(d.Pool).QueueIDsForPair(ctx, db.QueueIDsForPairParams{StreamID: p.Stream, PerspectiveName: p.Perspective})
 	require.NoError(t, err)
 	return ids
 }
@@ -1562,7 +1563,7 @@ func TestPGStoreCleanupRacingAnotherInstanceLeavesNoRows(t *testing.T) {
 	other, err := d.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = other.Rollback(context.Background()) }()
-	n, err := db.New(other).BuildCleanupBatch(ctx, db.BuildCleanupBatchParams{BuildKey: c, BatchSize: 2})
+	n, err := pgq.New(other).BuildCleanupBatch(ctx, db.BuildCleanupBatchParams{BuildKey: c, BatchSize: 2})
 	require.NoError(t, err)
 	require.EqualValues(t, 2, n)
 

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/perspectives-go/perspectives/db"
+	"github.com/perspectives-go/perspectives/internal/pgq"
 	"github.com/perspectives-go/perspectives/locker"
 	"github.com/perspectives-go/perspectives/worker"
 )
@@ -82,7 +83,7 @@ func TestReliabilityNormalPathAfterConcurrentRewind(t *testing.T) {
 	first := startWorker(t, cfg())
 	require.NoError(t, worker.Append(ctx, testDB.Pool, all[1:5]...))
 	waitModel(t, ctx, name, stream, 4)
-	q := db.New(testDB.Pool)
+	q := pgq.New(testDB.Pool)
 	eventually(t, 20*time.Second, "the perspective's backlog drained", func() bool {
 		n, err := q.QueueCountFor(ctx, db.QueueCountForParams{PerspectiveName: name})
 		require.NoError(t, err)
@@ -99,7 +100,7 @@ func TestReliabilityNormalPathAfterConcurrentRewind(t *testing.T) {
 			_, _ = gate.Exec(context.Background(), `SELECT pg_advisory_unlock($1)`, key)
 		}
 	}()
-	pcfg, err := pgxpool.ParseConfig(testDB.URL)
+	pcfg, err := pgxpool.ParseConfig(testDB.DirectURL) // the rig sets a session parameter: no pooler
 	require.NoError(t, err)
 	pcfg.ConnConfig.RuntimeParams["search_path"] = "public, pg_catalog"
 	bPool, err := pgxpool.NewWithConfig(ctx, pcfg)

@@ -42,6 +42,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/perspectives-go/perspectives/db"
+	"github.com/perspectives-go/perspectives/internal/pgq"
 	"github.com/perspectives-go/perspectives/locker"
 	"github.com/perspectives-go/perspectives/worker"
 )
@@ -242,7 +243,7 @@ type pairState struct {
 // readPair reads one pair's rows on q (a pool or a snapshot transaction).
 func readPair(ctx context.Context, q db.DBTX, name string, stream uuid.UUID) (pairState, error) {
 	var st pairState
-	dq := db.New(q)
+	dq := pgq.New(q)
 	evs, err := dq.EventsForStream(ctx, stream)
 	if err != nil {
 		return st, err

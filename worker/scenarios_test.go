@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/perspectives-go/perspectives/db"
+	"github.com/perspectives-go/perspectives/internal/pgq"
 	"github.com/perspectives-go/perspectives/locker"
 	"github.com/perspectives-go/perspectives/worker"
 )
@@ -179,7 +180,7 @@ func TestPoisonEventIsIsolated(t *testing.T) {
 	require.NoError(t, worker.Append(ctx, testDB.Pool, goodEvs...))
 
 	require.Equal(t, expectedLedger(t, goodEvs), waitModel(t, ctx, name, good, 3), "other pairs continue")
-	q := db.New(testDB.Pool)
+	q := pgq.New(testDB.Pool)
 	eventually(t, 20*time.Second, "failure retried", func() bool {
 		cur, err := q.CursorGet(ctx, db.CursorGetParams{StreamID: bad, PerspectiveName: name})
 		return err == nil && cur.Attempts >= 2
@@ -206,7 +207,7 @@ func TestPurge(t *testing.T) {
 	stream := uuid.New()
 	require.NoError(t, worker.Append(ctx, testDB.Pool, events(stream, newIDs(t, 5))...))
 	waitModel(t, ctx, name, stream, 5)
-	q := db.New(testDB.Pool)
+	q := pgq.New(testDB.Pool)
 	snaps, err := q.SnapshotIDs(ctx, db.SnapshotIDsParams{StreamID: stream, PerspectiveName: name})
 	require.NoError(t, err)
 	require.NotEmpty(t, snaps)
@@ -257,7 +258,7 @@ func TestRolledBackAppendLeavesNothing(t *testing.T) {
 	require.NoError(t, worker.Append(ctx, tx, events(stream, newIDs(t, 3))...))
 	require.NoError(t, tx.Rollback(ctx))
 
-	q := db.New(testDB.Pool)
+	q := pgq.New(testDB.Pool)
 	stored, err := q.EventsForStream(ctx, stream)
 	require.NoError(t, err)
 	require.Empty(t, stored)
@@ -302,7 +303,7 @@ func TestAppendRefusesBadInput(t *testing.T) {
 			require.ErrorContains(t, err, tc.want)
 		})
 	}
-	stored, err := db.New(testDB.Pool).EventsForStream(ctx, stream)
+	stored, err := pgq.New(testDB.Pool).EventsForStream(ctx, stream)
 	require.NoError(t, err)
 	require.Empty(t, stored, "nothing written")
 
@@ -311,7 +312,7 @@ func TestAppendRefusesBadInput(t *testing.T) {
 	other := worker.Event{StreamID: stream, Type: "t"}
 	err = worker.Append(ctx, testDB.Pool, other, ev)
 	require.ErrorIs(t, err, worker.ErrDuplicateEvent)
-	stored, err = db.New(testDB.Pool).EventsForStream(ctx, stream)
+	stored, err = pgq.New(testDB.Pool).EventsForStream(ctx, stream)
 	require.NoError(t, err)
 	require.Len(t, stored, 1, "a batch with a stored ID writes nothing")
 	require.ErrorIs(t, worker.Append(ctx, nil, ev), locker.ErrInvalidArgument)

@@ -15,7 +15,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
-	"github.com/perspectives-go/perspectives/db"
+	"github.com/perspectives-go/perspectives/internal/pgq"
 	"github.com/perspectives-go/perspectives/internal/pgtest"
 	"github.com/perspectives-go/perspectives/locker"
 	"github.com/perspectives-go/perspectives/worker"
@@ -188,7 +188,7 @@ func waitModelIn(t *testing.T, d *pgtest.DB, name string, stream uuid.UUID, n in
 		if ok {
 			require.NoError(t, json.Unmarshal(raw, &m))
 		}
-		left, err := db.New(d.Pool).QueueCount(ctx)
+		left, err := pgq.New(d.Pool).QueueCount(ctx)
 		require.NoError(t, err)
 		return len(m.IDs) == n && left == 0
 	})

@@ -10,7 +10,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/perspectives-go/perspectives/db"
+	"github.com/perspectives-go/perspectives/internal/pgq"
 	"github.com/perspectives-go/perspectives/locker"
 	"github.com/perspectives-go/perspectives/schema"
 	"github.com/perspectives-go/perspectives/worker"
@@ -78,7 +78,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := tw.Flush(); err != nil {
 		return err
 	}
-	failed, err := db.New(pool).CursorsFailed(ctx)
+	failed, err := pgq.New(pool).CursorsFailed(ctx)
 	if err != nil {
 		return err
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/perspectives-go/perspectives/db"
+	"github.com/perspectives-go/perspectives/internal/pgq"
 	"github.com/perspectives-go/perspectives/locker"
 	"github.com/perspectives-go/perspectives/schema"
 	"github.com/perspectives-go/perspectives/worker"
@@ -379,7 +380,7 @@ func (d *demo) killMidRewind(ctx context.Context, victim *demoProc) killReport {
 
 // waitDrained waits until no event is queued and no lock is held.
 func (d *demo) waitDrained(ctx context.Context, timeout time.Duration) error {
-	q := db.New(d.pool)
+	q := pgq.New(d.pool)
 	lk, _ := locker.NewPostgres(d.pool, locker.Options{})
 	deadline := time.Now().Add(timeout)
 	last := time.Time{}
@@ -413,7 +414,7 @@ func (d *demo) waitDrained(ctx context.Context, timeout time.Duration) error {
 
 // takeovers counts the pairs the killed instance held that other instances finished.
 func (d *demo) takeovers(ctx context.Context, held []locker.Lock) (int, error) {
-	q := db.New(d.pool)
+	q := pgq.New(d.pool)
 	n := 0
 	for _, l := range held {
 		c, err := q.CursorGet(ctx, db.CursorGetParams{StreamID: l.StreamID, PerspectiveName: l.PerspectiveName})
@@ -520,7 +521,7 @@ func (d *demo) changeVersion(ctx context.Context, demoURL string) (time.Duration
 // check compares every stream's model with the fold, by version of the perspective, of its
 // stored events sorted by ID.
 func (d *demo) check(ctx context.Context, all map[uuid.UUID][]worker.Event, version int) (matched, total int, mismatches []string, err error) {
-	q := db.New(d.pool)
+	q := pgq.New(d.pool)
 	for s := range all {
 		total++
 		stored, err := q.EventsForStream(ctx, s) // ORDER BY event_id

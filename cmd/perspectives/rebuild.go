@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/perspectives-go/perspectives/db"
+	"github.com/perspectives-go/perspectives/internal/pgq"
 	"github.com/perspectives-go/perspectives/locker"
 	"github.com/perspectives-go/perspectives/worker"
 )
@@ -128,7 +129,7 @@ func rebuildStream(ctx context.Context, pool *pgxpool.Pool, admin *worker.Admin,
 	if !wait || queued == 0 {
 		return nil
 	}
-	q := db.New(pool)
+	q := pgq.New(pool)
 	bar := newProgress(stderr, "applying", queued)
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()

@@ -16,8 +16,13 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"net"
 	"net/url"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -190,4 +195,54 @@ func (d *DB) Truncate(ctx context.Context, t testing.TB) {
 	if _, err := d.Pool.Exec(ctx, "TRUNCATE wh_event_store, wh_perspectives, wh_perspective_builds, wh_perspective_events, wh_perspective_cursors, wh_perspective_models, wh_perspective_snapshots"); err != nil {
 		t.Fatalf("truncate: %v", err)
 	}
+}
+
+// StartPooler starts a PgBouncer of its own in transaction mode in front of the server
+// (scripts/pgbouncer.sh: installed when missing, a private port and directory) and returns
+// the URL of database name through it. The pooler is stopped, by its PID, when the test
+// ends.
+func StartPooler(t testing.TB, name string) string {
+	t.Helper()
+	_, file, _, _ := runtime.Caller(0)
+	script := filepath.Join(filepath.Dir(file), "..", "..", "scripts", "pgbouncer.sh")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("pgtest: find a free port: %v", err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	_ = l.Close()
+	dir, err := os.MkdirTemp("", "pgbouncer-")
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	cmd := exec.Command("bash", script, "start", dir, strconv.Itoa(port))
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+ServerURL())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		_ = os.RemoveAll(dir)
+		t.Fatalf("pgtest: start PgBouncer: %v\n%s", err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := exec.Command("bash", script, "stop", dir).CombinedOutput(); err != nil {
+			t.Errorf("pgtest: stop PgBouncer: %v\n%s", err, out)
+		}
+	})
+	u, err := url.Parse(ServerURL())
+	if err != nil {
+		t.Fatalf("pgtest: parse DATABASE_URL: %v", err)
+	}
+	u.Host, u.Path = fmt.Sprintf("127.0.0.1:%d", port), "/"+name
+	return u.String()
+}
+
+// WithExecMode is dbURL with pgx's query exec mode set to mode ("exec", "simple_protocol";
+// "" leaves pgx's default).
+func WithExecMode(dbURL, mode string) string {
+	u, err := url.Parse(dbURL)
+	if err != nil || mode == "" {
+		return dbURL
+	}
+	q := u.Query()
+	q.Set("default_query_exec_mode", mode)
+	u.RawQuery = q.Encode()
+	return u.String()
 }
