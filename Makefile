@@ -8,7 +8,7 @@ export DATABASE_URL
 SQLC        := cd tools && go tool sqlc -f ../sqlc.yaml
 STATICCHECK := go tool -modfile=tools/go.mod staticcheck
 
-.PHONY: help generate verify test bench demo db reliability
+.PHONY: help generate verify test test-pooler bench demo db reliability
 
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-10s %s\n", $$1, $$2}'
@@ -31,8 +31,12 @@ verify: generate ## check generated code is current, gofmt, go.mod tidy, go vet 
 db: ## make sure PostgreSQL answers at DATABASE_URL (starts or installs the local cluster)
 	@./scripts/db.sh
 
-test: db ## run every test against PostgreSQL, with the race detector
+test: db ## run every test against PostgreSQL, with the race detector, then the pooler suite
 	go test -race -count=1 ./...
+	./scripts/test-pooler.sh
+
+test-pooler: db ## the locker, worker, fx and CLI tests through PgBouncer in transaction mode (exec and simple_protocol)
+	./scripts/test-pooler.sh
 
 bench: db ## run the benchmarks (see BENCHMARKS.md)
 	@echo "load average before (1, 5, 15 min): $$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)"

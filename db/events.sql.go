@@ -238,6 +238,17 @@ func (q *Queries) QueueListen(ctx context.Context) error {
 	return err
 }
 
+const queueProbe = `-- name: QueueProbe :exec
+SELECT pg_notify('wh_perspective_events', $1::text)
+`
+
+// A notification on the channel of AppendLockAndNotify with a payload (Appends send none):
+// a listener sends it to itself to check that its session receives notifications.
+func (q *Queries) QueueProbe(ctx context.Context, payload string) error {
+	_, err := q.db.Exec(ctx, queueProbe, payload)
+	return err
+}
+
 const registerLock = `-- name: RegisterLock :exec
 SELECT pg_advisory_xact_lock(7214082031553392641)
 `

@@ -142,6 +142,9 @@ type Querier interface {
 	QueueIDsForPair(ctx context.Context, arg QueueIDsForPairParams) ([]uuid.UUID, error)
 	// Subscribes the session to the notification AppendLockAndNotify queues.
 	QueueListen(ctx context.Context) error
+	// A notification on the channel of AppendLockAndNotify with a payload (Appends send none):
+	// a listener sends it to itself to check that its session receives notifications.
+	QueueProbe(ctx context.Context, payload string) error
 	// The exclusive side of the append lock, held by the (short) transaction that adds a build.
 	RegisterLock(ctx context.Context) error
 	// In the transaction that adds a build: see wh_registration.

@@ -87,3 +87,8 @@ SELECT DISTINCT stream_id FROM wh_event_store ORDER BY stream_id;
 
 -- name: EventCount :one
 SELECT count(*)::bigint FROM wh_event_store;
+
+-- name: QueueProbe :exec
+-- A notification on the channel of AppendLockAndNotify with a payload (Appends send none):
+-- a listener sends it to itself to check that its session receives notifications.
+SELECT pg_notify('wh_perspective_events', @payload::text);

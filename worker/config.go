@@ -2,12 +2,14 @@ package worker
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
@@ -71,10 +73,22 @@ type Config struct {
 	// nil: otel.GetTracerProvider(), a no-op unless the application installs one.
 	TracerProvider trace.TracerProvider
 	// PollOnly turns off the LISTEN/NOTIFY wake-up: the worker then finds new events only
-	// by polling every PollInterval. Set it behind a connection pooler that does not keep
-	// sessions (LISTEN needs one). Default false: each committed Append wakes idle workers
+	// by polling every PollInterval. Default false: each committed Append wakes idle workers
 	// at once, and polling remains the fallback.
 	PollOnly bool
+	// ListenConnect opens the session the worker LISTENs on for that wake-up. LISTEN needs a
+	// session of its own, which a transaction pooler (PgBouncer in transaction mode) does not
+	// keep: behind one, give it a direct connection to PostgreSQL, e.g.
+	//
+	//	ListenConnect: func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, directURL) }
+	//
+	// Default nil: a connection taken out of the pool, unless it goes through a pooler (its
+	// server backend is not the one it was opened with): the worker then does not LISTEN
+	// (PgBouncer 1.18 stops on notifications for a connection it has handed back), says so
+	// once in the log and polls every PollInterval. Each time it subscribes, the worker also
+	// checks that a notification it sends itself arrives within 2 seconds, and falls back to
+	// polling the same way when none does.
+	ListenConnect func(ctx context.Context) (*pgx.Conn, error)
 	// Concurrency is how many groups of pairs (see GroupSize) one instance processes at
 	// once; a long rewind holds one while the others go on. Default 4, at most 64. Each
 	// takes a pool connection while it works.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/perspectives-go/perspectives/db"
@@ -153,6 +154,9 @@ func startWorker(t testing.TB, cfg worker.Config) *worker.Worker {
 	if cfg.PollInterval == 0 {
 		cfg.PollInterval = 20 * time.Millisecond
 	}
+	if cfg.ListenConnect == nil {
+		cfg.ListenConnect = directListen()
+	}
 	w, err := worker.New(testDB.Pool, cfg)
 	require.NoError(t, err)
 	require.NoError(t, w.Start(context.Background()))
@@ -162,6 +166,15 @@ func startWorker(t testing.TB, cfg worker.Config) *worker.Worker {
 		require.NoError(t, w.Stop(ctx))
 	})
 	return w
+}
+
+// directListen is the ListenConnect of the tests' workers: a direct connection when the
+// tests run through a pooler (PGTEST_POOLER_URL), else nil (a connection of the pool).
+func directListen() func(context.Context) (*pgx.Conn, error) {
+	if testDB.DirectURL == testDB.URL {
+		return nil
+	}
+	return func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, testDB.DirectURL) }
 }
 
 // gatedPerspective is a ledger perspective whose Apply, once armed, stops at one event

@@ -26,6 +26,8 @@ type pgStore struct {
 
 	readAheadMu sync.Mutex
 	readAhead   map[string]*pageRead // per build: the catch-up page read ahead, if any
+
+	listenConnect func(context.Context) (*pgx.Conn, error) // Config.ListenConnect
 }
 
 var _ Store = (*pgStore)(nil)
@@ -220,30 +222,83 @@ func (s *pgStore) MarkFailed(ctx context.Context, p Pair, cause string) error {
 	})
 }
 
-// Listen holds one connection of its own (taken out of the pool: a listening session must
-// not be handed to other users) for as long as it listens.
+// Listen holds a session of its own for as long as it listens: from listenConnect, else a
+// connection taken out of the pool (a listening session must not be handed to other users).
+// A pool connection that goes through a pooler (its backend is not the one it was opened
+// with) does not LISTEN at all: the notifications would reach a server connection the
+// pooler has handed back (PgBouncer 1.18 even stops on them), so Listen returns
+// ErrNotificationsLost. Once subscribed it sends itself a notification through the pool
+// and waits up to probeTimeout for it: when it does not arrive, the session does not
+// receive notifications, and Listen returns ErrNotificationsLost as well.
 func (s *pgStore) Listen(ctx context.Context, notify func()) error {
-	pc, err := s.pool.Acquire(ctx)
+	conn, err := s.listenConn(ctx)
 	if err != nil {
 		return err
 	}
-	conn := pc.Hijack()
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
 		_ = conn.Close(cctx)
 	}()
+	if s.listenConnect == nil {
+		var pid uint32
+		if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+			return err
+		}
+		if pid != conn.PgConn().PID() {
+			return ErrNotificationsLost
+		}
+	}
 	if err := pgq.New(conn).QueueListen(ctx); err != nil {
 		return err
 	}
 	notify() // events appended before the subscription took effect
-	for {
-		if _, err := conn.WaitForNotification(ctx); err != nil {
-			return err
+	probe := probePrefix + uuid.NewString()
+	if err := s.q.QueueProbe(ctx, probe); err != nil {
+		return fmt.Errorf("send a probe notification: %w", err)
+	}
+	deadline, cancel := context.WithTimeout(ctx, probeTimeout)
+	defer cancel()
+	for heard := false; ; {
+		wctx := ctx
+		if !heard {
+			wctx = deadline
 		}
-		notify()
+		n, err := conn.WaitForNotification(wctx)
+		switch {
+		case err != nil && !heard && ctx.Err() == nil && deadline.Err() != nil:
+			return ErrNotificationsLost
+		case err != nil:
+			return err
+		case n.Payload == probe:
+			heard = true
+		case !strings.HasPrefix(n.Payload, probePrefix):
+			notify()
+		}
 	}
 }
+
+func (s *pgStore) listenConn(ctx context.Context) (*pgx.Conn, error) {
+	if s.listenConnect != nil {
+		conn, err := s.listenConnect(ctx)
+		if err != nil {
+			return nil, fmt.Errorf("ListenConnect: %w", err)
+		}
+		return conn, nil
+	}
+	pc, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return pc.Hijack(), nil
+}
+
+// probePrefix starts the payload of a listener's probe notification (Appends send none):
+// other listeners ignore it.
+const probePrefix = "probe:"
+
+// probeTimeout bounds the wait for a listener's probe notification.
+const probeTimeout = 2 * time.Second
 
 // comparePairs orders pairs by stream, then perspective.
 func comparePairs(a, b Pair) int {

@@ -21,6 +21,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/perspectives-go/perspectives/internal/pgq"
 	"github.com/perspectives-go/perspectives/locker"
 	"github.com/perspectives-go/perspectives/worker"
 )
@@ -362,7 +363,7 @@ func TestReliabilityRandomizedModelCheck(t *testing.T) {
 	}
 	var backlog int64
 	require.NoError(t, testDB.Pool.QueryRow(ctx, `SELECT count(*) FROM wh_perspective_events
-		WHERE perspective_name = $1 AND stream_id = ANY($2)`, name, streamIDs).Scan(&backlog))
+		WHERE perspective_name = $1 AND stream_id = ANY($2)`, pgq.Args([]any{name, streamIDs})...).Scan(&backlog))
 	drainStart := time.Now()
 	waitConverged(t, ctx, testDB.Pool, name, streams, max(60*time.Second, budget/2), tag)
 	drained := time.Since(drainStart)

@@ -75,7 +75,7 @@ func TestReliabilityNormalPathAfterConcurrentRewind(t *testing.T) {
 		_, err := testDB.Pool.Exec(context.Background(), `DROP FUNCTION public.clock_timestamp()`)
 		require.NoError(t, err)
 	})
-	gate, err := pgx.Connect(ctx, testDB.URL)
+	gate, err := pgx.Connect(ctx, testDB.DirectURL) // a session advisory lock: no pooler
 	require.NoError(t, err)
 	defer gate.Close(ctx)
 

@@ -66,7 +66,9 @@ type Store interface {
 	// retry with backoff.
 	MarkFailed(ctx context.Context, p Pair, cause string) error
 	// Listen calls notify once subscribed to the notification every committed Append sends,
-	// and then for each notification, until ctx ends or the subscription fails.
+	// and then for each notification, until ctx ends or the subscription fails. It returns
+	// ErrNotificationsLost when the subscription does not receive notifications at all (the
+	// worker then polls only, and says so once).
 	Listen(ctx context.Context, notify func()) error
 	// Status reports every build with its catch-up progress and queue (metrics).
 	Status(ctx context.Context) ([]BuildStatus, error)
@@ -199,3 +201,8 @@ type CatchUpResult struct {
 	Events  int  // events read
 	Applied int  // events applied (the others were queued, or failed)
 }
+
+// ErrNotificationsLost is returned by Store.Listen when its session does not receive the
+// notifications it subscribed to: a LISTEN through a transaction pooler (see
+// Config.ListenConnect).
+var ErrNotificationsLost = errors.New("LISTEN receives no notifications on this connection")

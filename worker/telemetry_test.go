@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -163,6 +164,9 @@ func startWorkerIn(t *testing.T, d *pgtest.DB, cfg worker.Config) *worker.Worker
 		cfg.Logger = quietLogger()
 	}
 	cfg.PollInterval = 20 * time.Millisecond
+	if d.DirectURL != d.URL {
+		cfg.ListenConnect = func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, d.DirectURL) }
+	}
 	w, err := worker.New(d.Pool, cfg)
 	require.NoError(t, err)
 	require.NoError(t, w.Start(context.Background()))

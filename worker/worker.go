@@ -78,7 +78,9 @@ func New(pool *pgxpool.Pool, cfg Config) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	return newWorker(newPGStore(pool, cfg.RetryBackoff, cfg.MaxRetryBackoff), cfg)
+	store := newPGStore(pool, cfg.RetryBackoff, cfg.MaxRetryBackoff)
+	store.listenConnect = cfg.ListenConnect
+	return newWorker(store, cfg)
 }
 
 // newWorker builds a worker on store; cfg is resolved.
@@ -208,6 +210,12 @@ func (w *Worker) listen(ctx context.Context) {
 		started := time.Now()
 		err := w.store.Listen(ctx, w.Notify)
 		if ctx.Err() != nil {
+			return
+		}
+		if errors.Is(err, ErrNotificationsLost) {
+			w.log.Warn("LISTEN receives no notifications on this connection (it goes through a connection pooler such as PgBouncer): "+
+				"polling every PollInterval instead; set Config.ListenConnect to a direct connection for the wake-up",
+				slog.Duration("poll_interval", w.cfg.PollInterval))
 			return
 		}
 		if time.Since(started) > time.Minute {
