@@ -131,6 +131,12 @@ func (w *Worker) applyPairs(ctx context.Context, pairs []Pair, r *jobResult) {
 			w.fail(ctx, pairs[0], err)
 			return
 		}
+		if isConnectionError(err) {
+			// Each pair alone would fail the same: they all stay queued (see fail).
+			w.log.Warn("database unavailable; the pairs stay queued and are retried at the next claim",
+				slog.Int("pairs", len(pairs)), slog.Any("error", err))
+			return
+		}
 		w.log.Warn("group transaction failed; applying its pairs one at a time",
 			slog.Int("pairs", len(pairs)), slog.Any("error", err))
 		for _, p := range pairs {
@@ -259,7 +265,8 @@ func (w *Worker) reportApplied(ctx context.Context, rep pairReport) {
 }
 
 // fail records a failed operation on the pair (retried with backoff), unless it is a
-// shutdown or a race that another writer won (the next cycle retries that at once).
+// shutdown, a race that another writer won or a database that could not be reached (the
+// next claim retries those at once).
 func (w *Worker) fail(ctx context.Context, k Pair, cause error) {
 	attrs := w.logPair(k, slog.Any("error", cause))
 	if ctx.Err() != nil {
@@ -268,6 +275,12 @@ func (w *Worker) fail(ctx context.Context, k Pair, cause error) {
 	}
 	if errors.Is(cause, ErrCursorMoved) {
 		w.log.Warn("operation refused at commit; will retry", attrs...)
+		return
+	}
+	if isConnectionError(cause) {
+		// Nothing about the pair: it stays queued and is claimed again once the database
+		// answers (a restart, a failover), without the backoff meant for failing perspectives.
+		w.log.Warn("database unavailable; the pair stays queued and is retried at the next claim", attrs...)
 		return
 	}
 	if errors.Is(cause, ErrLockLost) {

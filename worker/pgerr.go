@@ -2,6 +2,9 @@ package worker
 
 import (
 	"errors"
+	"io"
+	"net"
+	"syscall"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -9,4 +12,31 @@ import (
 func isUniqueViolation(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "23505"
+}
+
+// isConnectionError reports whether err says that the database could not be reached or
+// went away (a restart, a failover, a network fault), rather than anything about the pair:
+// its work is then left queued for the next claim, not backed off.
+func isConnectionError(err error) bool {
+	if err == nil {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch {
+		case len(pgErr.Code) == 5 && pgErr.Code[:2] == "08": // connection exception
+			return true
+		case pgErr.Code == "57P01", pgErr.Code == "57P02", pgErr.Code == "57P03": // admin or crash shutdown, cannot connect now
+			return true
+		case pgErr.Code == "25006": // read_only_sql_transaction: a standby until it is promoted
+			return true
+		}
+		return false
+	}
+	var connectErr *pgconn.ConnectError
+	var netErr net.Error
+	return pgconn.SafeToRetry(err) || errors.As(err, &connectErr) || errors.As(err, &netErr) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
+		errors.Is(err, net.ErrClosed) || errors.Is(err, pgconn.ErrConnClosed)
 }

@@ -15,11 +15,15 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"slices"
 	"sync"
+	"syscall"
 	"testing"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -927,6 +931,57 @@ func TestUnitApplyFailedGroupIsRetriedOnePairAtATime(t *testing.T) {
 
 		assert.Len(t, f.store.ApplyCalls(), 1)
 		f.failed(p, "connection reset")
+	})
+}
+
+// A database that went away (a restart, a failover) is no pair's failure: nothing is
+// recorded (no backoff), a group is not retried pair by pair, and the pairs are claimed
+// again at the next claim. A failure of the pair's own stays one.
+func TestUnitApplyDatabaseUnavailableIsNoPairsFailure(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		err  error
+	}{
+		{"admin shutdown", &pgconn.PgError{Code: "57P01", Message: "terminating connection due to administrator command"}},
+		{"crash shutdown", fmt.Errorf("write models: %w", &pgconn.PgError{Code: "57P02"})},
+		{"starting up", &pgconn.PgError{Code: "57P03", Message: "the database system is starting up"}},
+		{"connection exception", &pgconn.PgError{Code: "08006"}},
+		{"standby not yet promoted", &pgconn.PgError{Code: "25006", Message: "cannot execute UPDATE in a read-only transaction"}},
+		{"connection lost mid-statement", fmt.Errorf("read the queue: %w", io.ErrUnexpectedEOF)},
+		{"closed connection", fmt.Errorf("lock: %w", pgconn.ErrConnClosed)},
+		{"refused", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}},
+	} {
+		for _, n := range []int{1, 3} {
+			t.Run(fmt.Sprintf("%s, %d pairs", tc.name, n), func(t *testing.T) {
+				t.Parallel()
+				f := newUFix(t, false, nil)
+				var pairs []worker.Pair
+				for range n {
+					p := uPair(t)
+					f.set(uState(t, p, uEvents(t, p.Stream, 2), 0))
+					pairs = append(pairs, p)
+				}
+				f.applyErr = func([]worker.Pair) error { return tc.err }
+
+				rep := f.w.RunApply(context.Background(), pairs...)
+
+				assert.Len(t, f.store.ApplyCalls(), 1, "not retried pair by pair")
+				assert.Empty(t, f.store.MarkFailedCalls(), "no backoff")
+				assert.Contains(t, f.logs.String(), "database unavailable")
+				assert.Empty(t, rep.Next)
+				assert.Empty(t, rep.Busy)
+			})
+		}
+	}
+	t.Run("a perspective's error is still a failure", func(t *testing.T) {
+		t.Parallel()
+		f := newUFix(t, false, nil)
+		p := uPair(t)
+		f.set(uState(t, p, uEvents(t, p.Stream, 2), 0))
+		f.applyErr = func([]worker.Pair) error { return &pgconn.PgError{Code: "22P02", Message: "invalid input syntax"} }
+		f.w.RunApply(context.Background(), p)
+		f.failed(p, "invalid input syntax")
 	})
 }
 
