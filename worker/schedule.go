@@ -185,6 +185,7 @@ func (w *Worker) loop(loopCtx, opsCtx context.Context) {
 	timer := time.NewTimer(w.cfg.PollInterval)
 	defer timer.Stop()
 	poll, stopping := true, false
+	unreachable := false // the last claim could not reach the database: retry it soon
 	done := loopCtx.Done()
 	for {
 		if !stopping {
@@ -200,7 +201,9 @@ func (w *Worker) loop(loopCtx, opsCtx context.Context) {
 				start(j)
 			}
 			if poll && running < w.cfg.Concurrency {
-				poll = w.claimAndStart(loopCtx, s, w.cfg.Concurrency-running, start)
+				var err error
+				poll, err = w.claimAndStart(loopCtx, s, w.cfg.Concurrency-running, start)
+				unreachable = w.noteReachable(loopCtx, unreachable, err)
 				if poll {
 					continue // the claim was full and slots are still free
 				}
@@ -208,7 +211,11 @@ func (w *Worker) loop(loopCtx, opsCtx context.Context) {
 		} else if running == 0 {
 			return
 		}
-		timer.Reset(w.cfg.PollInterval)
+		wait := w.cfg.PollInterval
+		if unreachable {
+			wait = min(wait, reconnectInterval)
+		}
+		timer.Reset(wait)
 		select {
 		case <-done:
 			stopping, done = true, nil // start nothing more; wait for the running jobs
@@ -230,9 +237,35 @@ func (w *Worker) loop(loopCtx, opsCtx context.Context) {
 	}
 }
 
+// reconnectInterval is how often the loop claims while the database does not answer (a
+// restart, a failover), so that it resumes within that long of the server answering.
+const reconnectInterval = 100 * time.Millisecond
+
+// noteReachable takes a claim's outcome: it logs a claim failure, once for a spell of the
+// database not answering and again when it answers, and says whether it is unreachable.
+func (w *Worker) noteReachable(ctx context.Context, unreachable bool, err error) bool {
+	switch {
+	case err == nil:
+		if unreachable {
+			w.log.Info("database answers again; claiming")
+		}
+		return false
+	case ctx.Err() != nil:
+		return unreachable
+	case isConnectionError(err):
+		if !unreachable {
+			w.log.Warn("database unavailable; claiming again every 100ms until it answers", slog.Any("error", err))
+		}
+		return true
+	default:
+		w.log.Error("poll queue failed", slog.Any("error", err))
+		return false
+	}
+}
+
 // claimAndStart claims due pairs for free slots and starts them, in groups. It reports
-// whether to claim again at once (the claim was full).
-func (w *Worker) claimAndStart(ctx context.Context, s *schedule, free int, start func(job)) bool {
+// whether to claim again at once (the claim was full), and the claim's error.
+func (w *Worker) claimAndStart(ctx context.Context, s *schedule, free int, start func(job)) (bool, error) {
 	limit := free * w.cfg.GroupSize
 	skip := s.claimSkips()
 	pairs, err := w.store.Claim(ctx, ClaimRequest{
@@ -245,17 +278,14 @@ func (w *Worker) claimAndStart(ctx context.Context, s *schedule, free int, start
 		MaxSteps: len(skip) + 2*limit,
 	})
 	if err != nil {
-		if ctx.Err() == nil {
-			w.log.Error("poll queue failed", slog.Any("error", err))
-		}
-		return false
+		return false, err
 	}
 	for _, group := range splitGroups(pairs, free) {
 		j := job{kind: jobApply, pairs: group}
 		s.started(j)
 		start(j)
 	}
-	return len(pairs) >= limit
+	return len(pairs) >= limit, nil
 }
 
 // splitGroups divides pairs into at most n groups of nearly equal size, in order.

@@ -12,10 +12,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"runtime"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -1351,6 +1353,67 @@ func TestUnitCatchUpPageSizeValidation(t *testing.T) {
 			calls := f.store.CatchUpCalls()
 			require.Len(t, calls, 1)
 			assert.Equal(t, tc.want, calls[0].Req.PageSize)
+		})
+	}
+}
+
+// While the database does not answer (a restart, a failover), the loop claims every 100ms
+// instead of every PollInterval, says so once, and says when it answers again; a failure
+// that is not about the connection waits for the next poll.
+func TestUnitLoopClaimsSoonWhileTheDatabaseIsUnreachable(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name     string
+		err      error
+		claims   int // from the first failing claim on, in 950ms
+		warnings int
+	}{
+		{"connection refused", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, 10, 1}, // at 0, 100, …, 900ms
+		{"a statement's error", errors.New("relation does not exist"), 1, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			synctest.Test(t, func(t *testing.T) {
+				f := newUBLoop(t, 0, []worker.Build{ubBuild(1, 1, worker.BuildActive, true)}, func(c *worker.Config) {
+					c.PollInterval = 10 * time.Second
+				})
+				var mu sync.Mutex
+				var at []time.Time
+				failing := true
+				f.store.ClaimFunc = func(context.Context, worker.ClaimRequest) ([]worker.Pair, error) {
+					mu.Lock()
+					defer mu.Unlock()
+					at = append(at, time.Now())
+					if failing {
+						return nil, tc.err
+					}
+					return nil, nil
+				}
+				require.NoError(t, f.w.Start(context.Background()))
+				synctest.Wait()
+				start := time.Now()
+				time.Sleep(950 * time.Millisecond)
+				synctest.Wait()
+				mu.Lock()
+				n := 0
+				for _, a := range at {
+					if !a.Before(start) {
+						n++
+					}
+				}
+				failing = false
+				mu.Unlock()
+				assert.Equal(t, tc.claims, n, "claims while failing")
+				time.Sleep(time.Second)
+				synctest.Wait()
+				f.stop(t)
+				logs := f.logs.String()
+				assert.Equal(t, tc.warnings, strings.Count(logs, "database unavailable"), logs)
+				assert.Equal(t, tc.warnings, strings.Count(logs, "database answers again"), logs)
+				if tc.warnings == 0 {
+					assert.Contains(t, logs, "poll queue failed")
+				}
+			})
 		})
 	}
 }

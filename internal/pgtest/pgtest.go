@@ -246,3 +246,71 @@ func WithExecMode(dbURL, mode string) string {
 	u.RawQuery = q.Encode()
 	return u.String()
 }
+
+// Cluster is a private PostgreSQL cluster of a test's own (scripts/pgcluster.sh): its own
+// data directory and port, trust authentication. It is stopped and removed when the test
+// ends.
+type Cluster struct {
+	Dir  string
+	Port int
+	URL  string // its postgres database
+}
+
+// StartCluster initializes and starts a private cluster.
+func StartCluster(t testing.TB) *Cluster {
+	t.Helper()
+	c := newCluster(t)
+	clusterScript(t, "primary", c.Dir, strconv.Itoa(c.Port))
+	return c
+}
+
+// StartStandby makes and starts a streaming-replication standby of c on a cluster of its
+// own; c's commits then wait for it (synchronous replication).
+func (c *Cluster) StartStandby(t testing.TB) *Cluster {
+	t.Helper()
+	s := newCluster(t)
+	clusterScript(t, "standby", s.Dir, strconv.Itoa(s.Port), strconv.Itoa(c.Port))
+	return s
+}
+
+// Restart restarts the cluster in immediate mode: a crash and recovery.
+func (c *Cluster) Restart(t testing.TB) { t.Helper(); clusterScript(t, "restart", c.Dir) }
+
+// Crash stops the cluster in immediate mode.
+func (c *Cluster) Crash(t testing.TB) { t.Helper(); clusterScript(t, "crash", c.Dir) }
+
+// Promote promotes a standby and waits until it accepts writes.
+func (c *Cluster) Promote(t testing.TB) { t.Helper(); clusterScript(t, "promote", c.Dir) }
+
+func newCluster(t testing.TB) *Cluster {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("pgtest: find a free port: %v", err)
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	_ = l.Close()
+	dir, err := os.MkdirTemp("", "pgcluster-")
+	if err == nil {
+		err = os.Chmod(dir, 0o755) // the server runs as postgres when the tests run as root
+	}
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	c := &Cluster{Dir: filepath.Join(dir, "data"), Port: port,
+		URL: fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)}
+	t.Cleanup(func() {
+		clusterScript(t, "stop", c.Dir)
+		_ = os.RemoveAll(dir)
+	})
+	return c
+}
+
+func clusterScript(t testing.TB, args ...string) {
+	t.Helper()
+	_, file, _, _ := runtime.Caller(0)
+	script := filepath.Join(filepath.Dir(file), "..", "..", "scripts", "pgcluster.sh")
+	if out, err := exec.Command("bash", append([]string{script}, args...)...).CombinedOutput(); err != nil {
+		t.Fatalf("pgtest: pgcluster.sh %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
