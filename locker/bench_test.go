@@ -37,6 +37,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/perspectives-go/perspectives/internal/pgtest"
 	"github.com/perspectives-go/perspectives/locker"
 )
 
@@ -62,6 +63,7 @@ const (
 	kindLock lockKind = iota
 	kindFloor
 	kindAdvisory
+	kindPooled // the locker's cycle on a pool through PgBouncer (BenchmarkLockCyclePooled)
 	numKinds
 )
 
@@ -86,7 +88,28 @@ func BenchmarkLockCycle(b *testing.B) {
 				pool = asyncPool(b)
 			}
 			for range b.N {
-				benchLockCycle(b, pool, c.conc, c.iters)
+				benchLockCycle(b, pool, nil, c.conc, c.iters)
+			}
+		})
+	}
+}
+
+// BenchmarkLockCyclePooled runs the locker's cycle through a PgBouncer of its own in
+// transaction mode (pgx exec mode), interleaved with the same cycle direct (pgx's default
+// mode) and the floor, and reports pooled/lock: what the pooler and the exec mode cost a
+// lock cycle.
+func BenchmarkLockCyclePooled(b *testing.B) {
+	for _, c := range []struct {
+		name  string
+		conc  int
+		iters int
+	}{{"conc=1", 1, 300}, {"conc=8", 8, 60}} {
+		b.Run(c.name, func(b *testing.B) {
+			pooled, err := pgxpool.New(context.Background(), pgtest.WithExecMode(pgtest.StartPooler(b, testDB.Name), "exec"))
+			require.NoError(b, err)
+			b.Cleanup(pooled.Close)
+			for range b.N {
+				benchLockCycle(b, testDB.Pool, pooled, c.conc, c.iters)
 			}
 		})
 	}
@@ -104,11 +127,19 @@ func asyncPool(b *testing.B) *pgxpool.Pool {
 	return pool
 }
 
-func benchLockCycle(b *testing.B, pool *pgxpool.Pool, conc, iters int) {
+func benchLockCycle(b *testing.B, pool, pooled *pgxpool.Pool, conc, iters int) {
 	ctx := context.Background()
 	name := uniquePerspective("bench-lock")
 	l, err := locker.NewPostgres(pool, locker.Options{})
 	require.NoError(b, err)
+	kinds := []lockKind{kindLock, kindFloor, kindAdvisory}
+	var lp *locker.Postgres
+	if pooled != nil {
+		// Through a transaction pooler session advisory locks do not hold: not measured.
+		kinds = []lockKind{kindLock, kindFloor, kindPooled}
+		lp, err = locker.NewPostgres(pooled, locker.Options{})
+		require.NoError(b, err)
+	}
 	timeout := locker.DefaultLockTimeout.Seconds()
 
 	// Each goroutine owns benchLockPairsPerGoroutine pairs with existing cursor rows.
@@ -161,7 +192,11 @@ func benchLockCycle(b *testing.B, pool *pgxpool.Pool, conc, iters int) {
 			t = now
 		}
 		switch kind {
-		case kindLock:
+		case kindLock, kindPooled:
+			l := l
+			if kind == kindPooled {
+				l = lp
+			}
 			ok, err := l.TryAcquire(ctx, s, name, inst, locker.ReasonRewind)
 			if err != nil {
 				return err
@@ -219,7 +254,7 @@ func benchLockCycle(b *testing.B, pool *pgxpool.Pool, conc, iters int) {
 	}
 
 	// Warm up every path (prepared statements, buffers) outside the measurement.
-	for kind := range numKinds {
+	for _, kind := range kinds {
 		for g := range conc {
 			for i := range benchLockPairsPerGoroutine {
 				require.NoError(b, cycle(kind, g, i, false))
@@ -235,8 +270,8 @@ func benchLockCycle(b *testing.B, pool *pgxpool.Pool, conc, iters int) {
 		go func() {
 			defer wg.Done()
 			for i := range iters {
-				for j := range numKinds {
-					kind := (lockKind(i+g) + j) % numKinds // rotate: no kind always runs first
+				for j := range kinds {
+					kind := kinds[(i+g+j)%len(kinds)] // rotate: no kind always runs first
 					if err := cycle(kind, g, i, true); err != nil {
 						errs <- err
 						return
@@ -271,12 +306,19 @@ func benchLockCycle(b *testing.B, pool *pgxpool.Pool, conc, iters int) {
 		}
 		return median(xs)
 	}
-	lock, floor, adv := cycleMedian(kindLock), cycleMedian(kindFloor), cycleMedian(kindAdvisory)
+	lock, floor := cycleMedian(kindLock), cycleMedian(kindFloor)
 	b.ReportMetric(lock, "lock-ns/cycle")
 	b.ReportMetric(floor, "floor-ns/cycle")
-	b.ReportMetric(adv, "advisory-ns/cycle")
 	b.ReportMetric(lock/floor, "lock/floor")
-	b.ReportMetric(adv/floor, "advisory/floor")
+	if pooled != nil {
+		p := cycleMedian(kindPooled)
+		b.ReportMetric(p, "pooled-ns/cycle")
+		b.ReportMetric(p/lock, "pooled/lock")
+	} else {
+		adv := cycleMedian(kindAdvisory)
+		b.ReportMetric(adv, "advisory-ns/cycle")
+		b.ReportMetric(adv/floor, "advisory/floor")
+	}
 	for n, what := range []string{"acquire/set", "renew/extend", "release/clear"} {
 		b.ReportMetric(stepMedian(kindLock, n)/stepMedian(kindFloor, n), what)
 	}
