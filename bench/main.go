@@ -46,6 +46,10 @@ var targets = []target{
 	{"BenchmarkLifecycle", "register-queue-rows", true, 20000, "registration: queue rows ≤ 1 per stream (20,000)"},
 	{"BenchmarkLifecycle", "catchup/floor", false, 0.8, "catch-up throughput ≥ 0.8× the hand-written floor"},
 	{"BenchmarkLifecycle", "during-build/idle", true, 2, "Append → v1 model while v2 builds ≤ 2× idle"},
+	// Issue 13: through PgBouncer in transaction mode (pgx exec mode), against direct.
+	{"BenchmarkLockCyclePooled/conc=1", "pooled/lock", true, 1.3, "lock cycle through PgBouncer ≤ 1.3× direct, concurrency 1"},
+	{"BenchmarkLockCyclePooled/conc=8", "pooled/lock", true, 1.3, "lock cycle through PgBouncer ≤ 1.3× direct, concurrency 8"},
+	{"BenchmarkWorkerDrain", "pooled/direct-time", true, 1.3, "drain through PgBouncer ≤ 1.3× the direct drain's time"},
 }
 
 var benchLine = regexp.MustCompile(`^(Benchmark\S+?)(?:-\d+)?\s+(\d+)\s+(.+)$`)

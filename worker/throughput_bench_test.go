@@ -22,6 +22,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/perspectives-go/perspectives/internal/pgtest"
 	"github.com/perspectives-go/perspectives/worker"
 )
 
@@ -75,6 +76,7 @@ type drainVariant struct {
 	cfg       worker.Config
 	base      bool // the hand-written baseline instead of the worker
 	instances int  // workers draining together (0: one)
+	pooled    bool // on a pool through PgBouncer in transaction mode (pgx exec mode)
 }
 
 var drainVariants = []drainVariant{
@@ -85,6 +87,7 @@ var drainVariants = []drainVariant{
 	{name: "c8", cfg: worker.Config{Concurrency: 8}},
 	{name: "b1000", cfg: worker.Config{BatchSize: 1000}},
 	{name: "x2", cfg: worker.Config{Concurrency: 2}, instances: 2}, // two instances, 2 slots each
+	{name: "pooled", cfg: worker.Config{}, pooled: true},           // defaults, through PgBouncer
 }
 
 var drainRound int
@@ -122,6 +125,7 @@ func BenchmarkWorkerDrain(b *testing.B) {
 		}
 		fig[v][k] = append(fig[v][k], x)
 	}
+	var pooled *pgxpool.Pool // through a PgBouncer of the benchmark's own, started on first use
 	for range b.N {
 		for j := range variants {
 			v := variants[(drainRound+j)%len(variants)]
@@ -129,9 +133,21 @@ func BenchmarkWorkerDrain(b *testing.B) {
 			tracer.take()
 			cpu := startCPU(b)
 			var el time.Duration
-			if v.base {
+			switch {
+			case v.base:
 				el = drainBaseline(b, ctx, pool)
-			} else {
+			case v.pooled:
+				if pooled == nil {
+					var err error
+					cfg, err := pgxpool.ParseConfig(pgtest.WithExecMode(pgtest.StartPooler(b, testDB.Name), "exec"))
+					require.NoError(b, err)
+					cfg.MaxConns = testDB.Pool.Config().MaxConns // as the direct pool
+					pooled, err = pgxpool.NewWithConfig(ctx, cfg)
+					require.NoError(b, err)
+					b.Cleanup(pooled.Close)
+				}
+				el = drainWorker(b, ctx, pooled, v.cfg, 1)
+			default:
 				el = drainWorker(b, ctx, pool, v.cfg, max(v.instances, 1))
 			}
 			pgCPU, goCPU := cpu.stop(b)
@@ -166,6 +182,10 @@ func BenchmarkWorkerDrain(b *testing.B) {
 	}
 	if len(fig["worker"]) > 0 && len(fig["baseline"]) > 0 {
 		b.ReportMetric(medianOf(fig["worker"]["events/s"])/medianOf(fig["baseline"]["events/s"]), "worker/baseline")
+	}
+	if len(fig["worker"]) > 0 && len(fig["pooled"]) > 0 {
+		// The drain's time through the pooler over its time direct (default configuration).
+		b.ReportMetric(medianOf(fig["worker"]["events/s"])/medianOf(fig["pooled"]["events/s"]), "pooled/direct-time")
 	}
 }
 
