@@ -212,8 +212,8 @@ func (q *Queries) BuildQueueAge(ctx context.Context, buildKey string) (int64, er
 const buildSetState = `-- name: BuildSetState :exec
 UPDATE wh_perspective_builds
 SET state = $1::text,
-    promoted_at = CASE WHEN $1::text = 'active' THEN now() ELSE promoted_at END,
-    retired_at  = CASE WHEN $1::text = 'retired' THEN now() ELSE retired_at END,
+    promoted_at = CASE WHEN $1::text = 'active' THEN clock_timestamp() ELSE promoted_at END,
+    retired_at  = CASE WHEN $1::text = 'retired' THEN clock_timestamp() ELSE retired_at END,
     catchup_holder = CASE WHEN $1::text = 'retired' THEN NULL ELSE catchup_holder END,
     catchup_expiry = CASE WHEN $1::text = 'retired' THEN NULL ELSE catchup_expiry END
 WHERE build_key = $2
@@ -224,6 +224,8 @@ type BuildSetStateParams struct {
 	BuildKey string
 }
 
+// The times are the statement's, not the transaction's start: a promotion sets them under the
+// append lock, so every Append that still queued for the old state started before them.
 func (q *Queries) BuildSetState(ctx context.Context, arg BuildSetStateParams) error {
 	_, err := q.db.Exec(ctx, buildSetState, arg.State, arg.BuildKey)
 	return err

@@ -42,6 +42,8 @@ type Querier interface {
 	BuildMarkCleaned(ctx context.Context, buildKey string) error
 	// The age of the oldest event queued for a build, in microseconds (-1: none queued).
 	BuildQueueAge(ctx context.Context, buildKey string) (int64, error)
+	// The times are the statement's, not the transaction's start: a promotion sets them under the
+	// append lock, so every Append that still queued for the old state started before them.
 	BuildSetState(ctx context.Context, arg BuildSetStateParams) error
 	// Builds of perspectives (schema/000002_builds.up.sql): registration, catch-up from the
 	// event store, promotion and the cleanup of retired builds.

@@ -97,10 +97,12 @@ FROM wh_perspective_events
 WHERE perspective_name = @build_key;
 
 -- name: BuildSetState :exec
+-- The times are the statement's, not the transaction's start: a promotion sets them under the
+-- append lock, so every Append that still queued for the old state started before them.
 UPDATE wh_perspective_builds
 SET state = @state::text,
-    promoted_at = CASE WHEN @state::text = 'active' THEN now() ELSE promoted_at END,
-    retired_at  = CASE WHEN @state::text = 'retired' THEN now() ELSE retired_at END,
+    promoted_at = CASE WHEN @state::text = 'active' THEN clock_timestamp() ELSE promoted_at END,
+    retired_at  = CASE WHEN @state::text = 'retired' THEN clock_timestamp() ELSE retired_at END,
     catchup_holder = CASE WHEN @state::text = 'retired' THEN NULL ELSE catchup_holder END,
     catchup_expiry = CASE WHEN @state::text = 'retired' THEN NULL ELSE catchup_expiry END
 WHERE build_key = @build_key;
