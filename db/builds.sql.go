@@ -61,6 +61,7 @@ SET catchup_stream_id = CASE WHEN a.done THEN b.catchup_stream_id ELSE a.stream_
 FROM (SELECT $5::bool AS done, $6::uuid AS stream_id, $7::uuid AS event_id,
              $8::bigint AS events, $9::bigint AS streams, $10::float8 AS lease_seconds) a
 WHERE b.build_key = $1
+  AND (a.done OR a.stream_id IS NOT NULL) -- a page always moves to a position
   AND b.catchup_holder = $2::uuid
   AND b.catchup_expiry > clock_timestamp()
   AND NOT b.catchup_done

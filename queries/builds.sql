@@ -74,6 +74,7 @@ SET catchup_stream_id = CASE WHEN a.done THEN b.catchup_stream_id ELSE a.stream_
 FROM (SELECT @done::bool AS done, sqlc.narg(stream_id)::uuid AS stream_id, sqlc.narg(event_id)::uuid AS event_id,
              @events::bigint AS events, @streams::bigint AS streams, @lease_seconds::float8 AS lease_seconds) a
 WHERE b.build_key = @build_key
+  AND (a.done OR a.stream_id IS NOT NULL) -- a page always moves to a position
   AND b.catchup_holder = @instance_id::uuid
   AND b.catchup_expiry > clock_timestamp()
   AND NOT b.catchup_done

@@ -156,5 +156,8 @@ func TestMigrateRefusesAConnectionPooler(t *testing.T) {
 	require.NoError(t, d.Pool.QueryRow(ctx, "SELECT count(*) FROM information_schema.tables WHERE table_name LIKE 'wh_%'").Scan(&n))
 	require.Zero(t, n, "nothing was written")
 	// The same database migrates on a direct pool.
-	require.NoError(t, schema.Migrate(ctx, d.Pool))
+	direct, err := pgxpool.New(ctx, d.DirectURL)
+	require.NoError(t, err)
+	defer direct.Close()
+	require.NoError(t, schema.Migrate(ctx, direct))
 }

@@ -19,8 +19,8 @@ usage() { echo "usage: $0 start DIR PORT | stop DIR" >&2; exit 2; }
 hostport=${URL#*://}; hostport=${hostport#*@}; hostport=${hostport%%/*}; hostport=${hostport%%\?*}
 host=${hostport%%:*}; port=5432
 [ "$hostport" != "$host" ] && port=${hostport#*:}
-user=${URL#*://}; user=${user%%@*}; user=${user%%:*}
-[ "$user" = "${URL#*://}" ] && user=postgres
+user=postgres
+case "${URL#*://}" in *@*) user=${URL#*://}; user=${user%%@*}; user=${user%%:*} ;; esac
 
 install() {
   command -v pgbouncer >/dev/null 2>&1 && return 0
@@ -87,6 +87,11 @@ stop() {
   local dir=$1 pid
   [ -f "$dir/pgbouncer.pid" ] || { rm -rf "$dir"; return 0; }
   pid=$(cat "$dir/pgbouncer.pid")
+  # Only the PgBouncer of this directory: a stale pidfile's PID may be another process's now.
+  if ! tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$dir/pgbouncer.ini"; then
+    rm -rf "$dir"
+    return 0
+  fi
   kill -TERM "$pid" 2>/dev/null || true
   for _ in $(seq 1 50); do
     kill -0 "$pid" 2>/dev/null || break

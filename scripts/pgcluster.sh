@@ -93,7 +93,12 @@ case "${1:-}" in
     dir=$2
     if [ -f "$dir/postmaster.pid" ]; then
       pid=$(head -1 "$dir/postmaster.pid")
-      as_pg "$bindir/pg_ctl" -D "$dir" -m fast -w -t 20 stop >/dev/null 2>&1 || kill -KILL "$pid" 2>/dev/null || true
+      if ! as_pg "$bindir/pg_ctl" -D "$dir" -m fast -w -t 20 stop >/dev/null 2>&1; then
+        # Only a postmaster of this data directory: a stale pidfile's PID may be another's now.
+        if tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$dir"; then
+          kill -KILL "$pid" 2>/dev/null || true
+        fi
+      fi
     fi
     rm -rf "$dir"
     ;;

@@ -6,8 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}"
-user=${URL#*://}; user=${user%%@*}; user=${user%%:*}
-[ "$user" = "${URL#*://}" ] && user=postgres
+user=postgres
+case "${URL#*://}" in *@*) user=${URL#*://}; user=${user%%@*}; user=${user%%:*} ;; esac
 
 port=""
 for p in $(seq 6439 6499); do

@@ -353,17 +353,24 @@ func (w *Worker) foldEvents(ctx context.Context, persp Perspective, model json.R
 	return f
 }
 
+// perspectiveError is an error of a perspective's Apply: the pair's failure, whatever it
+// wraps (an io.EOF of its own decoder, a timeout of a call it made), never the database's.
+type perspectiveError struct{ err error }
+
+func (e perspectiveError) Error() string { return e.err.Error() }
+func (e perspectiveError) Unwrap() error { return e.err }
+
 // applyOne runs the perspective's Apply, turning a panic or an empty model (or, when
 // strict, one that is not valid JSON) into an error.
 func (w *Worker) applyOne(ctx context.Context, persp Perspective, model json.RawMessage, ev Event, strict bool) (next json.RawMessage, err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("panic in Apply: %v", r)
+			err = perspectiveError{fmt.Errorf("panic in Apply: %v", r)}
 		}
 	}()
 	next, err = persp.Apply(ctx, model, ev)
 	if err != nil {
-		return nil, err
+		return nil, perspectiveError{err}
 	}
 	if len(next) == 0 || strict && !json.Valid(next) {
 		return nil, fmt.Errorf("perspective %s returned a model that is not valid JSON", persp.Name())

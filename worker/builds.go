@@ -213,7 +213,8 @@ func (w *Worker) metricPair(k Pair, more ...attribute.KeyValue) metric.Measureme
 func (w *Worker) maintain(ctx context.Context, s *schedule) {
 	all, err := w.store.Builds(ctx, w.names)
 	if err != nil {
-		if ctx.Err() == nil {
+		// A database that does not answer is said by the claim, once per spell.
+		if ctx.Err() == nil && !isConnectionError(err) {
 			w.log.Error("reading the builds failed", slog.Any("error", err))
 		}
 		return

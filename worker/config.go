@@ -86,8 +86,8 @@ type Config struct {
 	// server backend is not the one it was opened with): the worker then does not LISTEN
 	// (PgBouncer 1.18 stops on notifications for a connection it has handed back), says so
 	// once in the log and polls every PollInterval. Each time it subscribes, the worker also
-	// checks that a notification it sends itself arrives within 2 seconds, and falls back to
-	// polling the same way when none does.
+	// checks that a notification it sends itself arrives within 2 seconds; when none does, it
+	// polls and subscribes again later (with the backoff of a failed subscription).
 	ListenConnect func(ctx context.Context) (*pgx.Conn, error)
 	// Concurrency is how many groups of pairs (see GroupSize) one instance processes at
 	// once; a long rewind holds one while the others go on. Default 4, at most 64. Each

@@ -138,3 +138,9 @@ var SnapshotsToDrop = snapshotsToDrop
 func NewPGStore(pool *pgxpool.Pool, retryBase, retryMax time.Duration) Store {
 	return newPGStore(pool, retryBase, retryMax)
 }
+
+// IsConnectionError is isConnectionError.
+var IsConnectionError = isConnectionError
+
+// PerspectiveError wraps err as an error of a perspective's Apply.
+func PerspectiveError(err error) error { return perspectiveError{err} }

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net"
@@ -16,10 +17,16 @@ func isUniqueViolation(err error) bool {
 
 // isConnectionError reports whether err says that the database could not be reached or
 // went away (a restart, a failover, a network fault), rather than anything about the pair:
-// its work is then left queued for the next claim, not backed off.
+// its work is then left queued for the next claim, not backed off. An error of the
+// perspective's Apply never is one, nor is a context's end.
 func isConnectionError(err error) bool {
-	if err == nil {
+	var perr perspectiveError
+	if err == nil || errors.As(err, &perr) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
+	}
+	var connectErr *pgconn.ConnectError
+	if errors.As(err, &connectErr) { // could not connect (whatever the server said)
+		return true
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
@@ -33,10 +40,8 @@ func isConnectionError(err error) bool {
 		}
 		return false
 	}
-	var connectErr *pgconn.ConnectError
-	var netErr net.Error
-	return pgconn.SafeToRetry(err) || errors.As(err, &connectErr) || errors.As(err, &netErr) ||
+	var opErr *net.OpError
+	return errors.As(err, &opErr) || errors.Is(err, pgconn.ErrConnClosed) ||
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) ||
-		errors.Is(err, net.ErrClosed) || errors.Is(err, pgconn.ErrConnClosed)
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }

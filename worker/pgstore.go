@@ -228,8 +228,8 @@ func (s *pgStore) MarkFailed(ctx context.Context, p Pair, cause string) error {
 // with) does not LISTEN at all: the notifications would reach a server connection the
 // pooler has handed back (PgBouncer 1.18 even stops on them), so Listen returns
 // ErrNotificationsLost. Once subscribed it sends itself a notification through the pool
-// and waits up to probeTimeout for it: when it does not arrive, the session does not
-// receive notifications, and Listen returns ErrNotificationsLost as well.
+// and waits up to probeTimeout for it: when it does not arrive, Listen returns an error (the
+// worker subscribes again later, polling meanwhile).
 func (s *pgStore) Listen(ctx context.Context, notify func()) error {
 	conn, err := s.listenConn(ctx)
 	if err != nil {
@@ -267,7 +267,7 @@ func (s *pgStore) Listen(ctx context.Context, notify func()) error {
 		n, err := conn.WaitForNotification(wctx)
 		switch {
 		case err != nil && !heard && ctx.Err() == nil && deadline.Err() != nil:
-			return ErrNotificationsLost
+			return fmt.Errorf("the subscription's probe notification did not arrive within %s", probeTimeout)
 		case err != nil:
 			return err
 		case n.Payload == probe:
@@ -281,6 +281,9 @@ func (s *pgStore) Listen(ctx context.Context, notify func()) error {
 func (s *pgStore) listenConn(ctx context.Context) (*pgx.Conn, error) {
 	if s.listenConnect != nil {
 		conn, err := s.listenConnect(ctx)
+		if err == nil && conn == nil {
+			err = errors.New("returned no connection")
+		}
 		if err != nil {
 			return nil, fmt.Errorf("ListenConnect: %w", err)
 		}

@@ -67,8 +67,8 @@ type Store interface {
 	MarkFailed(ctx context.Context, p Pair, cause string) error
 	// Listen calls notify once subscribed to the notification every committed Append sends,
 	// and then for each notification, until ctx ends or the subscription fails. It returns
-	// ErrNotificationsLost when the subscription does not receive notifications at all (the
-	// worker then polls only, and says so once).
+	// ErrNotificationsLost when the connection cannot receive notifications at all (it goes
+	// through a pooler): the worker then polls only, and says so once.
 	Listen(ctx context.Context, notify func()) error
 	// Status reports every build with its catch-up progress and queue (metrics).
 	Status(ctx context.Context) ([]BuildStatus, error)
@@ -202,7 +202,6 @@ type CatchUpResult struct {
 	Applied int  // events applied (the others were queued, or failed)
 }
 
-// ErrNotificationsLost is returned by Store.Listen when its session does not receive the
-// notifications it subscribed to: a LISTEN through a transaction pooler (see
-// Config.ListenConnect).
+// ErrNotificationsLost is returned by Store.Listen when its connection cannot receive the
+// notifications it would subscribe to: it goes through a pooler (see Config.ListenConnect).
 var ErrNotificationsLost = errors.New("LISTEN receives no notifications on this connection")

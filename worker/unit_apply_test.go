@@ -1057,3 +1057,31 @@ func TestUnitApplyIgnoresPerspectivesItDoesNotRun(t *testing.T) {
 		uFolded(t, f.write(known), evs, 0, 1)
 	})
 }
+
+// What counts as the database going away, and what stays the pair's failure: anything a
+// perspective's Apply returned (even an io.EOF of its own decoder or a timeout of a call it
+// made), and a context's end.
+func TestUnitConnectionErrorClassification(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		err  error
+		want bool
+	}{
+		{"admin shutdown", &pgconn.PgError{Code: "57P01"}, true},
+		{"connection failure", fmt.Errorf("claim: %w", &pgconn.PgError{Code: "08006"}), true},
+		{"standby", &pgconn.PgError{Code: "25006"}, true},
+		{"lost mid-statement", fmt.Errorf("read: %w", io.ErrUnexpectedEOF), true},
+		{"closed connection", fmt.Errorf("lock: %w", pgconn.ErrConnClosed), true},
+		{"dial refused", &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}, true},
+		{"a statement's error", &pgconn.PgError{Code: "23505"}, false},
+		{"deadline", fmt.Errorf("rewind: %w", context.DeadlineExceeded), false},
+		{"cancelled", context.Canceled, false},
+		{"Apply's own EOF", fmt.Errorf("replay event: %w", worker.PerspectiveError(io.EOF)), false},
+		{"Apply's own timeout", worker.PerspectiveError(&net.OpError{Op: "read", Err: syscall.ECONNRESET}), false},
+		{"Apply's own deadline", worker.PerspectiveError(context.DeadlineExceeded), false},
+		{"nil", nil, false},
+	} {
+		assert.Equal(t, tc.want, worker.IsConnectionError(tc.err), tc.name)
+	}
+}

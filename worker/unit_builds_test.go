@@ -1417,3 +1417,27 @@ func TestUnitLoopClaimsSoonWhileTheDatabaseIsUnreachable(t *testing.T) {
 		})
 	}
 }
+
+// While the wake-up's subscription is down (and waits to subscribe again), the loop claims
+// every 100ms rather than every PollInterval: an event appended meanwhile is not left for a
+// whole poll.
+func TestUnitLoopClaimsSoonWhileNotSubscribed(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		f := newUBLoop(t, 0, []worker.Build{ubBuild(1, 1, worker.BuildActive, true)}, func(c *worker.Config) {
+			c.PollInterval = time.Hour
+			c.PollOnly = false
+		})
+		f.store.ListenFunc = func(ctx context.Context, notify func()) error {
+			return errors.New("unexpected EOF") // the session is gone at once, every time
+		}
+		require.NoError(t, f.w.Start(context.Background()))
+		synctest.Wait()
+		before := len(f.store.ClaimCalls())
+		time.Sleep(950 * time.Millisecond) // the first retry of the subscription waits 1s
+		synctest.Wait()
+		assert.Equal(t, 9, len(f.store.ClaimCalls())-before, "a claim every 100ms while not subscribed")
+		f.stop(t)
+		assert.Contains(t, f.logs.String(), "queue notifications interrupted; polling until resubscribed")
+	})
+}

@@ -201,6 +201,21 @@ func (w *Worker) Notify() {
 	}
 }
 
+// pollUntil wakes the loop every reconnectInterval until deadline; false when ctx ended.
+func (w *Worker) pollUntil(ctx context.Context, deadline time.Time) bool {
+	tick := time.NewTicker(reconnectInterval)
+	defer tick.Stop()
+	for time.Now().Before(deadline) {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-tick.C:
+			w.Notify()
+		}
+	}
+	return true
+}
+
 // listen wakes the loop on every committed Append, resubscribing after a failure; polling
 // covers whatever it misses.
 func (w *Worker) listen(ctx context.Context) {
@@ -223,10 +238,10 @@ func (w *Worker) listen(ctx context.Context) {
 		}
 		w.log.Warn("queue notifications interrupted; polling until resubscribed",
 			slog.Any("error", err), slog.Duration("retry_in", wait))
-		select {
-		case <-ctx.Done():
+		// Meanwhile the loop claims every reconnectInterval: no event appended while the
+		// subscription is down (a restart, a failover) waits for a whole PollInterval.
+		if !w.pollUntil(ctx, time.Now().Add(wait)) {
 			return
-		case <-time.After(wait):
 		}
 		wait = min(2*wait, 30*time.Second)
 	}
