@@ -12,6 +12,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/perspectives-go/perspectives/db"
@@ -157,7 +158,14 @@ func startWorker(t testing.TB, cfg worker.Config) *worker.Worker {
 	if cfg.ListenConnect == nil {
 		cfg.ListenConnect = directListen()
 	}
-	w, err := worker.New(testDB.Pool, cfg)
+	return startWorkerWith(t, testDB.Pool, cfg)
+}
+
+// startWorkerWith starts a worker on pool with cfg as it is; it is stopped when the test
+// ends.
+func startWorkerWith(t testing.TB, pool *pgxpool.Pool, cfg worker.Config) *worker.Worker {
+	t.Helper()
+	w, err := worker.New(pool, cfg)
 	require.NoError(t, err)
 	require.NoError(t, w.Start(context.Background()))
 	t.Cleanup(func() {

@@ -35,14 +35,7 @@ func poolerPool(t *testing.T) *pgxpool.Pool {
 func startWorkerOn(t *testing.T, pool *pgxpool.Pool, logs *utLogBuf, cfg worker.Config) {
 	t.Helper()
 	cfg.Logger = utLogger(logs)
-	w, err := worker.New(pool, cfg)
-	require.NoError(t, err)
-	require.NoError(t, w.Start(context.Background()))
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		require.NoError(t, w.Stop(ctx))
-	})
+	startWorkerWith(t, pool, cfg)
 }
 
 // A LISTEN through a transaction pooler would hear nothing: the worker finds out by itself

@@ -22,7 +22,6 @@ import (
 	"github.com/perspectives-go/perspectives/internal/pgtest"
 	"github.com/perspectives-go/perspectives/locker"
 	"github.com/perspectives-go/perspectives/schema"
-	"github.com/perspectives-go/perspectives/worker"
 )
 
 func TestReliabilityFailoverToAStandby(t *testing.T) {
@@ -46,24 +45,7 @@ func TestReliabilityFailoverToAStandby(t *testing.T) {
 	name := uniqueName("failover")
 	m := newMetrics(t)
 	applied := func() int64 { return m.sum("perspectives.events.applied") }
-	for range 2 {
-		lk, err := locker.NewPostgres(pool, opts)
-		require.NoError(t, err)
-		w, err := worker.New(pool, worker.Config{
-			Perspectives:  []worker.Perspective{ledgerPerspective(name)},
-			Locker:        lk,
-			Logger:        quietLogger(),
-			MeterProvider: m.mp,
-			Snapshots:     worker.SnapshotOptions{EveryNEvents: 5},
-		})
-		require.NoError(t, err)
-		require.NoError(t, w.Start(ctx))
-		t.Cleanup(func() {
-			sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			require.NoError(t, w.Stop(sctx))
-		})
-	}
+	startFaultWorkers(t, pool, name, m, opts)
 
 	stop := make(chan struct{})
 	load, wg := runFaultLoad(ctx, pool, 4, 10, stop)

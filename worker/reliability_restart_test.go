@@ -158,6 +158,31 @@ func appliedSince(t *testing.T, counter func() int64, from int64, within time.Du
 	return time.Since(start)
 }
 
+// startFaultWorkers starts two instances applying a ledger perspective name on pool, with
+// the Postgres locker (opts), snapshots every 5 events and metrics into m; stopped when the
+// test ends.
+func startFaultWorkers(t *testing.T, pool *pgxpool.Pool, name string, m *metricsReader, opts locker.Options) {
+	t.Helper()
+	for range 2 {
+		lk, err := locker.NewPostgres(pool, opts)
+		require.NoError(t, err)
+		w, err := worker.New(pool, worker.Config{
+			Perspectives:  []worker.Perspective{ledgerPerspective(name)},
+			Locker:        lk,
+			Logger:        quietLogger(),
+			MeterProvider: m.mp,
+			Snapshots:     worker.SnapshotOptions{EveryNEvents: 5},
+		})
+		require.NoError(t, err)
+		require.NoError(t, w.Start(context.Background()))
+		t.Cleanup(func() {
+			sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			require.NoError(t, w.Stop(sctx))
+		})
+	}
+}
+
 func TestReliabilityServerRestartUnderLoad(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -170,24 +195,7 @@ func TestReliabilityServerRestartUnderLoad(t *testing.T) {
 	name := uniqueName("restart")
 	m := newMetrics(t)
 	applied := func() int64 { return m.sum("perspectives.events.applied") }
-	for range 2 {
-		lk, err := locker.NewPostgres(pool, locker.Options{})
-		require.NoError(t, err)
-		w, err := worker.New(pool, worker.Config{
-			Perspectives:  []worker.Perspective{ledgerPerspective(name)},
-			Locker:        lk,
-			Logger:        quietLogger(),
-			MeterProvider: m.mp,
-			Snapshots:     worker.SnapshotOptions{EveryNEvents: 5},
-		})
-		require.NoError(t, err)
-		require.NoError(t, w.Start(ctx))
-		t.Cleanup(func() {
-			sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			require.NoError(t, w.Stop(sctx))
-		})
-	}
+	startFaultWorkers(t, pool, name, m, locker.Options{})
 
 	stop := make(chan struct{})
 	load, wg := runFaultLoad(ctx, pool, 4, 10, stop)

@@ -205,12 +205,7 @@ func StartPooler(t testing.TB, name string) string {
 	t.Helper()
 	_, file, _, _ := runtime.Caller(0)
 	script := filepath.Join(filepath.Dir(file), "..", "..", "scripts", "pgbouncer.sh")
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("pgtest: find a free port: %v", err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
+	port := freePort(t)
 	dir, err := os.MkdirTemp("", "pgbouncer-")
 	if err != nil {
 		t.Fatalf("pgtest: %v", err)
@@ -284,12 +279,7 @@ func (c *Cluster) Promote(t testing.TB) { t.Helper(); clusterScript(t, "promote"
 
 func newCluster(t testing.TB) *Cluster {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("pgtest: find a free port: %v", err)
-	}
-	port := l.Addr().(*net.TCPAddr).Port
-	_ = l.Close()
+	port := freePort(t)
 	dir, err := os.MkdirTemp("", "pgcluster-")
 	if err == nil {
 		err = os.Chmod(dir, 0o755) // the server runs as postgres when the tests run as root
@@ -313,4 +303,15 @@ func clusterScript(t testing.TB, args ...string) {
 	if out, err := exec.Command("bash", append([]string{script}, args...)...).CombinedOutput(); err != nil {
 		t.Fatalf("pgtest: pgcluster.sh %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
+}
+
+// freePort is a TCP port on 127.0.0.1 that nothing listens on (as of now).
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("pgtest: find a free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
 }
