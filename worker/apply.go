@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -93,12 +94,12 @@ func (w *Worker) runJob(ctx context.Context, j job) jobResult {
 			r.contended = append(r.contended, p)
 		}
 		if err != nil {
-			w.fail(ctx, p, err)
+			w.fail(ctx, p, err, &r)
 		}
 	case jobBootstrap:
 		p := mine[0]
 		if err := w.recovered(p, func() error { return w.bootstrap(ctx, p) }); err != nil {
-			w.fail(ctx, p, err)
+			w.fail(ctx, p, err, &r)
 			break
 		}
 		r.next = append(r.next, job{kind: jobApply, pairs: []Pair{p}})
@@ -128,13 +129,14 @@ func (w *Worker) applyPairs(ctx context.Context, pairs []Pair, r *jobResult) {
 			return
 		}
 		if len(pairs) == 1 {
-			w.fail(ctx, pairs[0], err)
+			w.fail(ctx, pairs[0], err, r)
 			return
 		}
-		if isConnectionError(err) {
+		if isConnectionError(err) && !slices.ContainsFunc(pairs, func(p Pair) bool { return r.job.strict[p] }) {
 			// Each pair alone would fail the same: they all stay queued (see fail).
 			w.log.Warn("database unavailable; the pairs stay queued and are retried at the next claim",
 				slog.Int("pairs", len(pairs)), slog.Any("error", err))
+			r.cutOff = append(r.cutOff, pairs...)
 			return
 		}
 		w.log.Warn("group transaction failed; applying its pairs one at a time",
@@ -266,8 +268,8 @@ func (w *Worker) reportApplied(ctx context.Context, rep pairReport) {
 
 // fail records a failed operation on the pair (retried with backoff), unless it is a
 // shutdown, a race that another writer won or a database that could not be reached (the
-// next claim retries those at once).
-func (w *Worker) fail(ctx context.Context, k Pair, cause error) {
+// next claim retries those at once, and r notes the last: see job.strict).
+func (w *Worker) fail(ctx context.Context, k Pair, cause error, r *jobResult) {
 	attrs := w.logPair(k, slog.Any("error", cause))
 	if ctx.Err() != nil {
 		w.log.Info("operation interrupted by shutdown", attrs...)
@@ -277,10 +279,11 @@ func (w *Worker) fail(ctx context.Context, k Pair, cause error) {
 		w.log.Warn("operation refused at commit; will retry", attrs...)
 		return
 	}
-	if isConnectionError(cause) {
+	if isConnectionError(cause) && !r.job.strict[k] {
 		// Nothing about the pair: it stays queued and is claimed again once the database
 		// answers (a restart, a failover), without the backoff meant for failing perspectives.
 		w.log.Warn("database unavailable; the pair stays queued and is retried at the next claim", attrs...)
+		r.cutOff = append(r.cutOff, k)
 		return
 	}
 	if errors.Is(cause, ErrLockLost) {

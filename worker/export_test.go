@@ -55,6 +55,17 @@ type JobReport struct {
 	Next      []JobSpec // follow-ups
 	Busy      []Pair    // skipped by the next claim
 	Contended []Pair    // stream lock refused
+	CutOff    []Pair    // work cut off by a lost connection, left queued
+}
+
+// RunApplyStrict runs the normal path for pairs as one job in which strict pairs' lost
+// connections count as their failures (see job.strict).
+func (w *Worker) RunApplyStrict(ctx context.Context, strict []Pair, pairs ...Pair) JobReport {
+	j := job{kind: jobApply, pairs: pairs, strict: map[Pair]bool{}}
+	for _, p := range strict {
+		j.strict[p] = true
+	}
+	return report(w.runJob(ctx, j))
 }
 
 // JobSpec is one job: its kind ("apply", "rewind", "bootstrap") and pairs.
@@ -65,7 +76,7 @@ type JobSpec struct {
 }
 
 func report(r jobResult) JobReport {
-	out := JobReport{Busy: r.busy, Contended: r.contended}
+	out := JobReport{Busy: r.busy, Contended: r.contended, CutOff: r.cutOff}
 	for _, j := range r.next {
 		out.Next = append(out.Next, JobSpec{Kind: j.kind.String(), Pairs: j.pairs, Key: j.key})
 	}

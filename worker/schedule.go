@@ -32,7 +32,16 @@ type job struct {
 	kind  jobKind
 	pairs []Pair // apply, rewind, bootstrap
 	key   string // catch-up, promote: the build
+	// strict: pairs whose work was cut off by a lost connection cutOffLimit times in a row
+	// while the database answered claims. A connection error is then recorded as their
+	// failure (with backoff) rather than left for the next claim: something about the pair
+	// (a transaction a pooler's timeout ends) may be what cuts the connection.
+	strict map[Pair]bool
 }
+
+// cutOffLimit is how many times in a row a pair's work may be cut off by a lost connection
+// before the next one counts as its failure.
+const cutOffLimit = 3
 
 // buildJob names a job about builds, of which one of a kind runs per build at a time.
 type buildJob struct {
@@ -46,6 +55,7 @@ type jobResult struct {
 	next      []job  // follow-ups (a rewind, a bootstrap, an apply after a bootstrap)
 	busy      []Pair // held by another transaction or goroutine: the next claim skips them
 	contended []Pair // the stream lock was refused: another instance holds it
+	cutOff    []Pair // work cut off by a lost connection and left queued (not failed)
 	refresh   bool   // the builds changed (a catch-up ended, a build was promoted)
 }
 
@@ -62,6 +72,7 @@ type schedule struct {
 	pending   []job             // follow-ups waiting for a free slot (served before new claims)
 	buildJobs map[buildJob]bool // build jobs waiting or running
 	contended map[Pair]contention
+	cutOff    map[Pair]int  // pairs whose last jobs were cut off by a lost connection: how many in a row
 	window    time.Duration // LockTimeout: contention longer than this is warned of
 	log       *slog.Logger
 	logPair   func(Pair, ...any) []any // how a pair is named in the log
@@ -69,7 +80,7 @@ type schedule struct {
 
 func newSchedule(lockTimeout time.Duration, log *slog.Logger, logPair func(Pair, ...any) []any) *schedule {
 	return &schedule{inflight: map[Pair]bool{}, buildJobs: map[buildJob]bool{}, contended: map[Pair]contention{},
-		window: lockTimeout, log: log, logPair: logPair}
+		cutOff: map[Pair]int{}, window: lockTimeout, log: log, logPair: logPair}
 }
 
 // queueBuildJob queues j unless the same job about the same build waits or runs already.
@@ -97,18 +108,34 @@ func (s *schedule) claimSkips() []Pair {
 	return out
 }
 
-// started records the pairs of a job about to run.
-func (s *schedule) started(j job) {
+// started records the pairs of a job about to run, and marks those cut off too often in a
+// row as strict.
+func (s *schedule) started(j *job) {
 	for _, p := range j.pairs {
 		s.inflight[p] = true
+		if s.cutOff[p] >= cutOffLimit {
+			if j.strict == nil {
+				j.strict = map[Pair]bool{}
+			}
+			j.strict[p] = true
+		}
 	}
 }
 
 // finish takes a job's report at time now: its pairs leave the flight unless a follow-up
 // keeps them, the follow-ups wait for a slot, and contention is noted or cleared.
 func (s *schedule) finish(r jobResult, now time.Time) {
+	cut := make(map[Pair]bool, len(r.cutOff))
+	for _, p := range r.cutOff {
+		cut[p] = true
+	}
 	for _, p := range r.job.pairs {
 		delete(s.inflight, p)
+		if cut[p] {
+			s.cutOff[p]++
+		} else {
+			delete(s.cutOff, p)
+		}
 	}
 	if len(r.job.pairs) == 0 {
 		delete(s.buildJobs, buildJob{kind: r.job.kind, key: r.job.key})
@@ -118,7 +145,7 @@ func (s *schedule) finish(r jobResult, now time.Time) {
 			s.queueBuildJob(next)
 			continue
 		}
-		s.started(next)
+		s.started(&next)
 		s.pending = append(s.pending, next)
 	}
 	s.skip = append(s.skip, r.busy...)
@@ -282,7 +309,7 @@ func (w *Worker) claimAndStart(ctx context.Context, s *schedule, free int, start
 	}
 	for _, group := range splitGroups(pairs, free) {
 		j := job{kind: jobApply, pairs: group}
-		s.started(j)
+		s.started(&j)
 		start(j)
 	}
 	return len(pairs) >= limit, nil

@@ -31,10 +31,11 @@ func TestScheduleContentionEndsWhenTheLockIsTakenOrGoesQuiet(t *testing.T) {
 	a, b := Pair{Stream: uuid.New(), Perspective: "p"}, Pair{Stream: uuid.New(), Perspective: "p"}
 	t0 := time.Now()
 
-	s.started(rewindOf(a))
+	ra := rewindOf(a)
+	s.started(&ra)
 	s.finish(jobResult{job: rewindOf(a), contended: []Pair{a}}, t0)
 	require.Len(t, s.contended, 1)
-	s.started(rewindOf(a))
+	s.started(&ra)
 	s.finish(jobResult{job: rewindOf(a)}, t0.Add(time.Second)) // acquired
 	require.Empty(t, s.contended, "a taken lock ends the contention")
 
@@ -66,7 +67,7 @@ func TestScheduleFollowUpsAndOneClaimSkips(t *testing.T) {
 	s, _ := newTestSchedule(30 * time.Second)
 	a, b, c := Pair{Stream: uuid.New(), Perspective: "p"}, Pair{Stream: uuid.New(), Perspective: "p"}, Pair{Stream: uuid.New(), Perspective: "p"}
 	group := job{kind: jobApply, pairs: []Pair{a, b, c}}
-	s.started(group)
+	s.started(&group)
 	s.finish(jobResult{job: group, next: []job{rewindOf(a)}, busy: []Pair{c}}, time.Now())
 	require.Equal(t, map[Pair]bool{a: true}, s.inflight, "a waits for its rewind; b and c are done")
 	require.ElementsMatch(t, []Pair{a, c}, s.claimSkips(), "in flight, and busy for one claim")
@@ -90,4 +91,28 @@ func TestSplitGroups(t *testing.T) {
 	require.Len(t, got, 3)
 	require.Equal(t, [][]Pair{pairs[0:3], pairs[3:6], pairs[6:7]}, got)
 	require.Len(t, splitGroups(pairs[:2], 4), 2, "never more groups than pairs")
+}
+
+// A pair whose work is cut off by a lost connection cutOffLimit times in a row (while the
+// database answers claims) is strict in its next job: the next cut-off counts as its failure.
+// Any job of the pair that is not cut off starts the count again.
+func TestScheduleStrictAfterRepeatedCutOffs(t *testing.T) {
+	s, _ := newTestSchedule(30 * time.Second)
+	a, b := Pair{Stream: uuid.New(), Perspective: "p"}, Pair{Stream: uuid.New(), Perspective: "p"}
+	run := func(cut ...Pair) job {
+		j := job{kind: jobApply, pairs: []Pair{a, b}}
+		s.started(&j)
+		s.finish(jobResult{job: j, cutOff: cut}, time.Now())
+		return j
+	}
+	for range cutOffLimit {
+		j := run(a, b)
+		require.Empty(t, j.strict, "not yet")
+	}
+	run(a) // b's job went through: b starts again; a is cut off once more
+	j := job{kind: jobApply, pairs: []Pair{a, b}}
+	s.started(&j)
+	require.Equal(t, map[Pair]bool{a: true}, j.strict)
+	s.finish(jobResult{job: j}, time.Now()) // a went through
+	require.Empty(t, s.cutOff, "the counts end with a job that was not cut off")
 }

@@ -971,9 +971,26 @@ func TestUnitApplyDatabaseUnavailableIsNoPairsFailure(t *testing.T) {
 				assert.Contains(t, f.logs.String(), "database unavailable")
 				assert.Empty(t, rep.Next)
 				assert.Empty(t, rep.Busy)
+				assert.ElementsMatch(t, pairs, rep.CutOff, "reported to the loop, which counts them")
 			})
 		}
 	}
+	t.Run("a pair cut off too often in a row fails", func(t *testing.T) {
+		t.Parallel()
+		f := newUFix(t, false, nil)
+		a, b := uPair(t), uPair(t)
+		f.set(uState(t, a, uEvents(t, a.Stream, 2), 0), uState(t, b, uEvents(t, b.Stream, 2), 0))
+		f.applyErr = func([]worker.Pair) error { return fmt.Errorf("apply: %w", io.ErrUnexpectedEOF) }
+
+		rep := f.w.RunApplyStrict(context.Background(), []worker.Pair{a}, a, b)
+
+		assert.Equal(t, [][]worker.Pair{{a, b}, {a}, {b}}, f.applyCalls(), "a strict pair in the group: each pair alone")
+		f.failed(a, "unexpected EOF")
+		for _, c := range f.store.MarkFailedCalls() {
+			assert.Equal(t, a, c.P, "only the strict pair is backed off")
+		}
+		assert.Equal(t, []worker.Pair{b}, rep.CutOff)
+	})
 	t.Run("a perspective's error is still a failure", func(t *testing.T) {
 		t.Parallel()
 		f := newUFix(t, false, nil)
