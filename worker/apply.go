@@ -13,19 +13,18 @@ import (
 	"github.com/google/uuid"
 )
 
-// yieldToLive pauses a catch-up beside an active version as long as its page took: such a
-// build (a new version, a rebuild) is background work, so it runs at most half the time
-// and leaves the machine to live application of the version readers see. A perspective's
-// first build (there is nothing to serve yet) is not paced. Measured in BenchmarkLifecycle
-// (BENCHMARKS.md): without the pause, Append → active model took 3–4× its idle time on
-// two cores while a version built; with it, within 2×.
-func yieldToLive(ctx context.Context, took time.Duration) {
-	t := time.NewTimer(took)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
+// pacing is how long a catch-up beside an active version waits before its next page: as
+// long as the page took. Such a build (a new version, a rebuild) is background work, so it
+// runs at most half the time and leaves the machine to live application of the version
+// readers see; the wait holds no slot. A perspective's first build (there is nothing to
+// serve yet) is not paced. Measured in BenchmarkLifecycle (BENCHMARKS.md): without it,
+// Append → active model took 3–4× its idle time on two cores while a version built; with
+// it, within 2×.
+func (w *Worker) pacing(key string, took time.Duration) time.Duration {
+	if w.buildOf(key).State == BuildBuilding {
+		return took
 	}
+	return 0
 }
 
 // runJob runs one job under the apply coordinator and reports to the loop. A pair that
@@ -36,14 +35,12 @@ func (w *Worker) runJob(ctx context.Context, j job) jobResult {
 	case jobCatchUp:
 		started := time.Now()
 		more, done, err := w.catchUp(ctx, j.key)
-		if more && w.buildOf(j.key).State == BuildBuilding {
-			yieldToLive(ctx, time.Since(started))
-		}
 		if err != nil && ctx.Err() == nil {
 			w.log.Error("catch-up failed; retried at the next look at the builds", slog.Any("error", err))
 		}
 		if more {
-			r.next = append(r.next, job{kind: jobCatchUp, key: j.key})
+			took := time.Since(started)
+			r.next = append(r.next, job{kind: jobCatchUp, key: j.key, notBefore: started.Add(took + w.pacing(j.key, took))})
 		}
 		r.refresh = done // a build to promote, maybe: look again at once (else at the next poll)
 		return r

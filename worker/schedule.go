@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"time"
 )
 
@@ -29,9 +30,10 @@ func (k jobKind) String() string {
 
 // job is one unit of work in one Concurrency slot.
 type job struct {
-	kind  jobKind
-	pairs []Pair // apply, rewind, bootstrap
-	key   string // catch-up, promote: the build
+	kind      jobKind
+	pairs     []Pair    // apply, rewind, bootstrap
+	key       string    // catch-up, promote: the build
+	notBefore time.Time // a follow-up waits for a slot until then (a paced catch-up)
 	// strict: pairs whose work was cut off by a lost connection cutOffLimit times in a row
 	// while the database answered claims. A connection error is then recorded as their
 	// failure (with backoff) rather than left for the next claim: something about the pair
@@ -185,14 +187,26 @@ func (s *schedule) noteContention(p Pair, now time.Time) {
 	s.contended[p] = c
 }
 
-// popPending returns the next follow-up waiting for a slot.
-func (s *schedule) popPending() (job, bool) {
-	if len(s.pending) == 0 {
-		return job{}, false
+// popPending returns the first follow-up waiting for a slot that is due at now.
+func (s *schedule) popPending(now time.Time) (job, bool) {
+	for i, j := range s.pending {
+		if !j.notBefore.After(now) {
+			s.pending = slices.Delete(s.pending, i, i+1)
+			return j, true
+		}
 	}
-	j := s.pending[0]
-	s.pending = s.pending[1:]
-	return j, true
+	return job{}, false
+}
+
+// nextDue is how long after now the first follow-up not yet due becomes due (0: none waits).
+func (s *schedule) nextDue(now time.Time) time.Duration {
+	var d time.Duration
+	for _, j := range s.pending {
+		if w := j.notBefore.Sub(now); w > 0 && (d == 0 || w < d) {
+			d = w
+		}
+	}
+	return d
 }
 
 // loop runs jobs in Concurrency slots: follow-ups first, then due pairs claimed from the
@@ -221,7 +235,7 @@ func (w *Worker) loop(loopCtx, opsCtx context.Context) {
 				maintained = time.Now()
 			}
 			for running < w.cfg.Concurrency {
-				j, ok := s.popPending()
+				j, ok := s.popPending(time.Now())
 				if !ok {
 					break
 				}
@@ -241,6 +255,9 @@ func (w *Worker) loop(loopCtx, opsCtx context.Context) {
 		wait := w.cfg.PollInterval
 		if unreachable {
 			wait = min(wait, reconnectInterval)
+		}
+		if d := s.nextDue(time.Now()); d > 0 && !stopping {
+			wait = min(wait, d)
 		}
 		timer.Reset(wait)
 		select {

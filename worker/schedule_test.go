@@ -72,10 +72,10 @@ func TestScheduleFollowUpsAndOneClaimSkips(t *testing.T) {
 	require.Equal(t, map[Pair]bool{a: true}, s.inflight, "a waits for its rewind; b and c are done")
 	require.ElementsMatch(t, []Pair{a, c}, s.claimSkips(), "in flight, and busy for one claim")
 	require.ElementsMatch(t, []Pair{a}, s.claimSkips(), "the busy skip lasts one claim")
-	j, ok := s.popPending()
+	j, ok := s.popPending(time.Now())
 	require.True(t, ok)
 	require.Equal(t, rewindOf(a), j)
-	_, ok = s.popPending()
+	_, ok = s.popPending(time.Now())
 	require.False(t, ok)
 	s.finish(jobResult{job: j}, time.Now())
 	require.Empty(t, s.inflight)
@@ -115,4 +115,23 @@ func TestScheduleStrictAfterRepeatedCutOffs(t *testing.T) {
 	require.Equal(t, map[Pair]bool{a: true}, j.strict)
 	s.finish(jobResult{job: j}, time.Now()) // a went through
 	require.Empty(t, s.cutOff, "the counts end with a job that was not cut off")
+}
+
+// A follow-up with a later notBefore (a paced catch-up page) waits without a slot: jobs due
+// now are served before it, and the loop learns when it becomes due.
+func TestSchedulePendingWaitsUntilDue(t *testing.T) {
+	s, _ := newTestSchedule(30 * time.Second)
+	now := time.Now()
+	s.queueBuildJob(job{kind: jobCatchUp, key: "b@v2.1", notBefore: now.Add(3 * time.Second)})
+	s.queueBuildJob(job{kind: jobCleanup})
+	j, ok := s.popPending(now)
+	require.True(t, ok)
+	require.Equal(t, jobCleanup, j.kind, "the job due now first")
+	_, ok = s.popPending(now)
+	require.False(t, ok, "the paced page is not due yet")
+	require.Equal(t, 3*time.Second, s.nextDue(now))
+	j, ok = s.popPending(now.Add(3 * time.Second))
+	require.True(t, ok)
+	require.Equal(t, "b@v2.1", j.key)
+	require.Zero(t, s.nextDue(now))
 }
