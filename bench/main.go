@@ -46,6 +46,9 @@ var targets = []target{
 	{"BenchmarkLifecycle", "register-queue-rows", true, 20000, "registration: queue rows ≤ 1 per stream (20,000)"},
 	{"BenchmarkLifecycle", "catchup/floor", false, 0.8, "catch-up throughput ≥ 0.8× the hand-written floor"},
 	{"BenchmarkLifecycle", "during-build/idle", true, 2, "Append → v1 model while v2 builds ≤ 2× idle"},
+	// Issue 15: wake-up from the caller's clock (before Append is called).
+	{"BenchmarkWakeupLatency", "idle-call-p50-ms", true, 10, "wake-up at idle from the Append call, median ≤ 10 ms"},
+	{"BenchmarkWakeupLatency", "late-call-p50-ms", true, 25, "late event from the Append call, median ≤ 25 ms"},
 	// Issue 13: through PgBouncer in transaction mode (pgx exec mode), against direct.
 	{"BenchmarkLockCyclePooled/conc=1", "pooled/lock", true, 1.3, "lock cycle through PgBouncer ≤ 1.3× direct, concurrency 1"},
 	{"BenchmarkLockCyclePooled/conc=8", "pooled/lock", true, 1.3, "lock cycle through PgBouncer ≤ 1.3× direct, concurrency 8"},
