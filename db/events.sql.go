@@ -33,6 +33,18 @@ func (q *Queries) AppendLockAndNotify(ctx context.Context) (string, error) {
 	return isolation, err
 }
 
+const backendPID = `-- name: BackendPID :one
+SELECT pg_backend_pid()::int4 AS pid
+`
+
+// The process ID of the server backend that runs the statement (see pgq.Pooled).
+func (q *Queries) BackendPID(ctx context.Context) (int32, error) {
+	row := q.db.QueryRow(ctx, backendPID)
+	var pid int32
+	err := row.Scan(&pid)
+	return pid, err
+}
+
 const eventCount = `-- name: EventCount :one
 SELECT count(*)::bigint FROM wh_event_store
 `

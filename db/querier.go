@@ -20,6 +20,8 @@ type Querier interface {
 	// Returns the transaction's isolation level: above READ COMMITTED, Append must also check
 	// that its snapshot knows every build (RegistrationCheck).
 	AppendLockAndNotify(ctx context.Context) (string, error)
+	// The process ID of the server backend that runs the statement (see pgq.Pooled).
+	BackendPID(ctx context.Context) (int32, error)
 	// Takes (or renews) the lease on a build's catch-up: free, expired, or already the
 	// caller's. Returns the position to continue from; no row when another instance holds it or
 	// the catch-up is done.

@@ -92,3 +92,7 @@ SELECT count(*)::bigint FROM wh_event_store;
 -- A notification on the channel of AppendLockAndNotify with a payload (Appends send none):
 -- a listener sends it to itself to check that its session receives notifications.
 SELECT pg_notify('wh_perspective_events', @payload::text);
+
+-- name: BackendPID :one
+-- The process ID of the server backend that runs the statement (see pgq.Pooled).
+SELECT pg_backend_pid()::int4 AS pid;

@@ -13,6 +13,8 @@ import (
 	"github.com/golang-migrate/migrate/v4/source/iofs"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
+
+	"github.com/perspectives-go/perspectives/internal/pgq"
 )
 
 // FS holds the migrations: 000001_name.up.sql / 000001_name.down.sql.
@@ -78,23 +80,20 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) (err error) {
 	return nil
 }
 
-// checkDirect fails when pool's connections go through a pooler. PostgreSQL tells each
-// connection its backend's process ID at start-up (BackendKeyData); a pooler tells its
-// client an ID of its own, while pg_backend_pid() names the server backend that runs the
-// statement.
+// checkDirect fails when pool's connections go through a pooler (pgq.Pooled).
 func checkDirect(ctx context.Context, pool *pgxpool.Pool) error {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
 		return err
 	}
 	defer conn.Release()
-	var pid uint32
-	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
+	pooled, told, runs, err := pgq.Pooled(ctx, conn.Conn())
+	if err != nil {
 		return err
 	}
-	if told := conn.Conn().PgConn().PID(); told != pid {
+	if pooled {
 		return fmt.Errorf("%w (the connection was told backend %d, the statement ran in backend %d): run it with a URL that reaches the server itself, e.g. perspectives migrate --database-url <direct URL>",
-			ErrNeedsDirectConnection, told, pid)
+			ErrNeedsDirectConnection, told, runs)
 	}
 	return nil
 }

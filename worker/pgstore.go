@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -241,12 +242,8 @@ func (s *pgStore) Listen(ctx context.Context, notify func()) error {
 		_ = conn.Close(cctx)
 	}()
 	if s.listenConnect == nil {
-		var pid uint32
-		if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
-			return err
-		}
-		if pid != conn.PgConn().PID() {
-			return ErrNotificationsLost
+		if pooled, _, _, err := pgq.Pooled(ctx, conn); err != nil || pooled {
+			return cmp.Or(err, ErrNotificationsLost)
 		}
 	}
 	if err := pgq.New(conn).QueueListen(ctx); err != nil {

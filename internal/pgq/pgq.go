@@ -68,3 +68,16 @@ func Args(args []any) []any {
 	}
 	return out
 }
+
+// Pooled reports whether conn goes through a connection pooler (PgBouncer and the like):
+// PostgreSQL tells each connection its backend's process ID at start-up (BackendKeyData); a
+// pooler tells its client an ID of its own, while pg_backend_pid() names the server backend
+// that runs the statement. It returns both IDs.
+func Pooled(ctx context.Context, conn *pgx.Conn) (pooled bool, told, runs uint32, err error) {
+	pid, err := New(conn).BackendPID(ctx)
+	if err != nil {
+		return false, 0, 0, err
+	}
+	told = conn.PgConn().PID()
+	return told != uint32(pid), told, uint32(pid), nil
+}
