@@ -956,12 +956,7 @@ func TestUnitApplyDatabaseUnavailableIsNoPairsFailure(t *testing.T) {
 			t.Run(fmt.Sprintf("%s, %d pairs", tc.name, n), func(t *testing.T) {
 				t.Parallel()
 				f := newUFix(t, false, nil)
-				var pairs []worker.Pair
-				for range n {
-					p := uPair(t)
-					f.set(uState(t, p, uEvents(t, p.Stream, 2), 0))
-					pairs = append(pairs, p)
-				}
+				pairs := f.queuedPairs(t, n)
 				f.applyErr = func([]worker.Pair) error { return tc.err }
 
 				rep := f.w.RunApply(context.Background(), pairs...)
@@ -1002,6 +997,18 @@ func TestUnitApplyDatabaseUnavailableIsNoPairsFailure(t *testing.T) {
 	})
 }
 
+// queuedPairs is n new pairs, each with two queued events and no model.
+func (f *uFix) queuedPairs(t *testing.T, n int) []worker.Pair {
+	t.Helper()
+	var pairs []worker.Pair
+	for range n {
+		p := uPair(t)
+		f.set(uState(t, p, uEvents(t, p.Stream, 2), 0))
+		pairs = append(pairs, p)
+	}
+	return pairs
+}
+
 // A cancelled context (shutdown) is no pair's failure: nothing is recorded, and a group is
 // not retried pair by pair.
 func TestUnitApplyCancelledRecordsNoFailure(t *testing.T) {
@@ -1010,12 +1017,7 @@ func TestUnitApplyCancelledRecordsNoFailure(t *testing.T) {
 		t.Run(fmt.Sprintf("%d pairs", n), func(t *testing.T) {
 			t.Parallel()
 			f := newUFix(t, false, nil)
-			var pairs []worker.Pair
-			for range n {
-				p := uPair(t)
-				f.set(uState(t, p, uEvents(t, p.Stream, 2), 0))
-				pairs = append(pairs, p)
-			}
+			pairs := f.queuedPairs(t, n)
 			ctx, cancel := context.WithCancel(context.Background())
 			cancel()
 
