@@ -203,21 +203,17 @@ func (d *DB) Truncate(ctx context.Context, t testing.TB) {
 // ends.
 func StartPooler(t testing.TB, name string) string {
 	t.Helper()
-	_, file, _, _ := runtime.Caller(0)
-	script := filepath.Join(filepath.Dir(file), "..", "..", "scripts", "pgbouncer.sh")
 	port := freePort(t)
 	dir, err := os.MkdirTemp("", "pgbouncer-")
 	if err != nil {
 		t.Fatalf("pgtest: %v", err)
 	}
-	cmd := exec.Command("bash", script, "start", dir, strconv.Itoa(port))
-	cmd.Env = append(os.Environ(), "DATABASE_URL="+ServerURL())
-	if out, err := cmd.CombinedOutput(); err != nil {
+	if out, err := runScript("pgbouncer.sh", "start", dir, strconv.Itoa(port)); err != nil {
 		_ = os.RemoveAll(dir)
 		t.Fatalf("pgtest: start PgBouncer: %v\n%s", err, out)
 	}
 	t.Cleanup(func() {
-		if out, err := exec.Command("bash", script, "stop", dir).CombinedOutput(); err != nil {
+		if out, err := runScript("pgbouncer.sh", "stop", dir); err != nil {
 			t.Errorf("pgtest: stop PgBouncer: %v\n%s", err, out)
 		}
 	})
@@ -298,9 +294,7 @@ func newCluster(t testing.TB) *Cluster {
 
 func clusterScript(t testing.TB, args ...string) {
 	t.Helper()
-	_, file, _, _ := runtime.Caller(0)
-	script := filepath.Join(filepath.Dir(file), "..", "..", "scripts", "pgcluster.sh")
-	if out, err := exec.Command("bash", append([]string{script}, args...)...).CombinedOutput(); err != nil {
+	if out, err := runScript("pgcluster.sh", args...); err != nil {
 		t.Fatalf("pgtest: pgcluster.sh %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
 }
@@ -314,4 +308,14 @@ func freePort(t testing.TB) int {
 	}
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
+}
+
+// runScript runs the project's scripts/<name> with args, with DATABASE_URL set to the
+// server's, and returns its combined output.
+func runScript(name string, args ...string) ([]byte, error) {
+	_, file, _, _ := runtime.Caller(0)
+	script := filepath.Join(filepath.Dir(file), "..", "..", "scripts", name)
+	cmd := exec.Command("bash", append([]string{script}, args...)...)
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+ServerURL())
+	return cmd.CombinedOutput()
 }
