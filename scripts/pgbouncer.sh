@@ -7,13 +7,14 @@
 #                                         and waits until it answers
 #   scripts/pgbouncer.sh stop DIR         stops the PgBouncer started in DIR (by its PID) and
 #                                         removes DIR
+#   scripts/pgbouncer.sh url PORT         prints the URL through it (no database, no query)
 #
 # Every database of the server is reachable through it under its own name (a wildcard
 # entry), as the user of DATABASE_URL, without a password (the test cluster trusts local TCP).
 set -euo pipefail
 URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}"
 
-usage() { echo "usage: $0 start DIR PORT | stop DIR" >&2; exit 2; }
+usage() { echo "usage: $0 start DIR PORT | stop DIR | url PORT" >&2; exit 2; }
 
 # host, port and user of URL (postgres://user[:pw]@host:port/db?...).
 hostport=${URL#*://}; hostport=${hostport#*@}; hostport=${hostport%%/*}; hostport=${hostport%%\?*}
@@ -104,5 +105,6 @@ stop() {
 case "${1:-}" in
   start) [ $# -eq 3 ] || usage; start "$2" "$3" ;;
   stop)  [ $# -eq 2 ] || usage; stop "$2" ;;
+  url)   [ $# -eq 2 ] || usage; echo "postgres://$user@127.0.0.1:$2/" ;;
   *) usage ;;
 esac

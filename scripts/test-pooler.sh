@@ -5,9 +5,6 @@
 # simple_protocol. PgBouncer is stopped by its PID when the suite ends, however it ends.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}"
-user=postgres
-case "${URL#*://}" in *@*) user=${URL#*://}; user=${user%%@*}; user=${user%%:*} ;; esac
 
 port=""
 for p in $(seq 6439 6499); do
@@ -18,8 +15,9 @@ done
 dir=$(mktemp -d /tmp/perspectives-pgbouncer.XXXXXX)
 trap 'scripts/pgbouncer.sh stop "$dir"' EXIT
 scripts/pgbouncer.sh start "$dir" "$port"
+url=$(scripts/pgbouncer.sh url "$port")
 for mode in exec simple_protocol; do
   echo "test-pooler: through PgBouncer (transaction mode), default_query_exec_mode=$mode" >&2
-  PGTEST_POOLER_URL="postgres://$user@127.0.0.1:$port/?sslmode=disable&default_query_exec_mode=$mode" \
+  PGTEST_POOLER_URL="$url?sslmode=disable&default_query_exec_mode=$mode" \
     go test -race -count=1 ${GOTESTFLAGS:-} ./locker/ ./worker/ ./fxmodule/ ./cmd/...
 done
