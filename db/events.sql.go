@@ -12,27 +12,6 @@ import (
 	"github.com/google/uuid"
 )
 
-const appendLockAndNotify = `-- name: AppendLockAndNotify :one
-
-SELECT current_setting('transaction_isolation')::text AS isolation
-FROM (SELECT pg_advisory_xact_lock_shared(7214082031553392641), pg_notify('wh_perspective_events', '')) AS taken
-`
-
-// Appending events and registering builds. Append takes a shared transaction-level
-// advisory lock and registration the exclusive one, so every Append either commits before a
-// new build is registered (its events are then in the store when the build's catch-up reads
-// it) or queues its events for the new build.
-// Takes the shared append lock and queues the wake-up notification for listening workers
-// (PostgreSQL delivers it only if the transaction commits, and once per transaction).
-// Returns the transaction's isolation level: above READ COMMITTED, Append must also check
-// that its snapshot knows every build (RegistrationCheck).
-func (q *Queries) AppendLockAndNotify(ctx context.Context) (string, error) {
-	row := q.db.QueryRow(ctx, appendLockAndNotify)
-	var isolation string
-	err := row.Scan(&isolation)
-	return isolation, err
-}
-
 const backendPID = `-- name: BackendPID :one
 SELECT pg_backend_pid()::int4 AS pid
 `
@@ -56,33 +35,9 @@ func (q *Queries) EventCount(ctx context.Context) (int64, error) {
 	return column_1, err
 }
 
-const eventsAppend = `-- name: EventsAppend :execrows
-WITH ev AS (
-    INSERT INTO wh_event_store (event_id, stream_id, event_type, data, created_at)
-    SELECT i.event_id, i.stream_id, i.event_type, i.data::jsonb,
-           COALESCE(NULLIF(i.created_at, '0001-01-01 00:00:00+00'::timestamptz), now())
-    FROM (
-        SELECT unnest($1::uuid[])          AS event_id,
-               unnest($2::uuid[])         AS stream_id,
-               unnest($3::text[])        AS event_type,
-               unnest($4::text[])              AS data,
-               unnest($5::timestamptz[]) AS created_at
-    ) AS i
-    RETURNING event_id, stream_id
-), builds AS (
-    SELECT b.build_key FROM wh_perspective_builds b WHERE b.state IN ('building', 'active')
-), cursors AS (
-    -- Each pair's cursor row exists from its first event on, so the worker can lock it at
-    -- once. Ordered, so that concurrent appends to several streams never deadlock.
-    INSERT INTO wh_perspective_cursors (stream_id, perspective_name)
-    SELECT DISTINCT ev.stream_id, b.build_key
-    FROM ev CROSS JOIN builds b
-    ORDER BY 1, 2
-    ON CONFLICT (stream_id, perspective_name) DO NOTHING
-)
-INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)
-SELECT ev.stream_id, b.build_key, ev.event_id
-FROM ev CROSS JOIN builds b
+const eventsAppend = `-- name: EventsAppend :one
+SELECT wh_append($1::uuid[], $2::uuid[], $3::text[],
+                 $4::text[], $5::timestamptz[])::bigint AS queued
 `
 
 type EventsAppendParams struct {
@@ -93,20 +48,20 @@ type EventsAppendParams struct {
 	CreatedAts []time.Time
 }
 
-// Stores the events, enqueues one row per (event, build being built or active) and makes
-// sure each pair has a cursor row. Returns the number of queue rows written.
+// Stores the events, enqueues one row per (event, build being built or active), makes sure
+// each pair has a cursor row and notifies listening workers, in one statement (see wh_append
+// in schema/000003_append.up.sql). Returns the number of queue rows written.
 func (q *Queries) EventsAppend(ctx context.Context, arg EventsAppendParams) (int64, error) {
-	result, err := q.db.Exec(ctx, eventsAppend,
+	row := q.db.QueryRow(ctx, eventsAppend,
 		arg.EventIds,
 		arg.StreamIds,
 		arg.EventTypes,
 		arg.Datas,
 		arg.CreatedAts,
 	)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+	var queued int64
+	err := row.Scan(&queued)
+	return queued, err
 }
 
 const eventsForStream = `-- name: EventsForStream :many
@@ -241,10 +196,15 @@ func (q *Queries) PerspectiveRegister(ctx context.Context, perspectiveName strin
 }
 
 const queueListen = `-- name: QueueListen :exec
+
 LISTEN wh_perspective_events
 `
 
-// Subscribes the session to the notification AppendLockAndNotify queues.
+// Appending events and registering builds. Append takes a shared transaction-level
+// advisory lock and registration the exclusive one, so every Append either commits before a
+// new build is registered (its events are then in the store when the build's catch-up reads
+// it) or queues its events for the new build.
+// Subscribes the session to the notification wh_append queues.
 func (q *Queries) QueueListen(ctx context.Context) error {
 	_, err := q.db.Exec(ctx, queueListen)
 	return err
@@ -254,7 +214,7 @@ const queueProbe = `-- name: QueueProbe :exec
 SELECT pg_notify('wh_perspective_events', $1::text)
 `
 
-// A notification on the channel of AppendLockAndNotify with a payload (Appends send none):
+// A notification on the channel of wh_append with a payload (Appends send none):
 // a listener sends it to itself to check that its session receives notifications.
 func (q *Queries) QueueProbe(ctx context.Context, payload string) error {
 	_, err := q.db.Exec(ctx, queueProbe, payload)
@@ -268,18 +228,6 @@ SELECT pg_advisory_xact_lock(7214082031553392641)
 // The exclusive side of the append lock, held by the (short) transaction that adds a build.
 func (q *Queries) RegisterLock(ctx context.Context) error {
 	_, err := q.db.Exec(ctx, registerLock)
-	return err
-}
-
-const registrationCheck = `-- name: RegistrationCheck :exec
-SELECT epoch FROM wh_registration WHERE id = 1 FOR SHARE
-`
-
-// In a REPEATABLE READ or SERIALIZABLE transaction: fails with a serialization error when
-// a build was registered after the transaction's snapshot was taken (the snapshot would not
-// queue the events for it). The caller retries the transaction.
-func (q *Queries) RegistrationCheck(ctx context.Context) error {
-	_, err := q.db.Exec(ctx, registrationCheck)
 	return err
 }
 

@@ -11,15 +11,6 @@ import (
 )
 
 type Querier interface {
-	// Appending events and registering builds. Append takes a shared transaction-level
-	// advisory lock and registration the exclusive one, so every Append either commits before a
-	// new build is registered (its events are then in the store when the build's catch-up reads
-	// it) or queues its events for the new build.
-	// Takes the shared append lock and queues the wake-up notification for listening workers
-	// (PostgreSQL delivers it only if the transaction commits, and once per transaction).
-	// Returns the transaction's isolation level: above READ COMMITTED, Append must also check
-	// that its snapshot knows every build (RegistrationCheck).
-	AppendLockAndNotify(ctx context.Context) (string, error)
 	// The process ID of the server backend that runs the statement (see pgq.Pooled).
 	BackendPID(ctx context.Context) (int32, error)
 	// Takes (or renews) the lease on a build's catch-up: free, expired, or already the
@@ -79,8 +70,9 @@ type Querier interface {
 	EventCount(ctx context.Context) (int64, error)
 	// The planner's estimate of the stored events (-1 before the first ANALYZE).
 	EventStoreEstimate(ctx context.Context) (int64, error)
-	// Stores the events, enqueues one row per (event, build being built or active) and makes
-	// sure each pair has a cursor row. Returns the number of queue rows written.
+	// Stores the events, enqueues one row per (event, build being built or active), makes sure
+	// each pair has a cursor row and notifies listening workers, in one statement (see wh_append
+	// in schema/000003_append.up.sql). Returns the number of queue rows written.
 	EventsAppend(ctx context.Context, arg EventsAppendParams) (int64, error)
 	// Every event of a stream in ID order (tests, the demo's consistency check).
 	EventsForStream(ctx context.Context, streamID uuid.UUID) ([]WhEventStore, error)
@@ -144,19 +136,19 @@ type Querier interface {
 	// IDs of each.
 	QueueEventsForPairs(ctx context.Context, arg QueueEventsForPairsParams) ([]QueueEventsForPairsRow, error)
 	QueueIDsForPair(ctx context.Context, arg QueueIDsForPairParams) ([]uuid.UUID, error)
-	// Subscribes the session to the notification AppendLockAndNotify queues.
+	// Appending events and registering builds. Append takes a shared transaction-level
+	// advisory lock and registration the exclusive one, so every Append either commits before a
+	// new build is registered (its events are then in the store when the build's catch-up reads
+	// it) or queues its events for the new build.
+	// Subscribes the session to the notification wh_append queues.
 	QueueListen(ctx context.Context) error
-	// A notification on the channel of AppendLockAndNotify with a payload (Appends send none):
+	// A notification on the channel of wh_append with a payload (Appends send none):
 	// a listener sends it to itself to check that its session receives notifications.
 	QueueProbe(ctx context.Context, payload string) error
 	// The exclusive side of the append lock, held by the (short) transaction that adds a build.
 	RegisterLock(ctx context.Context) error
 	// In the transaction that adds a build: see wh_registration.
 	RegistrationBump(ctx context.Context) error
-	// In a REPEATABLE READ or SERIALIZABLE transaction: fails with a serialization error when
-	// a build was registered after the transaction's snapshot was taken (the snapshot would not
-	// queue the events for it). The caller retries the transaction.
-	RegistrationCheck(ctx context.Context) error
 	// Snapshot positions of one pair, newest first.
 	SnapshotIDs(ctx context.Context, arg SnapshotIDsParams) ([]uuid.UUID, error)
 	// The newest snapshot strictly before an event.

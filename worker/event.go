@@ -1,11 +1,14 @@
 package worker
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -27,19 +30,20 @@ type Event struct {
 // DBTX is what Append and LoadModel run on: a *pgxpool.Pool, a *pgx.Conn or a pgx.Tx.
 type DBTX = db.DBTX
 
-// beginner is implemented by pools, connections and transactions (as a savepoint).
-type beginner interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
-// Append stores events and enqueues them for every registered perspective, atomically.
-// Inside the caller's transaction (a pgx.Tx), nothing is visible or queued unless that
-// transaction commits. Events with a zero ID get a UUIDv7; when events is passed as
+// Append stores events and enqueues them for every registered perspective, atomically, in
+// one statement (one round trip; on a pool or a connection, an implicit transaction of its
+// own). Inside the caller's transaction (a pgx.Tx), nothing is visible or queued unless that
+// transaction commits, and no savepoint is made: a failed Append aborts that transaction, as
+// any failed statement does. Events with a zero ID get a UUIDv7; when events is passed as
 // slice..., the assigned IDs are written back into that slice.
 //
 // Bad input (a nil stream ID, an empty type, data that is not JSON, an ID used twice in the
-// call) is refused with an error wrapping locker.ErrInvalidArgument before anything is written.
-// An ID that is already stored fails with ErrDuplicateEvent and nothing is written.
+// call, text PostgreSQL cannot store: invalid UTF-8, a NUL byte in the type, a \u0000 escape
+// in the data) is refused with an error wrapping locker.ErrInvalidArgument before any SQL
+// runs. An ID that is already stored fails with ErrDuplicateEvent and nothing is written. In
+// a REPEATABLE READ or SERIALIZABLE transaction whose snapshot predates the registration of
+// a perspective build, Append fails with a serialization error (SQLSTATE 40001): retry the
+// transaction, as those isolation levels require.
 func Append(ctx context.Context, dbtx DBTX, events ...Event) error {
 	if isNil(dbtx) {
 		return fmt.Errorf("worker: append: %w: db is nil", locker.ErrInvalidArgument)
@@ -70,6 +74,9 @@ func Append(ctx context.Context, dbtx DBTX, events ...Event) error {
 		if !json.Valid(data) {
 			return fmt.Errorf("worker: append: %w: event %d: data is not valid JSON", locker.ErrInvalidArgument, i)
 		}
+		if err := storable(ev.Type, data); err != nil {
+			return fmt.Errorf("worker: append: %w: event %d: %w", locker.ErrInvalidArgument, i, err)
+		}
 		if _, dup := seen[ev.ID]; dup && ev.ID != uuid.Nil {
 			return fmt.Errorf("worker: append: %w: event %d: ID %s appears twice", locker.ErrInvalidArgument, i, ev.ID)
 		}
@@ -90,29 +97,7 @@ func Append(ctx context.Context, dbtx DBTX, events ...Event) error {
 	}
 	copy(p.EventIds, ids)
 
-	run := func(q *db.Queries) error {
-		// The shared advisory lock orders this append against the registration of builds
-		// (which takes it exclusively): see Store.Register.
-		isolation, err := q.AppendLockAndNotify(ctx)
-		if err != nil {
-			return err
-		}
-		if isolation != "read committed" && isolation != "read uncommitted" {
-			// The snapshot may predate a build registered since: then this fails, rather
-			// than queue the events for the builds the snapshot knows only.
-			if err := q.RegistrationCheck(ctx); err != nil {
-				return fmt.Errorf("a perspective build was registered after this %s transaction's snapshot was taken; retry the transaction: %w", isolation, err)
-			}
-		}
-		_, err = q.EventsAppend(ctx, p)
-		return err
-	}
-	var err error
-	if b, ok := dbtx.(beginner); ok {
-		err = pgx.BeginFunc(ctx, b, func(tx pgx.Tx) error { return run(pgq.New(tx)) })
-	} else {
-		err = run(pgq.New(dbtx))
-	}
+	_, err := pgq.New(dbtx).EventsAppend(ctx, p)
 	if err != nil {
 		if isUniqueViolation(err) {
 			return fmt.Errorf("worker: append: %w: %w", ErrDuplicateEvent, err)
@@ -123,6 +108,37 @@ func Append(ctx context.Context, dbtx DBTX, events ...Event) error {
 		events[i].ID = ids[i]
 	}
 	return nil
+}
+
+// storable says why PostgreSQL could not store an event's type or (valid JSON) data, if it
+// could not: text must be UTF-8 without NUL bytes, and jsonb refuses the escape \u0000.
+func storable(typ string, data []byte) error {
+	switch {
+	case !utf8.ValidString(typ):
+		return errors.New("type is not valid UTF-8")
+	case strings.IndexByte(typ, 0) >= 0:
+		return errors.New("type contains a NUL byte")
+	case !utf8.Valid(data):
+		return errors.New("data is not valid UTF-8")
+	}
+	// In valid JSON a backslash outside a string is impossible and inside one starts an
+	// escape unless the backslash before it did: \u0000 is an escape when the backslashes
+	// that run up to it are odd in number.
+	for i := 0; ; {
+		j := bytes.Index(data[i:], []byte(`\u0000`))
+		if j < 0 {
+			return nil
+		}
+		j += i
+		run := 0
+		for k := j - 1; k >= 0 && data[k] == '\\'; k-- {
+			run++
+		}
+		if run%2 == 0 {
+			return errors.New(`data contains the escape \u0000, which PostgreSQL's jsonb cannot store`)
+		}
+		i = j + 1
+	}
 }
 
 // ErrDuplicateEvent is returned by Append when an event ID is already stored.

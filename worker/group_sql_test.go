@@ -668,7 +668,7 @@ func TestClaimSQLReturnsEachDuePairOnceOldestFirst(t *testing.T) {
 	gsExec(t, ctx, testDB.Pool, `UPDATE wh_perspective_events SET next_attempt_at = now() + interval '1 hour'
 		WHERE stream_id = $1 AND perspective_name = $2`, notDue, name)
 	gsSeal(t, ctx, []string{name, sibling}, s...)
-	require.Len(t, gsDueTimes(t, ctx, gsPair{first, name}), 3, "three Appends, three queue times")
+	require.Len(t, gsDueTimes(t, ctx, gsPair{first, name}), 1, "three Appends, one due time: the pair's first")
 
 	me := uuid.New()
 	require.Equal(t, gsPairs(name, first, second, third), gsClaim(t, ctx, db.QueueDuePairsParams{
@@ -755,30 +755,97 @@ func TestClaimSQLRespectsPairLimit(t *testing.T) {
 	}))
 }
 
-// QueueDuePairs passes at most max_steps queued groups (one per Append of a pair): a hot
-// stream's many one-event Appends keep the pair behind it out of a claim with few steps.
+// Fair order: a hot stream that queued many separate Appends before the cold streams is one
+// pair in the claim, not a wall of groups in front of them. Each Append stamps its rows with
+// the due time its pair already has (wh_append), so the claim passes the hot pair's rows in
+// one step, and a claim with room for the hot pair and the cold ones returns them all.
+func TestClaimSQLServesAHotStreamsManyAppendsAsOnePair(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := gsRegister(t, ctx, "claim_fair")
+	const hotAppends, coldStreams = 200, 10
+	hot := uuid.New()
+	for range hotAppends {
+		gsAppend(t, ctx, hot, 1) // a hot stream: many one-event Appends
+	}
+	cold := gsStreamsDescending(coldStreams)
+	for _, c := range cold {
+		gsAppend(t, ctx, c, 1)
+	}
+	gsSeal(t, ctx, []string{name}, append([]uuid.UUID{hot}, cold...)...)
+	require.Len(t, gsDueTimes(t, ctx, gsPair{hot, name}), 1, "the hot pair's %d Appends share its due time", hotAppends)
+
+	limit := int32(1 + coldStreams)
+	got := gsClaim(t, ctx, db.QueueDuePairsParams{
+		PerspectiveNames: []string{name}, InstanceID: uuid.New(), PairLimit: limit,
+		MaxSteps: 2 * limit, // what the worker passes for a claim of limit pairs with nothing to skip
+	})
+	require.Equal(t, gsPairs(name, append([]uuid.UUID{hot}, cold...)...), got,
+		"the hot pair (oldest) and every cold pair, in the order of their oldest queued event")
+
+	// The hot pair in flight (skipped), its later Appends keep its place: the cold pairs
+	// are claimed, not hidden behind its rows.
+	for range 50 {
+		gsAppend(t, ctx, hot, 1)
+	}
+	got = gsClaim(t, ctx, db.QueueDuePairsParams{
+		PerspectiveNames: []string{name}, InstanceID: uuid.New(), PairLimit: coldStreams,
+		BusyPairs: []string{hot.String() + "/" + name}, MaxSteps: 1 + 2*coldStreams,
+	})
+	require.Equal(t, gsPairs(name, cold...), got)
+}
+
+// Append stamps a pair's new queue rows with the due time of the rows it has queued: a
+// pair backing off after a failure keeps its retry time for the rows it gains, and a pair
+// with nothing queued gets now().
+func TestAppendStampsRowsWithTheirPairsDueTime(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := gsRegister(t, ctx, "append_due")
+	fresh, backingOff := uuid.New(), uuid.New()
+	gsAppend(t, ctx, backingOff, 2)
+	gsExec(t, ctx, testDB.Pool, `UPDATE wh_perspective_events SET next_attempt_at = now() + interval '1 hour'
+		WHERE stream_id = $1 AND perspective_name = $2`, backingOff, name)
+	retry := gsDueTimes(t, ctx, gsPair{backingOff, name})
+	require.Len(t, retry, 1)
+
+	before := time.Now()
+	gsAppend(t, ctx, backingOff, 3)
+	gsAppend(t, ctx, fresh, 1)
+	gsAppend(t, ctx, fresh, 1)
+	require.Equal(t, retry, gsDueTimes(t, ctx, gsPair{backingOff, name}), "the new rows wait for the pair's retry")
+	due := gsDueTimes(t, ctx, gsPair{fresh, name})
+	require.Len(t, due, 1, "the second Append joins the first's due time")
+	require.WithinDuration(t, before, due[0], 5*time.Second, "a pair with nothing queued is due now")
+	var n int
+	require.NoError(t, testDB.Pool.QueryRow(ctx, `SELECT count(*) FROM wh_perspective_events
+		WHERE stream_id = ANY($1) AND perspective_name = $2`, pgq.Args([]any{[]uuid.UUID{fresh, backingOff}})[0], name).Scan(&n))
+	require.Equal(t, 7, n, "every event queued")
+}
+
+// QueueDuePairs passes at most max_steps queued groups. A pair has several groups when
+// Appends that ran concurrently stamped its rows with different times (each read none of
+// the other's rows); here the groups are made by hand.
 func TestClaimSQLMaxStepsBoundsTheGroupsPassed(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	name := gsRegister(t, ctx, "claim_steps")
-	const hotAppends = 8
+	const hotGroups = 8
 	s := gsStreamsDescending(3)
 	bulk, hot, cold := s[0], s[1], s[2]
 	gsAppend(t, ctx, bulk, 20) // one group of 20 rows: one step
-	for range hotAppends {
-		gsAppend(t, ctx, hot, 1) // a hot stream: one group per one-event Append
-	}
+	hotIDs := gsAppend(t, ctx, hot, hotGroups)
 	gsAppend(t, ctx, cold, 1)
 	gsSeal(t, ctx, []string{name}, s...)
-
-	bulkTimes := gsDueTimes(t, ctx, gsPair{bulk, name})
-	hotTimes := gsDueTimes(t, ctx, gsPair{hot, name})
-	coldTimes := gsDueTimes(t, ctx, gsPair{cold, name})
-	require.Len(t, bulkTimes, 1)
-	require.Len(t, hotTimes, hotAppends, "each hot Append is its own group")
-	require.Len(t, coldTimes, 1)
-	require.True(t, bulkTimes[0].Before(hotTimes[0]) && hotTimes[hotAppends-1].Before(coldTimes[0]),
-		"bulk, then hot, then cold: %v %v %v", bulkTimes, hotTimes, coldTimes)
+	// bulk now-2h, hot's rows now-1h+i seconds (eight groups), cold now.
+	gsExec(t, ctx, testDB.Pool, `UPDATE wh_perspective_events SET next_attempt_at = now() - interval '2 hours'
+		WHERE stream_id = $1 AND perspective_name = $2`, bulk, name)
+	for i, id := range hotIDs {
+		gsExec(t, ctx, testDB.Pool, `UPDATE wh_perspective_events
+			SET next_attempt_at = now() - interval '1 hour' + $4 * interval '1 second'
+			WHERE stream_id = $1 AND perspective_name = $2 AND event_id = $3`, hot, name, id, i)
+	}
+	require.Len(t, gsDueTimes(t, ctx, gsPair{hot, name}), hotGroups)
 
 	claim := func(steps int32) []gsPair {
 		return gsClaim(t, ctx, db.QueueDuePairsParams{
@@ -787,8 +854,8 @@ func TestClaimSQLMaxStepsBoundsTheGroupsPassed(t *testing.T) {
 	}
 	// Groups in order: bulk's one, hot's eight, cold's one.
 	require.Equal(t, gsPairs(name, bulk, hot, cold), claim(1000), "with steps to spare, every due pair")
-	require.Equal(t, gsPairs(name, bulk, hot, cold), claim(1+hotAppends+1), "exactly enough steps to reach cold")
-	require.Equal(t, gsPairs(name, bulk, hot), claim(1+hotAppends), "one step short of cold")
+	require.Equal(t, gsPairs(name, bulk, hot, cold), claim(1+hotGroups+1), "exactly enough steps to reach cold")
+	require.Equal(t, gsPairs(name, bulk, hot), claim(1+hotGroups), "one step short of cold")
 	require.Equal(t, gsPairs(name, bulk, hot), claim(3), "hot's groups use up the steps before cold")
 	require.Equal(t, gsPairs(name, bulk, hot), claim(2), "bulk's 20 rows are one step")
 	require.Equal(t, gsPairs(name, bulk), claim(1))

@@ -295,6 +295,13 @@ func TestAppendRefusesBadInput(t *testing.T) {
 		{"not JSON", []worker.Event{{StreamID: stream, Type: "t", Data: json.RawMessage(`{nope`)}}, "not valid JSON"},
 		{"ID twice", []worker.Event{{ID: dup, StreamID: stream, Type: "t"}, {ID: dup, StreamID: stream, Type: "t"}}, "appears twice"},
 		{"bad after good", []worker.Event{{StreamID: stream, Type: "t"}, {StreamID: stream, Type: ""}}, "event 1: type is empty"},
+		// Text PostgreSQL cannot store (SQLSTATE 22P05, 22021 if it reached the database).
+		{"NUL escape", []worker.Event{{StreamID: stream, Type: "t", Data: json.RawMessage(`{"a":"x\u0000y"}`)}}, `data contains the escape \u0000`},
+		{"NUL escape after escaped backslashes", []worker.Event{{StreamID: stream, Type: "t", Data: json.RawMessage(`["\\\\\u0000"]`)}}, `escape \u0000`},
+		{"NUL escape in a key", []worker.Event{{StreamID: stream, Type: "t", Data: json.RawMessage(`{"\u0000":1}`)}}, `escape \u0000`},
+		{"data not UTF-8", []worker.Event{{StreamID: stream, Type: "t", Data: json.RawMessage("[\"\xff\xfe\"]")}}, "data is not valid UTF-8"},
+		{"type not UTF-8", []worker.Event{{StreamID: stream, Type: "t\xff"}}, "type is not valid UTF-8"},
+		{"NUL in type", []worker.Event{{StreamID: stream, Type: "t\x00u"}}, "type contains a NUL byte"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -306,6 +313,14 @@ func TestAppendRefusesBadInput(t *testing.T) {
 	stored, err := pgq.New(testDB.Pool).EventsForStream(ctx, stream)
 	require.NoError(t, err)
 	require.Empty(t, stored, "nothing written")
+
+	// An escaped backslash before u0000 is no escape of NUL: stored as written.
+	literal := worker.Event{StreamID: uuid.New(), Type: "t", Data: json.RawMessage(`{"path":"C:\\u0000"}`)}
+	require.NoError(t, worker.Append(ctx, testDB.Pool, literal))
+	kept, err := pgq.New(testDB.Pool).EventsForStream(ctx, literal.StreamID)
+	require.NoError(t, err)
+	require.Len(t, kept, 1)
+	require.JSONEq(t, string(literal.Data), string(kept[0].Data))
 
 	ev := worker.Event{ID: uuid.Must(uuid.NewV7()), StreamID: stream, Type: "t"}
 	require.NoError(t, worker.Append(ctx, testDB.Pool, ev))

@@ -1,0 +1,1 @@
+DROP FUNCTION IF EXISTS wh_append(uuid[], uuid[], text[], text[], timestamptz[]);
