@@ -49,6 +49,13 @@ var targets = []target{
 	// Issue 15: wake-up from the caller's clock (before Append is called).
 	{"BenchmarkWakeupLatency", "idle-call-p50-ms", true, 10, "wake-up at idle from the Append call, median ≤ 10 ms"},
 	{"BenchmarkWakeupLatency", "late-call-p50-ms", true, 25, "late event from the Append call, median ≤ 25 ms"},
+	{"BenchmarkStarvation", "hot-applied-at-cold-done-%", true, 20, "100 cold streams done before 20% of a hot stream's 2,000 Appends"},
+	{"BenchmarkAppendCost", "append/floor", true, 1.5, "Append of 1 event ≤ 1.5× a one-statement floor"},
+	{"BenchmarkWorkerDrain", "worker/baseline", false, 0.9, "drain ≥ 0.9× the hand-written baseline (issue 15)"},
+	{"BenchmarkLiveTraffic", "live-empty-after-ms", true, 100, "live traffic, fresh database: queue empty ≤ 100 ms after the last Append"},
+	{"BenchmarkLiveTraffic", "live-snapshot-rows", true, 0, "live traffic: snapshot rows ≤ pairs with ≥ EveryNEvents events (0 here)"},
+	{"BenchmarkInstances", "x4-throughput/x1", false, 1, "4 worker processes: throughput ≥ 1 process's"},
+	{"BenchmarkInstances", "x4-claims/event/x1", true, 1.2, "4 worker processes: claims per applied event ≤ 1.2× 1 process's"},
 	// Issue 13: through PgBouncer in transaction mode (pgx exec mode), against direct.
 	{"BenchmarkLockCyclePooled/conc=1", "pooled/lock", true, 1.3, "lock cycle through PgBouncer ≤ 1.3× direct, concurrency 1"},
 	{"BenchmarkLockCyclePooled/conc=8", "pooled/lock", true, 1.3, "lock cycle through PgBouncer ≤ 1.3× direct, concurrency 8"},

@@ -369,7 +369,7 @@ CROSS JOIN LATERAL (
     FROM wh_perspective_events qe
     WHERE qe.stream_id = p.stream_id AND qe.perspective_name = p.perspective_name
     ORDER BY qe.event_id
-    LIMIT $3
+    LIMIT (SELECT $3::int)
 ) q
 JOIN wh_event_store e ON e.event_id = q.event_id
 `
@@ -387,6 +387,13 @@ type QueueEventsForPairsRow struct {
 
 // The queued events of the given pairs: at most per_pair_limit per pair, the lowest event
 // IDs of each.
+// Each pair is one probe of the queue's primary key, in event_id order, that stops after
+// per_pair_limit rows. The limit is read through a subquery, so the planner does not know it
+// and costs the probe as stopping early (it assumes a tenth of the rows for such a LIMIT):
+// the ordered probe always wins. Knowing the value, the planner compares it with the rows it
+// expects of a pair, the average pair's few whatever the statistics, and when the limit is
+// not below them it reads and sorts all of each pair's rows instead (a bitmap heap scan and
+// a sort): 20,000 of a hot stream for every batch of 100. See worker/plans_sql_test.go.
 func (q *Queries) QueueEventsForPairs(ctx context.Context, arg QueueEventsForPairsParams) ([]QueueEventsForPairsRow, error) {
 	rows, err := q.db.Query(ctx, queueEventsForPairs, arg.StreamIds, arg.PerspectiveNames, arg.PerPairLimit)
 	if err != nil {

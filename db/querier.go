@@ -124,7 +124,16 @@ type Querier interface {
 	// group (all the rows one Append queued for a pair) at once, and the cost grows with the
 	// groups passed, not with their rows. The pair is then judged once per group. At most
 	// max_steps groups are passed, so a claim stays cheap when few pairs are due but one of them
-	// has many separately queued groups (a hot stream's one-event Appends).
+	// has many separately queued groups.
+	// The probe's only index condition is the row comparison, which the planner estimates at a
+	// third of the table whatever its statistics (none on a new or bulk-loaded queue): an
+	// ordered index scan that stops at the first row is then always its cheapest plan. With the
+	// due time (next_attempt_at <= now()) and the perspectives (= ANY, which PostgreSQL 15 would
+	// make an index condition that gives up the index's order) there too, it may estimate a
+	// handful of rows and read and sort all the matching rows instead, at every step: hundreds of
+	// milliseconds per claim on a queue of a few thousand rows. So the perspectives are a
+	// filter (IS TRUE keeps the comparison out of the index condition) and the due time is
+	// judged per group: the first group not due ends the scan.
 	QueueDuePairs(ctx context.Context, arg QueueDuePairsParams) ([]QueueDuePairsRow, error)
 	// Enqueues every stored event of one stream for one perspective (rebuild).
 	QueueEnqueueStream(ctx context.Context, arg QueueEnqueueStreamParams) (int64, error)
@@ -134,7 +143,19 @@ type Querier interface {
 	QueueEnqueueStreamFrom(ctx context.Context, arg QueueEnqueueStreamFromParams) (int64, error)
 	// The queued events of the given pairs: at most per_pair_limit per pair, the lowest event
 	// IDs of each.
+	// Each pair is one probe of the queue's primary key, in event_id order, that stops after
+	// per_pair_limit rows. The limit is read through a subquery, so the planner does not know it
+	// and costs the probe as stopping early (it assumes a tenth of the rows for such a LIMIT):
+	// the ordered probe always wins. Knowing the value, the planner compares it with the rows it
+	// expects of a pair, the average pair's few whatever the statistics, and when the limit is
+	// not below them it reads and sorts all of each pair's rows instead (a bitmap heap scan and
+	// a sort): 20,000 of a hot stream for every batch of 100. See worker/plans_sql_test.go.
 	QueueEventsForPairs(ctx context.Context, arg QueueEventsForPairsParams) ([]QueueEventsForPairsRow, error)
+	// The queued event IDs of one pair, in order. The pair is compared with a subquery's values,
+	// which the planner does not know: it plans for an average pair, a lookup in the primary
+	// key, whatever the statistics say of the given one (given a hot stream that they count as a
+	// third of the queue, as they still do after most of its rows were applied, it scans the
+	// whole table). See worker/plans_sql_test.go.
 	QueueIDsForPair(ctx context.Context, arg QueueIDsForPairParams) ([]uuid.UUID, error)
 	// Appending events and registering builds. Append takes a shared transaction-level
 	// advisory lock and registration the exclusive one, so every Append either commits before a

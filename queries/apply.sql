@@ -56,6 +56,13 @@ RETURNING stream_id, perspective_name;
 -- name: QueueEventsForPairs :many
 -- The queued events of the given pairs: at most per_pair_limit per pair, the lowest event
 -- IDs of each.
+-- Each pair is one probe of the queue's primary key, in event_id order, that stops after
+-- per_pair_limit rows. The limit is read through a subquery, so the planner does not know it
+-- and costs the probe as stopping early (it assumes a tenth of the rows for such a LIMIT):
+-- the ordered probe always wins. Knowing the value, the planner compares it with the rows it
+-- expects of a pair, the average pair's few whatever the statistics, and when the limit is
+-- not below them it reads and sorts all of each pair's rows instead (a bitmap heap scan and
+-- a sort): 20,000 of a hot stream for every batch of 100. See worker/plans_sql_test.go.
 SELECT q.perspective_name, sqlc.embed(e)
 FROM (SELECT unnest(@stream_ids::uuid[]) AS stream_id, unnest(@perspective_names::text[]) AS perspective_name) p
 CROSS JOIN LATERAL (
@@ -63,7 +70,7 @@ CROSS JOIN LATERAL (
     FROM wh_perspective_events qe
     WHERE qe.stream_id = p.stream_id AND qe.perspective_name = p.perspective_name
     ORDER BY qe.event_id
-    LIMIT @per_pair_limit
+    LIMIT (SELECT @per_pair_limit::int)
 ) q
 JOIN wh_event_store e ON e.event_id = q.event_id;
 

@@ -65,9 +65,14 @@ BEGIN
               WHERE b.state IN ('building', 'active')) p
     ), cursors AS (
         -- Each pair's cursor row exists from its first event on, so the worker can lock it at
-        -- once. Ordered, so that concurrent appends to several streams never deadlock.
+        -- once. Only missing rows are inserted: ON CONFLICT on an existing row that a worker's
+        -- open transaction has updated would wait for that transaction, while the plain read
+        -- of NOT EXISTS never waits. Ordered, so that concurrent appends to several new
+        -- streams never deadlock.
         INSERT INTO wh_perspective_cursors (stream_id, perspective_name)
         SELECT p.stream_id, p.build_key FROM pairs p
+        WHERE NOT EXISTS (SELECT 1 FROM wh_perspective_cursors c
+                          WHERE c.stream_id = p.stream_id AND c.perspective_name = p.build_key)
         ORDER BY 1, 2
         ON CONFLICT (stream_id, perspective_name) DO NOTHING
     )

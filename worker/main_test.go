@@ -16,5 +16,8 @@ func TestMain(m *testing.M) {
 	if role := os.Getenv(reliabilityHelperEnv); role != "" {
 		os.Exit(runReliabilityHelper(role))
 	}
+	if dbURL := os.Getenv(benchWorkerEnv); dbURL != "" { // a worker process of BenchmarkInstances
+		os.Exit(runBenchWorker(dbURL))
+	}
 	pgtest.Exit(m, "worker", &testDB)
 }

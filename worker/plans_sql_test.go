@@ -1,0 +1,560 @@
+package worker_test
+
+// Plans that hold without statistics (issue 15 item 2). The claim (QueueDuePairs), the
+// per-pair reads (QueueEventsForPairs, QueueIDsForPair), the DELETE of applied rows
+// (PairsApplyCommit) and the queue probe of wh_append must read the queue,
+// wh_perspective_events, through index probes only, whatever its statistics say: a claim on a
+// bulk-loaded, never-analyzed queue was once a bitmap heap scan and a sort of ~18,000 rows,
+// 1.8–2.5 s instead of ~1.6 ms. The bounded reads (the claim's steps, a pair's first events,
+// wh_append's probe) must be ordered Index (Only) Scans under their Limit, with no Sort: a
+// Sort there reads all of a hot pair's rows for a few. QueueIDsForPair, which returns all of
+// a pair's rows, may also find them with a bitmap scan of the primary key and sort them, but
+// never scan the table. The pair lookups of the group path (PairsLockForApply, ModelsGet,
+// PairsApplyCommit's UPDATE) must go through the cursors', snapshots' and models' keys.
+//
+// The test loads a database of its own in one go (a hot stream of 20,000 queued events per
+// build beside thousands of ordinary pairs), with autovacuum off for the loaded tables so that
+// only the test changes their statistics, and reads each statement's generic plan (what a
+// prepared statement settles on) and custom plan (what its first executions get, and every
+// execution through a transaction pooler: planned for the given values) with EXPLAIN (FORMAT
+// JSON) EXECUTE, in four states: never analyzed, analyzed, stale after most rows were
+// deleted, and stale after a second bulk load.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/perspectives-go/perspectives/db"
+	"github.com/perspectives-go/perspectives/internal/pgq"
+	"github.com/perspectives-go/perspectives/internal/pgtest"
+)
+
+// The queue and its indexes.
+const (
+	planQueue     = "wh_perspective_events"
+	planQueuePKey = "wh_perspective_events_pkey"
+	planQueueDue  = "wh_perspective_events_due_idx"
+)
+
+// The builds of the test's database (the build keys of version 1's first builds).
+const (
+	planBuildA = "plans_a" // the hot pair's rows share one due time, as wh_append stamps them
+	planBuildB = "plans_b" // the hot pair's rows each have their own due time, as older versions queued them
+)
+
+// planPairIndexes are the indexes whose key is a pair (stream, perspective) of the cursors.
+var planPairIndexes = []string{"wh_perspective_cursors_pkey", "wh_perspective_cursors_build_idx"}
+
+// The tables the loads write: autovacuum is off for them, so their statistics are the test's.
+var planTables = []string{planQueue, "wh_event_store", "wh_perspective_cursors", "wh_perspective_models", "wh_perspective_snapshots"}
+
+// planCall is a statement with its arguments, as the generated code sends them.
+type planCall struct {
+	sql  string
+	args []any
+}
+
+var errPlanRecorded = errors.New("recorded, not run")
+
+// planRecorder is a db.DBTX that runs nothing: it records the statement and the arguments of
+// the call made through it.
+type planRecorder struct{ call *planCall }
+
+func (r planRecorder) Exec(_ context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	*r.call = planCall{sql: sql, args: args}
+	return pgconn.CommandTag{}, errPlanRecorded
+}
+
+func (r planRecorder) Query(_ context.Context, sql string, args ...any) (pgx.Rows, error) {
+	*r.call = planCall{sql: sql, args: args}
+	return nil, errPlanRecorded
+}
+
+func (r planRecorder) QueryRow(_ context.Context, sql string, args ...any) pgx.Row {
+	*r.call = planCall{sql: sql, args: args}
+	return planErrRow{}
+}
+
+type planErrRow struct{}
+
+func (planErrRow) Scan(...any) error { return errPlanRecorded }
+
+// planRecord is the statement and arguments run sends through the generated code, with the
+// arguments as pgq.New passes them (encodable in every query exec mode).
+func planRecord(t *testing.T, run func(q *db.Queries) error) planCall {
+	t.Helper()
+	var c planCall
+	require.ErrorIs(t, run(pgq.New(planRecorder{call: &c})), errPlanRecorded)
+	require.NotEmpty(t, c.sql)
+	return c
+}
+
+// planStatement is a statement to check and how it must read.
+type planStatement struct {
+	name  string
+	call  planCall
+	queue string   // the one index it reads the queue through; "": it does not read the queue
+	cond  []string // what the Index Cond of every read of the queue contains: a lookup, not a walk of the index
+	limit bool     // every read of the queue is an ordered probe, the input of a Limit
+	// whole: it returns every queued row of a pair, so a bitmap scan of the index followed by
+	// a sort of those rows is allowed too (it costs about what reading them in order does).
+	whole bool
+	// The other tables it must read through an index only (an Index, Index Only or Bitmap
+	// Index Scan): table → the indexes it may use.
+	other map[string][]string
+}
+
+// planExplain is the plan of c under plan_cache_mode mode (force_generic_plan or
+// force_custom_plan): c is prepared as it is and explained with EXPLAIN (FORMAT JSON) EXECUTE.
+func planExplain(ctx context.Context, conn *pgx.Conn, mode string, c planCall) (map[string]any, error) {
+	out, err := planExplainAs(ctx, conn, "JSON", mode, c)
+	if err != nil {
+		return nil, err
+	}
+	var doc []struct{ Plan map[string]any }
+	if err := json.Unmarshal([]byte(out), &doc); err != nil || len(doc) != 1 {
+		return nil, fmt.Errorf("explain: read %s: %v", out, err)
+	}
+	return doc[0].Plan, nil
+}
+
+// planExplainAs is EXPLAIN (FORMAT format) EXECUTE of c prepared under plan_cache_mode mode.
+func planExplainAs(ctx context.Context, conn *pgx.Conn, format, mode string, c planCall) (string, error) {
+	if _, err := conn.Exec(ctx, "SET plan_cache_mode = "+mode); err != nil {
+		return "", fmt.Errorf("set plan_cache_mode: %w", err)
+	}
+	if _, err := conn.Exec(ctx, "PREPARE plan_check AS "+c.sql); err != nil {
+		return "", fmt.Errorf("prepare: %w", err)
+	}
+	params := make([]string, len(c.args))
+	for i := range params {
+		params[i] = fmt.Sprintf("$%d", i+1)
+	}
+	// The connection's simple protocol puts the arguments into the statement as literals,
+	// which EXECUTE coerces to the prepared statement's parameter types.
+	rows, err := conn.Query(ctx, "EXPLAIN (FORMAT "+format+") EXECUTE plan_check("+strings.Join(params, ", ")+")", c.args...)
+	var lines []string
+	if err == nil {
+		lines, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	}
+	if _, derr := conn.Exec(ctx, "DEALLOCATE plan_check"); err == nil && derr != nil {
+		err = derr
+	}
+	if err != nil {
+		return "", fmt.Errorf("explain: %w", err)
+	}
+	return strings.Join(lines, "\n"), nil
+}
+
+// planNodes calls visit for every node of plan, with the node types of its ancestors
+// (nearest last).
+func planNodes(plan map[string]any, visit func(n map[string]any, above []string)) {
+	var walk func(n map[string]any, above []string)
+	walk = func(n map[string]any, above []string) {
+		visit(n, above)
+		typ, _ := n["Node Type"].(string)
+		children, _ := n["Plans"].([]any)
+		for _, c := range children {
+			if child, ok := c.(map[string]any); ok {
+				walk(child, append(slices.Clip(above), typ))
+			}
+		}
+	}
+	walk(plan, nil)
+}
+
+// planScan describes a node that reads a table: "Index Only Scan on t using i".
+func planScan(n map[string]any) string {
+	typ, _ := n["Node Type"].(string)
+	rel, _ := n["Relation Name"].(string)
+	s := typ + " on " + rel
+	if idx, ok := n["Index Name"].(string); ok {
+		s += " using " + idx
+	}
+	return s
+}
+
+// planIsRead reports whether n reads a table's rows (a scan, not the INSERT, UPDATE or DELETE
+// that writes them).
+func planIsRead(n map[string]any) (table string, ok bool) {
+	rel, hasRel := n["Relation Name"].(string)
+	typ, _ := n["Node Type"].(string)
+	return rel, hasRel && typ != "ModifyTable"
+}
+
+// planIndexOf is the index a read goes through and its Index Cond: its own for an Index
+// (Only) Scan, its Bitmap Index Scan's for a Bitmap Heap Scan over one; ok is false for any
+// other read (a Seq Scan, a bitmap scan that combines several).
+func planIndexOf(n map[string]any) (index, cond string, bitmap, ok bool) {
+	switch n["Node Type"] {
+	case "Index Scan", "Index Only Scan":
+	case "Bitmap Heap Scan":
+		children, _ := n["Plans"].([]any)
+		if len(children) != 1 {
+			return "", "", true, false
+		}
+		child, _ := children[0].(map[string]any)
+		if child["Node Type"] != "Bitmap Index Scan" {
+			return "", "", true, false
+		}
+		n, bitmap = child, true
+	default:
+		return "", "", false, false
+	}
+	index, _ = n["Index Name"].(string)
+	cond, _ = n["Index Cond"].(string)
+	return index, cond, bitmap, true
+}
+
+// planProblems is what is wrong with how plan reads the queue and s.other's tables, one line
+// each: nothing when every such read goes through an index as s expects.
+func planProblems(plan map[string]any, s planStatement) []string {
+	var problems []string
+	reads := 0
+	planNodes(plan, func(n map[string]any, above []string) {
+		table, ok := planIsRead(n)
+		if !ok {
+			return
+		}
+		scan := planScan(n)
+		index, cond, bitmap, ok := planIndexOf(n)
+		parent := ""
+		if len(above) > 0 {
+			parent = above[len(above)-1]
+		}
+		switch {
+		case table == planQueue:
+			reads++
+			if s.queue == "" || !ok || index != s.queue || (bitmap && !s.whole) {
+				problems = append(problems, fmt.Sprintf("%s (index %q): want only Index (Only) Scans using %q", scan, index, s.queue))
+				return
+			}
+			for _, want := range s.cond {
+				if !strings.Contains(cond, want) {
+					problems = append(problems, fmt.Sprintf("%s: Index Cond %s lacks %s", scan, cond, want))
+				}
+			}
+			if s.limit && parent != "Limit" {
+				problems = append(problems, fmt.Sprintf("%s: under %q, not a Limit", scan, parent))
+			}
+			if !s.whole && (slices.Contains(above, "Sort") || slices.Contains(above, "Incremental Sort")) {
+				problems = append(problems, scan+" feeds a Sort")
+			}
+		case s.other[table] != nil:
+			if !ok || !slices.Contains(s.other[table], index) {
+				problems = append(problems, fmt.Sprintf("%s (index %q): want an index scan using one of %v", scan, index, s.other[table]))
+			}
+		}
+	})
+	if s.queue != "" && reads == 0 {
+		problems = append(problems, "the queue is not read")
+	}
+	return problems
+}
+
+// planSummary lists the reads and sorts of plan, for the log.
+func planSummary(plan map[string]any) string {
+	var parts []string
+	planNodes(plan, func(n map[string]any, above []string) {
+		typ, _ := n["Node Type"].(string)
+		if _, ok := planIsRead(n); ok {
+			parts = append(parts, planScan(n))
+		} else if strings.HasSuffix(typ, "Sort") {
+			parts = append(parts, typ)
+		}
+	})
+	return strings.Join(parts, "; ")
+}
+
+// planCheck explains s in both plan cache modes and reports every problem with its plans.
+func planCheck(t *testing.T, ctx context.Context, conn *pgx.Conn, s planStatement) {
+	t.Helper()
+	for _, mode := range []string{"force_generic_plan", "force_custom_plan"} {
+		plan, err := planExplain(ctx, conn, mode, s.call)
+		require.NoError(t, err, "%s (%s)", s.name, mode)
+		t.Logf("%s (%s): %s", s.name, mode, planSummary(plan))
+		if p := planProblems(plan, s); len(p) > 0 {
+			text, err := planExplainAs(ctx, conn, "TEXT", mode, s.call)
+			require.NoError(t, err)
+			t.Errorf("%s (%s) does not keep its index plan:\n  %s\n%s", s.name, mode, strings.Join(p, "\n  "), text)
+		}
+	}
+}
+
+// planExec runs sql on conn, failing the test on an error.
+func planExec(t *testing.T, ctx context.Context, conn *pgx.Conn, sql string, args ...any) {
+	t.Helper()
+	_, err := conn.Exec(ctx, sql, pgq.Args(args)...)
+	require.NoError(t, err, sql)
+}
+
+// planLoad bulk-loads, in a handful of INSERT ... SELECT statements, the stored and queued
+// events tagged tag (their event type): hot, a stream with 20,000 events queued for both builds,
+// and 3,000 other streams with 3 each, with a cursor, a model and two snapshots for each pair;
+// and idle pairs, with a cursor and a model but nothing queued (applied long ago), as most
+// pairs are: against tables no bigger than a group, reading them whole is as cheap as the
+// group's 50 lookups.
+func planLoad(t *testing.T, ctx context.Context, conn *pgx.Conn, tag string, hot uuid.UUID, idle int) {
+	t.Helper()
+	planExec(t, ctx, conn, `INSERT INTO wh_event_store (event_id, stream_id, event_type, data)
+		SELECT gen_random_uuid(), $1::uuid, $2::text, '{}'::jsonb FROM generate_series(1, 20000)
+		UNION ALL
+		SELECT gen_random_uuid(), md5($2::text || s)::uuid, $2::text, '{}'
+		FROM generate_series(1, 3000) s, generate_series(1, 3)`, hot, tag)
+	planExec(t, ctx, conn, `INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id, next_attempt_at)
+		SELECT e.stream_id, b.build_key, e.event_id,
+		       CASE WHEN e.stream_id <> $1::uuid -- one due time per pair
+		                THEN now() - interval '1 hour' + (abs(hashtext(e.stream_id::text)) % 3600000) * interval '1 ms'
+		            WHEN b.build_key = $3::text THEN now() - interval '2 hours'
+		            ELSE now() - interval '2 hours' + random() * interval '1 hour' END
+		FROM wh_event_store e CROSS JOIN (VALUES ($3::text), ($4::text)) b (build_key)
+		WHERE e.event_type = $2::text`, hot, tag, planBuildA, planBuildB)
+	planExec(t, ctx, conn, `WITH queued AS (
+		    SELECT DISTINCT e.stream_id, b.build_key AS perspective_name
+		    FROM wh_event_store e CROSS JOIN (VALUES ($2::text), ($3::text)) b (build_key)
+		    WHERE e.event_type = $1::text
+		), pairs AS (
+		    SELECT stream_id, perspective_name FROM queued
+		    UNION ALL
+		    SELECT md5($1::text || 'idle' || s)::uuid, $2::text FROM generate_series(1, $4::int) s
+		), cursors AS (
+		    INSERT INTO wh_perspective_cursors (stream_id, perspective_name, last_event_id)
+		    SELECT stream_id, perspective_name, gen_random_uuid() FROM pairs
+		), models AS (
+		    INSERT INTO wh_perspective_models (stream_id, perspective_name, model, last_event_id)
+		    SELECT stream_id, perspective_name, '{}', gen_random_uuid() FROM pairs
+		)
+		INSERT INTO wh_perspective_snapshots (stream_id, perspective_name, snapshot_event_id, model)
+		SELECT stream_id, perspective_name, gen_random_uuid(), '{}' FROM queued CROSS JOIN generate_series(1, 2)`,
+		tag, planBuildA, planBuildB, idle)
+}
+
+// planQueueStats is the queue's row count, the planner's idea of it (reltuples: -1 when never
+// analyzed) and how many of its columns have statistics.
+func planQueueStats(t *testing.T, ctx context.Context, conn *pgx.Conn) (rows int64, reltuples float64, columns int64) {
+	t.Helper()
+	require.NoError(t, conn.QueryRow(ctx, `SELECT (SELECT count(*) FROM wh_perspective_events), c.reltuples::float8,
+		(SELECT count(*) FROM pg_stats s WHERE s.schemaname = 'public' AND s.tablename = c.relname)
+		FROM pg_class c WHERE c.oid = 'wh_perspective_events'::regclass`).Scan(&rows, &reltuples, &columns))
+	return rows, reltuples, columns
+}
+
+// planStatements are the statements to check, with the arguments the worker would pass in
+// the database's present state: the claim; the pairs of the hot stream and 48 others as one
+// group (the default GroupSize is 50) for the group path's statements, which apply the
+// first 100 queued events of each (the default BatchSize); and an Append of 10 events to the
+// hot stream.
+func planStatements(t *testing.T, ctx context.Context, conn *pgx.Conn, hot uuid.UUID) []planStatement {
+	t.Helper()
+	streams := []uuid.UUID{hot, hot}
+	names := []string{planBuildA, planBuildB}
+	rows, err := conn.Query(ctx, `SELECT stream_id, perspective_name FROM wh_perspective_cursors c
+		WHERE stream_id <> $1 AND EXISTS (SELECT 1 FROM wh_perspective_events q
+		                                  WHERE q.stream_id = c.stream_id AND q.perspective_name = c.perspective_name)
+		ORDER BY stream_id, perspective_name LIMIT 48`, hot)
+	require.NoError(t, err)
+	for rows.Next() {
+		var s uuid.UUID
+		var n string
+		require.NoError(t, rows.Scan(&s, &n))
+		streams, names = append(streams, s), append(names, n)
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, streams, 50)
+
+	var applied []uuid.UUID
+	require.NoError(t, conn.QueryRow(ctx, `SELECT array_agg(event_id) FROM (
+		SELECT event_id FROM wh_perspective_events WHERE stream_id = $1 AND perspective_name = $2
+		ORDER BY event_id LIMIT 100) q`, hot, planBuildA).Scan(&applied))
+	require.Len(t, applied, 100)
+	appliedStreams, appliedNames := make([]uuid.UUID, len(applied)), make([]string, len(applied))
+	for i := range applied {
+		appliedStreams[i], appliedNames[i] = hot, planBuildA
+	}
+	models, since := make([]string, len(streams)), make([]int32, len(streams))
+	lastIDs := make([]uuid.UUID, len(streams))
+	for i := range streams {
+		models[i], since[i], lastIDs[i] = "{}", 1, applied[len(applied)-1]
+	}
+
+	// The statement of wh_append that reads the queue, as its source has it, with the
+	// function's arguments as the parameters $1 to $5.
+	var src string
+	require.NoError(t, conn.QueryRow(ctx, `SELECT prosrc FROM pg_proc WHERE proname = 'wh_append'`).Scan(&src))
+	start := strings.Index(src, "WITH ev AS (")
+	require.GreaterOrEqual(t, start, 0, "wh_append: its statement")
+	appendSQL, _, ok := strings.Cut(src[start:], ";")
+	require.True(t, ok, "wh_append: the end of its statement")
+	const unnestArgs = "unnest(event_ids, stream_ids, event_types, datas, created_ats)"
+	require.Equal(t, 1, strings.Count(appendSQL, unnestArgs), "wh_append: the arguments of its statement")
+	appendSQL = strings.Replace(appendSQL, unnestArgs,
+		"unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::timestamptz[])", 1)
+	appendIDs, appendStreams := newIDs(t, 10), make([]uuid.UUID, 10)
+	appendTypes, appendData, appendAt := make([]string, 10), make([]string, 10), make([]time.Time, 10)
+	for i := range appendIDs {
+		appendStreams[i], appendTypes[i], appendData[i] = hot, "planned", "{}"
+	}
+
+	pairCond := []string{"(stream_id = ", "(perspective_name = "}
+	return []planStatement{{
+		name: "QueueDuePairs",
+		call: planRecord(t, func(q *db.Queries) error {
+			_, err := q.QueueDuePairs(ctx, db.QueueDuePairsParams{
+				PairLimit: 50, InstanceID: uuid.New(), PerspectiveNames: []string{planBuildA, planBuildB}, MaxSteps: 100,
+			})
+			return err
+		}),
+		queue: planQueueDue, limit: true,
+		cond:  []string{"(ROW(next_attempt_at, stream_id, perspective_name) > ROW("},
+		other: map[string][]string{"wh_perspective_cursors": planPairIndexes},
+	}, {
+		name: "QueueEventsForPairs",
+		call: planRecord(t, func(q *db.Queries) error {
+			_, err := q.QueueEventsForPairs(ctx, db.QueueEventsForPairsParams{StreamIds: streams, PerspectiveNames: names, PerPairLimit: 100})
+			return err
+		}),
+		queue: planQueuePKey, cond: pairCond, limit: true,
+		other: map[string][]string{"wh_event_store": {"wh_event_store_pkey"}},
+	}, {
+		name: "QueueIDsForPair",
+		call: planRecord(t, func(q *db.Queries) error {
+			_, err := q.QueueIDsForPair(ctx, db.QueueIDsForPairParams{StreamID: hot, PerspectiveName: planBuildA})
+			return err
+		}),
+		queue: planQueuePKey, cond: pairCond, whole: true,
+	}, {
+		name: "PairsLockForApply",
+		call: planRecord(t, func(q *db.Queries) error {
+			_, err := q.PairsLockForApply(ctx, db.PairsLockForApplyParams{StreamIds: streams, PerspectiveNames: names})
+			return err
+		}),
+		other: map[string][]string{
+			"wh_perspective_cursors":   planPairIndexes,
+			"wh_perspective_snapshots": {"wh_perspective_snapshots_pkey"},
+		},
+	}, {
+		name: "ModelsGet",
+		call: planRecord(t, func(q *db.Queries) error {
+			_, err := q.ModelsGet(ctx, db.ModelsGetParams{StreamIds: streams, PerspectiveNames: names})
+			return err
+		}),
+		other: map[string][]string{"wh_perspective_models": {"wh_perspective_models_pkey"}},
+	}, {
+		name: "PairsApplyCommit",
+		call: planRecord(t, func(q *db.Queries) error {
+			_, err := q.PairsApplyCommit(ctx, db.PairsApplyCommitParams{
+				StreamIds: streams, PerspectiveNames: names, Models: models, LastEventIds: lastIDs, EventsSinceSnapshot: since,
+				AppliedStreamIds: appliedStreams, AppliedPerspectiveNames: appliedNames, AppliedEventIds: applied,
+			})
+			return err
+		}),
+		queue: planQueuePKey, cond: append(slices.Clip(pairCond), "(event_id = "),
+		other: map[string][]string{"wh_perspective_cursors": planPairIndexes},
+	}, {
+		name:  "wh_append",
+		call:  planCall{sql: appendSQL, args: pgq.Args([]any{appendIDs, appendStreams, appendTypes, appendData, appendAt})},
+		queue: planQueuePKey, cond: pairCond, limit: true,
+		other: map[string][]string{"wh_perspective_cursors": planPairIndexes},
+	}}
+}
+
+func TestPlansSQLHoldWithoutStatistics(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	d, err := pgtest.Create(ctx, "plans")
+	require.NoError(t, err)
+	defer d.Close()
+	// One direct connection (session settings and prepared statements must stay on it),
+	// in the simple protocol: nothing of pgx's own is prepared on it.
+	cfg, err := pgx.ParseConfig(d.DirectURL)
+	require.NoError(t, err)
+	cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+
+	for _, table := range planTables {
+		planExec(t, ctx, conn, "ALTER TABLE "+table+" SET (autovacuum_enabled = false)")
+	}
+	for _, b := range []string{planBuildA, planBuildB} {
+		planExec(t, ctx, conn, `INSERT INTO wh_perspectives (perspective_name) VALUES ($1)`, b)
+		planExec(t, ctx, conn, `INSERT INTO wh_perspective_builds (build_key, perspective_name, version, build, state, catchup_done)
+			VALUES ($1, $1, 1, 1, 'active', true)`, b)
+	}
+	hot := uuid.New()
+	planLoad(t, ctx, conn, "load1", hot, 30000)
+
+	check := func(state string, hot uuid.UUID) {
+		t.Run(state, func(t *testing.T) {
+			for _, s := range planStatements(t, ctx, conn, hot) {
+				planCheck(t, ctx, conn, s)
+			}
+		})
+	}
+
+	rows, reltuples, columns := planQueueStats(t, ctx, conn)
+	require.Equal(t, -1.0, reltuples, "the queue is never analyzed")
+	require.Zero(t, columns, "the queue has no column statistics")
+	require.EqualValues(t, 2*(20000+3*3000), rows)
+	check("never analyzed", hot)
+
+	planExec(t, ctx, conn, "ANALYZE")
+	rows, reltuples, columns = planQueueStats(t, ctx, conn)
+	require.InEpsilon(t, float64(rows), reltuples, 0.01, "the queue is analyzed")
+	require.NotZero(t, columns)
+	check("analyzed", hot)
+
+	// About one row in 16 is left; the statistics still count every row and the hot pair as
+	// most of the queue.
+	planExec(t, ctx, conn, `DELETE FROM wh_perspective_events WHERE left(event_id::text, 1) <> '0'`)
+	rows, reltuples, _ = planQueueStats(t, ctx, conn)
+	require.Greater(t, reltuples, 10*float64(rows), "the statistics are stale")
+	check("stale after a delete", hot)
+
+	// Analyzed small, then bulk-loaded again: the statistics know nothing of the new hot
+	// stream and count a tenth of the rows.
+	planExec(t, ctx, conn, "ANALYZE")
+	hot2 := uuid.New()
+	planLoad(t, ctx, conn, "load2", hot2, 0)
+	rows, reltuples, _ = planQueueStats(t, ctx, conn)
+	require.Less(t, 10*reltuples, float64(rows), "the statistics are stale")
+	check("stale after a second bulk load", hot2)
+
+	var autoAnalyzed, autoVacuumed bool
+	require.NoError(t, conn.QueryRow(ctx, `SELECT last_autoanalyze IS NOT NULL, last_autovacuum IS NOT NULL
+		FROM pg_stat_user_tables WHERE relid = 'wh_perspective_events'::regclass`).Scan(&autoAnalyzed, &autoVacuumed))
+	require.False(t, autoAnalyzed || autoVacuumed, "autovacuum left the queue alone")
+
+	// The checks can fail: without the index a statement must probe, they report its plans.
+	// Each index is dropped in a transaction that is rolled back.
+	for _, c := range []struct{ statement, drop string }{
+		{"QueueDuePairs", "DROP INDEX " + planQueueDue},
+		{"QueueEventsForPairs", "ALTER TABLE wh_perspective_events DROP CONSTRAINT " + planQueuePKey},
+	} {
+		statements := planStatements(t, ctx, conn, hot2)
+		i := slices.IndexFunc(statements, func(s planStatement) bool { return s.name == c.statement })
+		require.GreaterOrEqual(t, i, 0)
+		tx, err := conn.Begin(ctx)
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, c.drop)
+		require.NoError(t, err)
+		for _, mode := range []string{"force_generic_plan", "force_custom_plan"} {
+			plan, err := planExplain(ctx, conn, mode, statements[i].call)
+			require.NoError(t, err)
+			require.NotEmpty(t, planProblems(plan, statements[i]), "%s (%s) after %s: %s", c.statement, mode, c.drop, planSummary(plan))
+		}
+		require.NoError(t, tx.Rollback(ctx))
+	}
+}
