@@ -101,7 +101,10 @@ type Querier interface {
 	// while rows joined from other tables stay as of the statement's snapshot, so a model read
 	// here could predate the cursor it came with (a rewind that committed meanwhile keeps the
 	// cursor position but changes the model).
-	// A retired build is never written again (its rows are being deleted).
+	// Each pair it locked also gets its claim mark, held to the end of the transaction: a
+	// transaction-level advisory lock by which other instances' claims (QueueDuePairs) pass over
+	// the pairs this transaction applies (they cannot see row locks; a claim holds the shared
+	// side only for the moment it tests it). Taken above the row lock, for the pairs locked only.
 	PairsLockForApply(ctx context.Context, arg PairsLockForApplyParams) ([]PairsLockForApplyRow, error)
 	// Records a failure of each given pair (errors[i] for pair i) on its cursor and on every
 	// queued row of the pair, and schedules the retry: base_seconds doubled per earlier

@@ -12,25 +12,35 @@
 -- while rows joined from other tables stay as of the statement's snapshot, so a model read
 -- here could predate the cursor it came with (a rewind that committed meanwhile keeps the
 -- cursor position but changes the model).
-SELECT c.stream_id,
-       c.perspective_name,
-       c.last_event_id,
-       c.events_since_snapshot,
-       COALESCE(CASE WHEN c.stream_lock_expiry > clock_timestamp() THEN c.stream_lock_instance_id END,
-                '00000000-0000-0000-0000-000000000000')::uuid AS lock_holder,
-       (SELECT COALESCE(array_agg(s.snapshot_event_id ORDER BY s.snapshot_event_id DESC), '{}')
-        FROM wh_perspective_snapshots s
-        WHERE s.stream_id = c.stream_id AND s.perspective_name = c.perspective_name
-       )::uuid[] AS snapshot_ids
-FROM (SELECT unnest(@stream_ids::uuid[]) AS stream_id, unnest(@perspective_names::text[]) AS perspective_name) p
-JOIN wh_perspective_cursors c
-  ON c.stream_id = p.stream_id AND c.perspective_name = p.perspective_name
--- A retired build is never written again (its rows are being deleted).
-WHERE NOT EXISTS (
-    SELECT 1 FROM wh_perspective_builds b
-    WHERE b.build_key = c.perspective_name AND b.state = 'retired'
-)
-FOR UPDATE OF c SKIP LOCKED;
+-- Each pair it locked also gets its claim mark, held to the end of the transaction: a
+-- transaction-level advisory lock by which other instances' claims (QueueDuePairs) pass over
+-- the pairs this transaction applies (they cannot see row locks; a claim holds the shared
+-- side only for the moment it tests it). Taken above the row lock, for the pairs locked only.
+SELECT l.stream_id, l.perspective_name, l.last_event_id, l.events_since_snapshot, l.lock_holder, l.snapshot_ids
+FROM (
+    SELECT c.stream_id,
+           c.perspective_name,
+           c.last_event_id,
+           c.events_since_snapshot,
+           COALESCE(CASE WHEN c.stream_lock_expiry > clock_timestamp() THEN c.stream_lock_instance_id END,
+                    '00000000-0000-0000-0000-000000000000')::uuid AS lock_holder,
+           (SELECT COALESCE(array_agg(s.snapshot_event_id ORDER BY s.snapshot_event_id DESC), '{}')
+            FROM wh_perspective_snapshots s
+            WHERE s.stream_id = c.stream_id AND s.perspective_name = c.perspective_name
+           )::uuid[] AS snapshot_ids
+    FROM (SELECT unnest(@stream_ids::uuid[]) AS stream_id, unnest(@perspective_names::text[]) AS perspective_name) p
+    JOIN wh_perspective_cursors c
+      ON c.stream_id = p.stream_id AND c.perspective_name = p.perspective_name
+    -- A retired build is never written again (its rows are being deleted).
+    WHERE NOT EXISTS (
+        SELECT 1 FROM wh_perspective_builds b
+        WHERE b.build_key = c.perspective_name AND b.state = 'retired'
+    )
+    FOR UPDATE OF c SKIP LOCKED
+) l
+CROSS JOIN LATERAL (
+    SELECT pg_advisory_xact_lock(hashtext(l.stream_id::text), hashtext(l.perspective_name))
+) mark;
 
 -- name: CursorsMissing :many
 -- Which of the given pairs have no cursor row. A plain read: it never waits for a row that

@@ -38,6 +38,11 @@ WITH RECURSIVE due AS (
                 AND g.pair <> ALL (d.returned)
                 -- pairs to skip (in work here, or just found held by another transaction)
                 AND g.pair <> ALL (COALESCE(@busy_pairs::text[], '{}')) -- NULL: none
+                -- pairs an apply transaction holds (its claim mark, see PairsLockForApply):
+                -- tested by taking and at once releasing the shared side
+                AND CASE WHEN pg_try_advisory_lock_shared(hashtext(g.stream_id::text), hashtext(g.perspective_name))
+                         THEN pg_advisory_unlock_shared(hashtext(g.stream_id::text), hashtext(g.perspective_name))
+                         ELSE false END
                 AND NOT EXISTS (
                     SELECT 1 FROM wh_perspective_cursors c
                     WHERE c.stream_id = g.stream_id

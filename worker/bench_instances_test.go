@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"strconv"
@@ -86,7 +87,7 @@ func benchWorkerProcess(dbURL string) error {
 	w, err := worker.New(pool, worker.Config{
 		Perspectives:  []worker.Perspective{sumPerspective(instancesName)},
 		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
-		Logger:        quietLogger(),
+		Logger:        slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		Concurrency:   concurrency,
 	})
 	if err != nil {
@@ -263,6 +264,7 @@ func BenchmarkInstances(b *testing.B) {
 			}
 			el, claims, applied := drainProcesses(b, d.Pool, d.URL, v.processes, v.concurrency)
 			require.EqualValues(b, instancesEvents, sum(applied), "%s: every event applied once", v.name)
+			b.Logf("%s: %s claims %v applied %v", v.name, el, claims, applied)
 			rate, cpe := instancesEvents/el.Seconds(), float64(sum(claims))/instancesEvents
 			if i == 0 {
 				base.rate, base.cpe = rate, cpe

@@ -860,3 +860,32 @@ func TestClaimSQLMaxStepsBoundsTheGroupsPassed(t *testing.T) {
 	require.Equal(t, gsPairs(name, bulk, hot), claim(2), "bulk's 20 rows are one step")
 	require.Equal(t, gsPairs(name, bulk), claim(1))
 }
+
+// A pair that an apply transaction has locked carries its claim mark until that transaction
+// ends: other instances' claims pass it over (they cannot see the row lock) and take the
+// pairs behind it; once the transaction ends, the pair is claimed again.
+func TestClaimSQLPassesPairsAnotherTransactionApplies(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := gsRegister(t, ctx, "claim_marked")
+	s := gsStreamsDescending(3)
+	for _, stream := range s {
+		gsAppend(t, ctx, stream, 1)
+	}
+	gsSeal(t, ctx, []string{name}, s...)
+	claim := func() []gsPair {
+		return gsClaim(t, ctx, db.QueueDuePairsParams{
+			PerspectiveNames: []string{name}, InstanceID: uuid.New(), PairLimit: 10, MaxSteps: 100,
+		})
+	}
+	require.Equal(t, gsPairs(name, s...), claim())
+
+	tx := gsBegin(t, ctx)
+	streams, names := gsArrays(gsPair{s[0], name})
+	locked, err := pgq.New(tx).PairsLockForApply(ctx, db.PairsLockForApplyParams{StreamIds: streams, PerspectiveNames: names})
+	require.NoError(t, err)
+	require.Len(t, locked, 1)
+	require.Equal(t, gsPairs(name, s[1:]...), claim(), "the pair being applied is passed over")
+	require.NoError(t, tx.Rollback(ctx))
+	require.Equal(t, gsPairs(name, s...), claim(), "the mark ends with the transaction")
+}

@@ -317,9 +317,12 @@ func (w *Worker) claimAndStart(ctx context.Context, s *schedule, free int, start
 		Perspectives: w.builds().keys,
 		Skip:         skip,
 		Limit:        limit,
-		// At most enough queued groups for the pairs it skips and twice the pairs it wants,
-		// so a claim stays cheap when a few pairs have many separately queued events.
-		MaxSteps: len(skip) + 2*limit,
+		// At most enough queued groups for the pairs it skips, twice the pairs it wants and
+		// the pairs other instances are applying (passed over by their claim marks), so a
+		// claim stays cheap when many due groups cannot be claimed (a build's pairs waiting
+		// for its catch-up), yet one instance does not come back empty-handed, to wait a
+		// whole PollInterval, from behind the pairs the others hold.
+		MaxSteps: len(skip) + 2*limit + claimPassHeld,
 	})
 	if err != nil {
 		return false, err
@@ -331,6 +334,11 @@ func (w *Worker) claimAndStart(ctx context.Context, s *schedule, free int, start
 	}
 	return len(pairs) >= limit, nil
 }
+
+// claimPassHeld is how many queued groups a claim may pass beyond its own needs: room for
+// the pairs other instances' apply transactions hold (Concurrency × GroupSize each: 200 by
+// default).
+const claimPassHeld = 1000
 
 // splitGroups divides pairs into at most n groups of nearly equal size, in order.
 func splitGroups(pairs []Pair, n int) [][]Pair {
