@@ -121,7 +121,8 @@ type Querier interface {
 	// The pairs with due queue rows, oldest row first, of the builds this instance runs
 	// (perspective_names holds their build keys), skipping the pairs listed in busy_pairs, pairs
 	// another instance has locked, pairs backing off after a failure, and pairs whose build's
-	// catch-up has not passed their stream yet; at most pair_limit pairs, each once.
+	// catch-up has not passed their stream yet; at most pair_limit pairs, each once (and the
+	// first group's position, see below).
 	// A loose index scan: each step is one probe of the due index for the first row after the
 	// previous step's (next_attempt_at, stream, perspective) group, so a step passes a whole
 	// group (all the rows one Append queued for a pair) at once, and the cost grows with the
@@ -137,6 +138,8 @@ type Querier interface {
 	// milliseconds per claim on a queue of a few thousand rows. So the perspectives are a
 	// filter (IS TRUE keeps the comparison out of the index condition) and the due time is
 	// judged per group: the first group not due ends the scan.
+	// The pairs, in order, and first the first group passed (steps = 1) whether claimable or not:
+	// the caller's next start.
 	QueueDuePairs(ctx context.Context, arg QueueDuePairsParams) ([]QueueDuePairsRow, error)
 	// Enqueues every stored event of one stream for one perspective (rebuild).
 	QueueEnqueueStream(ctx context.Context, arg QueueEnqueueStreamParams) (int64, error)

@@ -7,6 +7,7 @@ package db
 
 import (
 	"context"
+	"time"
 
 	"github.com/google/uuid"
 )
@@ -81,9 +82,11 @@ func (q *Queries) QueueDepth(ctx context.Context) ([]QueueDepthRow, error) {
 
 const queueDuePairs = `-- name: QueueDuePairs :many
 WITH RECURSIVE due AS (
-    -- The start: before every row.
-    SELECT '-infinity'::timestamptz AS next_attempt_at,
-           '00000000-0000-0000-0000-000000000000'::uuid AS stream_id,
+    -- The start: before every row, or before the position from_at/from_stream (which the
+    -- caller knows no due row precedes: the first group its last claim passed), so that the
+    -- claim does not step through the dead index entries of the rows applied since.
+    SELECT COALESCE($2::timestamptz, '-infinity'::timestamptz) AS next_attempt_at,
+           COALESCE($3::uuid, '00000000-0000-0000-0000-000000000000'::uuid) AS stream_id,
            ''::text AS perspective_name,
            '{}'::text[] AS returned, -- pairs returned so far, as 'stream_id/perspective_name'
            false AS ok,
@@ -99,7 +102,7 @@ WITH RECURSIVE due AS (
                (g.next_attempt_at <= now()
                 AND g.pair <> ALL (d.returned)
                 -- pairs to skip (in work here, or just found held by another transaction)
-                AND g.pair <> ALL (COALESCE($2::text[], '{}')) -- NULL: none
+                AND g.pair <> ALL (COALESCE($4::text[], '{}')) -- NULL: none
                 -- pairs an apply transaction holds (its claim mark, see PairsLockForApply):
                 -- tested by taking and at once releasing the shared side
                 AND CASE WHEN pg_try_advisory_lock_shared(hashtext(g.stream_id::text), hashtext(g.perspective_name))
@@ -109,7 +112,7 @@ WITH RECURSIVE due AS (
                     SELECT 1 FROM wh_perspective_cursors c
                     WHERE c.stream_id = g.stream_id
                       AND c.perspective_name = g.perspective_name
-                      AND ((c.stream_lock_instance_id <> $3::uuid AND c.stream_lock_expiry > clock_timestamp())
+                      AND ((c.stream_lock_instance_id <> $5::uuid AND c.stream_lock_expiry > clock_timestamp())
                            OR c.next_attempt_at > now())
                 )
                 -- a build's pairs wait until its catch-up has passed their stream
@@ -124,22 +127,25 @@ WITH RECURSIVE due AS (
                    q.stream_id::text || '/' || q.perspective_name AS pair
             FROM wh_perspective_events q
             WHERE (q.next_attempt_at, q.stream_id, q.perspective_name) > (d.next_attempt_at, d.stream_id, d.perspective_name)
-              AND (q.perspective_name = ANY($4::text[])) IS TRUE
+              AND (q.perspective_name = ANY($6::text[])) IS TRUE
             ORDER BY q.next_attempt_at, q.stream_id, q.perspective_name, q.event_id
             LIMIT 1
         ) g
     ) n
     -- The first group not yet due ends the scan (the groups after it are not due either).
-    WHERE d.steps < $5::int AND d.next_attempt_at <= now()
+    WHERE d.steps < $7::int AND d.next_attempt_at <= now()
 )
-SELECT due.stream_id, due.perspective_name
+SELECT due.stream_id::uuid AS stream_id, due.perspective_name::text AS perspective_name,
+       due.next_attempt_at::timestamptz AS next_attempt_at, due.ok::bool AS ok
 FROM due
-WHERE due.ok
-LIMIT $1
+WHERE due.ok OR due.steps = 1
+LIMIT $1+ 1
 `
 
 type QueueDuePairsParams struct {
 	PairLimit        int32
+	FromAt           *time.Time
+	FromStream       uuid.NullUUID
 	BusyPairs        []string
 	InstanceID       uuid.UUID
 	PerspectiveNames []string
@@ -149,12 +155,15 @@ type QueueDuePairsParams struct {
 type QueueDuePairsRow struct {
 	StreamID        uuid.UUID
 	PerspectiveName string
+	NextAttemptAt   time.Time
+	Ok              bool
 }
 
 // The pairs with due queue rows, oldest row first, of the builds this instance runs
 // (perspective_names holds their build keys), skipping the pairs listed in busy_pairs, pairs
 // another instance has locked, pairs backing off after a failure, and pairs whose build's
-// catch-up has not passed their stream yet; at most pair_limit pairs, each once.
+// catch-up has not passed their stream yet; at most pair_limit pairs, each once (and the
+// first group's position, see below).
 // A loose index scan: each step is one probe of the due index for the first row after the
 // previous step's (next_attempt_at, stream, perspective) group, so a step passes a whole
 // group (all the rows one Append queued for a pair) at once, and the cost grows with the
@@ -170,9 +179,13 @@ type QueueDuePairsRow struct {
 // milliseconds per claim on a queue of a few thousand rows. So the perspectives are a
 // filter (IS TRUE keeps the comparison out of the index condition) and the due time is
 // judged per group: the first group not due ends the scan.
+// The pairs, in order, and first the first group passed (steps = 1) whether claimable or not:
+// the caller's next start.
 func (q *Queries) QueueDuePairs(ctx context.Context, arg QueueDuePairsParams) ([]QueueDuePairsRow, error) {
 	rows, err := q.db.Query(ctx, queueDuePairs,
 		arg.PairLimit,
+		arg.FromAt,
+		arg.FromStream,
 		arg.BusyPairs,
 		arg.InstanceID,
 		arg.PerspectiveNames,
@@ -185,7 +198,12 @@ func (q *Queries) QueueDuePairs(ctx context.Context, arg QueueDuePairsParams) ([
 	items := []QueueDuePairsRow{}
 	for rows.Next() {
 		var i QueueDuePairsRow
-		if err := rows.Scan(&i.StreamID, &i.PerspectiveName); err != nil {
+		if err := rows.Scan(
+			&i.StreamID,
+			&i.PerspectiveName,
+			&i.NextAttemptAt,
+			&i.Ok,
+		); err != nil {
 			return nil, err
 		}
 		items = append(items, i)

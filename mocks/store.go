@@ -33,7 +33,7 @@ var _ worker.Store = &StoreMock{}
 //			CatchUpFunc: func(ctx context.Context, req worker.CatchUpRequest, fold func(worker.CatchUpPage) []worker.PairWrite) (worker.CatchUpResult, error) {
 //				panic("mock out the CatchUp method")
 //			},
-//			ClaimFunc: func(ctx context.Context, req worker.ClaimRequest) ([]worker.Pair, error) {
+//			ClaimFunc: func(ctx context.Context, req worker.ClaimRequest) (worker.Claimed, error) {
 //				panic("mock out the Claim method")
 //			},
 //			CleanupFunc: func(ctx context.Context, perspectives []string, grace time.Duration, batch int) (bool, error) {
@@ -86,7 +86,7 @@ type StoreMock struct {
 	CatchUpFunc func(ctx context.Context, req worker.CatchUpRequest, fold func(worker.CatchUpPage) []worker.PairWrite) (worker.CatchUpResult, error)
 
 	// ClaimFunc mocks the Claim method.
-	ClaimFunc func(ctx context.Context, req worker.ClaimRequest) ([]worker.Pair, error)
+	ClaimFunc func(ctx context.Context, req worker.ClaimRequest) (worker.Claimed, error)
 
 	// CleanupFunc mocks the Cleanup method.
 	CleanupFunc func(ctx context.Context, perspectives []string, grace time.Duration, batch int) (bool, error)
@@ -424,7 +424,7 @@ func (mock *StoreMock) CatchUpCalls() []struct {
 }
 
 // Claim calls ClaimFunc.
-func (mock *StoreMock) Claim(ctx context.Context, req worker.ClaimRequest) ([]worker.Pair, error) {
+func (mock *StoreMock) Claim(ctx context.Context, req worker.ClaimRequest) (worker.Claimed, error) {
 	if mock.ClaimFunc == nil {
 		panic("StoreMock.ClaimFunc: method is nil but Store.Claim was just called")
 	}

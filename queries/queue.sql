@@ -2,7 +2,8 @@
 -- The pairs with due queue rows, oldest row first, of the builds this instance runs
 -- (perspective_names holds their build keys), skipping the pairs listed in busy_pairs, pairs
 -- another instance has locked, pairs backing off after a failure, and pairs whose build's
--- catch-up has not passed their stream yet; at most pair_limit pairs, each once.
+-- catch-up has not passed their stream yet; at most pair_limit pairs, each once (and the
+-- first group's position, see below).
 -- A loose index scan: each step is one probe of the due index for the first row after the
 -- previous step's (next_attempt_at, stream, perspective) group, so a step passes a whole
 -- group (all the rows one Append queued for a pair) at once, and the cost grows with the
@@ -19,9 +20,11 @@
 -- filter (IS TRUE keeps the comparison out of the index condition) and the due time is
 -- judged per group: the first group not due ends the scan.
 WITH RECURSIVE due AS (
-    -- The start: before every row.
-    SELECT '-infinity'::timestamptz AS next_attempt_at,
-           '00000000-0000-0000-0000-000000000000'::uuid AS stream_id,
+    -- The start: before every row, or before the position from_at/from_stream (which the
+    -- caller knows no due row precedes: the first group its last claim passed), so that the
+    -- claim does not step through the dead index entries of the rows applied since.
+    SELECT COALESCE(sqlc.narg(from_at)::timestamptz, '-infinity'::timestamptz) AS next_attempt_at,
+           COALESCE(sqlc.narg(from_stream)::uuid, '00000000-0000-0000-0000-000000000000'::uuid) AS stream_id,
            ''::text AS perspective_name,
            '{}'::text[] AS returned, -- pairs returned so far, as 'stream_id/perspective_name'
            false AS ok,
@@ -70,10 +73,13 @@ WITH RECURSIVE due AS (
     -- The first group not yet due ends the scan (the groups after it are not due either).
     WHERE d.steps < @max_steps::int AND d.next_attempt_at <= now()
 )
-SELECT due.stream_id, due.perspective_name
+-- The pairs, in order, and first the first group passed (steps = 1) whether claimable or not:
+-- the caller's next start.
+SELECT due.stream_id::uuid AS stream_id, due.perspective_name::text AS perspective_name,
+       due.next_attempt_at::timestamptz AS next_attempt_at, due.ok::bool AS ok
 FROM due
-WHERE due.ok
-LIMIT @pair_limit;
+WHERE due.ok OR due.steps = 1
+LIMIT @pair_limit + 1;
 
 -- name: QueueIDsForPair :many
 -- The queued event IDs of one pair, in order. The pair is compared with a subquery's values,

@@ -615,16 +615,31 @@ func TestGroupSQLPairsMarkFailedBacksOffPerPair(t *testing.T) {
 	require.Zero(t, siblingFailed, "the sibling perspective's queue rows are untouched")
 }
 
-// gsClaim runs QueueDuePairs. A nil BusyPairs is sent as NULL, which must mean "none".
+// gsClaim runs QueueDuePairs and returns the claimable pairs (at most PairLimit). A nil
+// BusyPairs is sent as NULL, which must mean "none".
 func gsClaim(t *testing.T, ctx context.Context, arg db.QueueDuePairsParams) []gsPair {
+	t.Helper()
+	out, _ := gsClaimFirst(t, ctx, arg)
+	return out
+}
+
+// gsClaimFirst is gsClaim, with the pair of the first group the claim passed (zero: none).
+func gsClaimFirst(t *testing.T, ctx context.Context, arg db.QueueDuePairsParams) ([]gsPair, gsPair) {
 	t.Helper()
 	rows, err := pgq.New(testDB.Pool).QueueDuePairs(ctx, arg)
 	require.NoError(t, err)
-	out := make([]gsPair, len(rows))
+	out := []gsPair{}
+	var first gsPair
 	for i, r := range rows {
-		out[i] = gsPair{r.StreamID, r.PerspectiveName}
+		if i == 0 {
+			first = gsPair{r.StreamID, r.PerspectiveName}
+		}
+		if r.Ok && len(out) < int(arg.PairLimit) {
+			out = append(out, gsPair{r.StreamID, r.PerspectiveName})
+		}
 	}
-	return out
+	require.LessOrEqual(t, len(rows), int(arg.PairLimit)+1)
+	return out, first
 }
 
 // gsDueTimes is the distinct next_attempt_at of the pair's queue rows, in order.
@@ -888,4 +903,40 @@ func TestClaimSQLPassesPairsAnotherTransactionApplies(t *testing.T) {
 	require.Equal(t, gsPairs(name, s[1:]...), claim(), "the pair being applied is passed over")
 	require.NoError(t, tx.Rollback(ctx))
 	require.Equal(t, gsPairs(name, s...), claim(), "the mark ends with the transaction")
+}
+
+// A claim returns the first group it passed, claimable or not, and a claim from a position
+// starts there: it returns no pair queued before it, and passes none of the groups before it.
+func TestClaimSQLStartsFromAPositionAndReturnsItsFirstGroup(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := gsRegister(t, ctx, "claim_from")
+	s := gsStreamsDescending(3)
+	for _, stream := range s {
+		gsAppend(t, ctx, stream, 1) // one Append each: due in this order
+	}
+	gsSeal(t, ctx, []string{name}, s...)
+	claim := func(busy []string, fromAt *time.Time, fromStream uuid.NullUUID) ([]gsPair, gsPair) {
+		return gsClaimFirst(t, ctx, db.QueueDuePairsParams{
+			PerspectiveNames: []string{name}, InstanceID: uuid.New(), PairLimit: 10, MaxSteps: 100,
+			BusyPairs: busy, FromAt: fromAt, FromStream: fromStream,
+		})
+	}
+	got, first := claim(nil, nil, uuid.NullUUID{})
+	require.Equal(t, gsPairs(name, s...), got)
+	require.Equal(t, gsPair{s[0], name}, first)
+	got, first = claim([]string{s[0].String() + "/" + name}, nil, uuid.NullUUID{})
+	require.Equal(t, gsPairs(name, s[1:]...), got)
+	require.Equal(t, gsPair{s[0], name}, first, "the first group passed, though not claimable")
+
+	due := gsDueTimes(t, ctx, gsPair{s[1], name})
+	require.Len(t, due, 1)
+	got, first = claim(nil, &due[0], uuid.NullUUID{UUID: s[1], Valid: true})
+	require.Equal(t, gsPairs(name, s[1:]...), got, "from the second pair's group on (it included)")
+	require.Equal(t, gsPair{s[1], name}, first)
+
+	gsExec(t, ctx, testDB.Pool, `DELETE FROM wh_perspective_events WHERE perspective_name = $1`, name)
+	got, first = claim(nil, nil, uuid.NullUUID{})
+	require.Empty(t, got)
+	require.Equal(t, gsPair{}, first, "an empty queue: no group passed")
 }

@@ -57,26 +57,36 @@ func pairArrays(pairs []Pair) ([]uuid.UUID, []string) {
 	return streams, names
 }
 
-func (s *pgStore) Claim(ctx context.Context, req ClaimRequest) ([]Pair, error) {
+func (s *pgStore) Claim(ctx context.Context, req ClaimRequest) (Claimed, error) {
 	skip := make([]string, len(req.Skip))
 	for i, p := range req.Skip {
 		skip[i] = p.Stream.String() + "/" + p.Perspective
 	}
-	rows, err := s.q.QueueDuePairs(ctx, db.QueueDuePairsParams{
+	arg := db.QueueDuePairsParams{
 		InstanceID:       req.Instance,
 		PerspectiveNames: req.Perspectives,
 		BusyPairs:        skip,
 		PairLimit:        int32(req.Limit),
 		MaxSteps:         int32(req.MaxSteps),
-	})
+	}
+	if !req.From.At.IsZero() {
+		arg.FromAt = &req.From.At
+		arg.FromStream = uuid.NullUUID{UUID: req.From.Stream, Valid: true}
+	}
+	rows, err := s.q.QueueDuePairs(ctx, arg)
 	if err != nil {
-		return nil, err
+		return Claimed{}, err
 	}
-	pairs := make([]Pair, len(rows))
+	var c Claimed
 	for i, r := range rows {
-		pairs[i] = Pair{Stream: r.StreamID, Perspective: r.PerspectiveName}
+		if i == 0 {
+			c.First = QueuePosition{At: r.NextAttemptAt, Stream: r.StreamID}
+		}
+		if r.Ok && len(c.Pairs) < req.Limit {
+			c.Pairs = append(c.Pairs, Pair{Stream: r.StreamID, Perspective: r.PerspectiveName})
+		}
 	}
-	return pairs, nil
+	return c, nil
 }
 
 func (s *pgStore) RewindStart(ctx context.Context, p Pair) (RewindStart, error) {

@@ -75,6 +75,8 @@ type schedule struct {
 	buildJobs map[buildJob]bool // build jobs waiting or running
 	contended map[Pair]contention
 	cutOff    map[Pair]int  // pairs whose last jobs were cut off by a lost connection: how many in a row
+	from      QueuePosition // where the next claim starts (see claimFrom)
+	fullAt    time.Time     // when a claim last started at the oldest row
 	window    time.Duration // LockTimeout: contention longer than this is warned of
 	log       *slog.Logger
 	logPair   func(Pair, ...any) []any // how a pair is named in the log
@@ -185,6 +187,27 @@ func (s *schedule) noteContention(p Pair, now time.Time) {
 			s.logPair(p, slog.Duration("duration", now.Sub(c.first)))...)
 	}
 	s.contended[p] = c
+}
+
+// claimFrom is where a claim at now starts: at the oldest row once every interval (a row
+// queued by a transaction that began before the last claim may lie before the first group
+// that claim passed, and waits at most that long), else at that first group: no other due
+// row precedes it, and the claim need not step through the dead index entries of the rows
+// applied since (thousands after a large drain, until vacuumed). full says which.
+func (s *schedule) claimFrom(now time.Time, interval time.Duration) (from QueuePosition, full bool) {
+	if now.Sub(s.fullAt) >= interval {
+		s.fullAt = now
+		return QueuePosition{}, true
+	}
+	return s.from, false
+}
+
+// claimed takes the first group a claim passed (zero: none) as the next claim's start; a
+// claim from the oldest row that passed none leaves nothing to start after.
+func (s *schedule) claimed(first QueuePosition, full bool) {
+	if full || !first.At.IsZero() {
+		s.from = first
+	}
 }
 
 // popPending returns the first follow-up waiting for a slot that is due at now.
@@ -312,7 +335,8 @@ func (w *Worker) noteReachable(ctx context.Context, unreachable bool, err error)
 func (w *Worker) claimAndStart(ctx context.Context, s *schedule, free int, start func(job)) (bool, error) {
 	limit := free * w.cfg.GroupSize
 	skip := s.claimSkips()
-	pairs, err := w.store.Claim(ctx, ClaimRequest{
+	from, full := s.claimFrom(time.Now(), w.cfg.PollInterval)
+	claimed, err := w.store.Claim(ctx, ClaimRequest{
 		Instance:     w.cfg.InstanceID,
 		Perspectives: w.builds().keys,
 		Skip:         skip,
@@ -323,10 +347,13 @@ func (w *Worker) claimAndStart(ctx context.Context, s *schedule, free int, start
 		// for its catch-up), yet one instance does not come back empty-handed, to wait a
 		// whole PollInterval, from behind the pairs the others hold.
 		MaxSteps: len(skip) + 2*limit + claimPassHeld,
+		From:     from,
 	})
 	if err != nil {
 		return false, err
 	}
+	s.claimed(claimed.First, full)
+	pairs := claimed.Pairs
 	for _, group := range splitGroups(pairs, free) {
 		j := job{kind: jobApply, pairs: group}
 		s.started(&j)

@@ -135,3 +135,37 @@ func TestSchedulePendingWaitsUntilDue(t *testing.T) {
 	require.Equal(t, "b@v2.1", j.key)
 	require.Zero(t, s.nextDue(now))
 }
+
+// A claim starts at the first group the last one passed, and at the oldest row once every
+// interval; a full claim that passed nothing leaves no start.
+func TestScheduleClaimStartsWhereTheLastClaimBegan(t *testing.T) {
+	s, _ := newTestSchedule(time.Second)
+	t0 := time.Now()
+	const every = time.Second
+	pos := func(sec int) QueuePosition {
+		return QueuePosition{At: t0.Add(time.Duration(sec) * time.Second), Stream: uuid.New()}
+	}
+
+	from, full := s.claimFrom(t0, every)
+	require.True(t, full, "the first claim starts at the oldest row")
+	require.Equal(t, QueuePosition{}, from)
+	first := pos(1)
+	s.claimed(first, full)
+
+	from, full = s.claimFrom(t0.Add(100*time.Millisecond), every)
+	require.False(t, full)
+	require.Equal(t, first, from, "the next claim starts at the first group the last one passed")
+	s.claimed(QueuePosition{}, full) // passed nothing from there
+	from, _ = s.claimFrom(t0.Add(200*time.Millisecond), every)
+	require.Equal(t, first, from, "kept: nothing from there on yet")
+	later := pos(2)
+	s.claimed(later, false)
+
+	from, full = s.claimFrom(t0.Add(every), every)
+	require.True(t, full, "once every interval, from the oldest row again")
+	require.Equal(t, QueuePosition{}, from)
+	s.claimed(QueuePosition{}, full)
+	from, full = s.claimFrom(t0.Add(every+time.Millisecond), every)
+	require.False(t, full)
+	require.Equal(t, QueuePosition{}, from, "a full claim that passed nothing leaves no start")
+}

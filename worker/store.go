@@ -37,8 +37,9 @@ type Store interface {
 	// Cleanup deletes the rows of up to batch pairs of a retired build of the perspectives,
 	// retired at least grace ago. It reports whether any such build has rows left.
 	Cleanup(ctx context.Context, perspectives []string, grace time.Duration, batch int) (more bool, err error)
-	// Claim returns up to req.Limit due pairs, each once, oldest due first.
-	Claim(ctx context.Context, req ClaimRequest) ([]Pair, error)
+	// Claim returns up to req.Limit due pairs, each once, oldest due first, and the
+	// position of the first queued group it passed (the next claim's From).
+	Claim(ctx context.Context, req ClaimRequest) (Claimed, error)
 	// Apply runs one transaction over pairs: it locks their cursor rows (skipping, and
 	// returning as busy, those another transaction holds), reads each locked pair's state
 	// (at most perPair queued events, and its model), passes the states to decide and
@@ -91,6 +92,24 @@ type ClaimRequest struct {
 	Skip         []Pair    // pairs not to return (in flight here, or just found busy)
 	Limit        int       // at most this many pairs
 	MaxSteps     int       // at most this many queued groups passed (bounds the claim's cost)
+	// From is where the claim starts (zero: at the oldest row): a position no due row
+	// precedes, so that it does not pass the dead index entries of rows applied since.
+	From QueuePosition
+}
+
+// QueuePosition is a position in the claim's order of queued rows: due time, then stream.
+type QueuePosition struct {
+	At     time.Time // zero: before every row
+	Stream uuid.UUID
+}
+
+// Claimed is what Store.Claim found.
+type Claimed struct {
+	Pairs []Pair
+	// First is the position of the first queued group the claim passed, claimable or not
+	// (zero: it passed none). Every row due then is at or after it, and so is every row
+	// queued later by a transaction that began later.
+	First QueuePosition
 }
 
 // PairState is one pair as Store.Apply read it under its cursor row lock.

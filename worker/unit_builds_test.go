@@ -777,7 +777,7 @@ func newUBLoop(t *testing.T, version int, builds []worker.Build, cfg func(c *wor
 		},
 		StatusFunc:  func(context.Context) ([]worker.BuildStatus, error) { return nil, nil },
 		CleanupFunc: func(context.Context, []string, time.Duration, int) (bool, error) { return false, nil },
-		ClaimFunc:   func(context.Context, worker.ClaimRequest) ([]worker.Pair, error) { return nil, nil },
+		ClaimFunc:   func(context.Context, worker.ClaimRequest) (worker.Claimed, error) { return worker.Claimed{}, nil },
 		CatchUpFunc: func(ctx context.Context, req worker.CatchUpRequest, _ func(worker.CatchUpPage) []worker.PairWrite) (worker.CatchUpResult, error) {
 			if err := f.stall(ctx); err != nil {
 				return worker.CatchUpResult{}, err
@@ -1380,14 +1380,14 @@ func TestUnitLoopClaimsSoonWhileTheDatabaseIsUnreachable(t *testing.T) {
 				var mu sync.Mutex
 				var at []time.Time
 				failing := true
-				f.store.ClaimFunc = func(context.Context, worker.ClaimRequest) ([]worker.Pair, error) {
+				f.store.ClaimFunc = func(context.Context, worker.ClaimRequest) (worker.Claimed, error) {
 					mu.Lock()
 					defer mu.Unlock()
 					at = append(at, time.Now())
 					if failing {
-						return nil, tc.err
+						return worker.Claimed{}, tc.err
 					}
-					return nil, nil
+					return worker.Claimed{}, nil
 				}
 				require.NoError(t, f.w.Start(context.Background()))
 				synctest.Wait()

@@ -417,11 +417,11 @@ func TestUnitLoopRunsFollowUpsInFreeSlots(t *testing.T) {
 				f.store.BuildsFunc = func(context.Context, []string) ([]worker.Build, error) { return utBuilds(), nil }
 				f.store.StatusFunc = func(context.Context) ([]worker.BuildStatus, error) { return nil, nil }
 				f.store.CleanupFunc = func(context.Context, []string, time.Duration, int) (bool, error) { return false, nil }
-				f.store.ClaimFunc = func(context.Context, worker.ClaimRequest) ([]worker.Pair, error) {
+				f.store.ClaimFunc = func(context.Context, worker.ClaimRequest) (worker.Claimed, error) {
 					if claimed.Swap(true) {
-						return nil, nil
+						return worker.Claimed{}, nil
 					}
-					return pairs, nil
+					return worker.Claimed{Pairs: pairs}, nil
 				}
 				f.store.RewindStartFunc = func(_ context.Context, p worker.Pair) (worker.RewindStart, error) {
 					return late[p.Stream].rs, nil

@@ -46,11 +46,11 @@ func newStopFixture(t *testing.T, stubborn bool) *stopFixture {
 		BuildsFunc:   func(context.Context, []string) ([]worker.Build, error) { return utBuilds(), nil },
 		StatusFunc:   func(context.Context) ([]worker.BuildStatus, error) { return nil, nil },
 		CleanupFunc:  func(context.Context, []string, time.Duration, int) (bool, error) { return false, nil },
-		ClaimFunc: func(ctx context.Context, req worker.ClaimRequest) ([]worker.Pair, error) {
+		ClaimFunc: func(ctx context.Context, req worker.ClaimRequest) (worker.Claimed, error) {
 			if claimed.Swap(true) {
-				return nil, nil
+				return worker.Claimed{}, nil
 			}
-			return []worker.Pair{f.pair}, nil
+			return worker.Claimed{Pairs: []worker.Pair{f.pair}}, nil
 		},
 		ApplyFunc: func(ctx context.Context, pairs []worker.Pair, perPair int, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
 			// The event is at the cursor: a rewind.
