@@ -246,7 +246,7 @@ func connectOne(ctx context.Context, dbURL string) (*pgx.Conn, error) {
 	defer cancel()
 	c, err := pgx.Connect(cctx, dbURL)
 	if err != nil {
-		return nil, fmt.Errorf("cannot reach database %s: %v (is PostgreSQL running? try: make db)", redact(dbURL), oneLine(err))
+		return nil, &connectError{url: redact(dbURL), err: err}
 	}
 	return c, nil
 }

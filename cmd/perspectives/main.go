@@ -63,6 +63,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	for _, c := range commands() {
 		if c.name == args[0] {
+			ctx, tgt := withTarget(ctx)
 			err := c.run(ctx, args[1:], stdout, stderr)
 			switch {
 			case err == nil:
@@ -72,7 +73,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			case errors.Is(err, errUsage):
 				return 2
 			default:
-				fmt.Fprintf(stderr, "perspectives %s: %v\n", c.name, oneLine(err))
+				fmt.Fprintf(stderr, "perspectives %s: %s\n", c.name, errorLine(err, tgt))
 				return 1
 			}
 		}
@@ -138,8 +139,10 @@ func parseAndConnect(ctx context.Context, name string, args []string, stderr io.
 	return connect(ctx, *dbURL)
 }
 
-// connect opens a pool and checks that the database answers.
+// connect opens a pool and checks that the database answers. It records dbURL as the
+// command's database (see withTarget).
 func connect(ctx context.Context, dbURL string) (*pgxpool.Pool, error) {
+	recordTarget(ctx, dbURL)
 	cfg, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
 		return nil, fmt.Errorf("invalid database URL %s: %v", redact(dbURL), oneLine(err))
@@ -152,7 +155,7 @@ func connect(ctx context.Context, dbURL string) (*pgxpool.Pool, error) {
 	}
 	if err := pool.Ping(pctx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("cannot reach database %s: %v (is PostgreSQL running? try: make db)", redact(dbURL), oneLine(err))
+		return nil, &connectError{url: redact(dbURL), err: err}
 	}
 	return pool, nil
 }

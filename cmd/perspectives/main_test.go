@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	neturl "net/url"
 	"os"
 	"strings"
 	"testing"
@@ -85,6 +86,83 @@ func TestUnreachableDatabaseIsOneClearLine(t *testing.T) {
 	code, _, stderr := cli(t, "status")
 	require.Equal(t, 1, code)
 	require.Contains(t, stderr, "127.0.0.1:1", "DATABASE_URL is used when --database-url is absent")
+}
+
+func TestUnreachableDatabaseIsSaidOnce(t *testing.T) {
+	url := "postgres://postgres@127.0.0.1:1/postgres?sslmode=disable&connect_timeout=2"
+	stream := uuid.NewString()
+	for _, args := range [][]string{
+		{"migrate"}, {"locks"}, {"status"}, {"versions"}, {"demo"},
+		{"purge", "--stream", stream, "--perspective", "p"},
+		{"rebuild", "--perspective", "p"},
+		{"promote", "--perspective", "p", "--version", "2"},
+	} {
+		code, stdout, stderr := cli(t, append(args, "--database-url", url)...)
+		require.Equal(t, 1, code, args[0])
+		require.Empty(t, stdout, args[0])
+		require.Equal(t, "perspectives "+args[0]+": cannot reach database "+url+": connection refused (is PostgreSQL running? try: make db)\n", stderr)
+		require.Equal(t, 1, strings.Count(stderr, "127.0.0.1:1"), "the address once, in the URL: %q", stderr)
+		require.Equal(t, 1, strings.Count(stderr, "connection refused"), "the dial error once: %q", stderr)
+		require.NotContains(t, stderr, "dial", "pgx's dial error, which names the address again")
+	}
+
+	// Several addresses tried: each with its own reason.
+	code, _, stderr := cli(t, "status", "--database-url", "postgres://postgres@127.0.0.1:1,127.0.0.1:2/postgres?sslmode=disable&connect_timeout=2")
+	require.Equal(t, 1, code)
+	require.Contains(t, stderr, ": 127.0.0.1:1: connection refused; 127.0.0.1:2: connection refused (is PostgreSQL running?")
+	require.Equal(t, 2, strings.Count(stderr, "127.0.0.1:1"), "in the URL and before its reason: %q", stderr)
+
+	// A server that answers and refuses: its error, not the advice to start PostgreSQL.
+	code, _, stderr = cli(t, "status", "--database-url", withDatabase(t, testDB.URL, "pt_no_such_database"))
+	require.Equal(t, 1, code)
+	// (SQLSTATE 3D000 from PostgreSQL; a pooler such as PgBouncer answers with its own code.)
+	require.Contains(t, stderr, `refused the connection: FATAL: database "pt_no_such_database" does not exist (SQLSTATE `)
+	require.NotContains(t, stderr, "is PostgreSQL running")
+}
+
+func TestMissingSchemaNamesMigrate(t *testing.T) {
+	ctx := context.Background()
+	empty, err := pgtest.CreateEmpty(ctx, "cli_empty")
+	require.NoError(t, err)
+	defer empty.Close()
+	// A password (trust authentication ignores it) that the message must not show.
+	url := withPassword(t, empty.URL, "s3cr3t-pw")
+	for _, c := range []string{"status", "locks", "versions"} {
+		code, stdout, stderr := cli(t, c, "--database-url", url)
+		require.Equal(t, 1, code, c)
+		require.Empty(t, stdout, c)
+		lines := strings.Split(strings.TrimSpace(stderr), "\n")
+		require.Len(t, lines, 1, "one line: %q", stderr)
+		require.Contains(t, stderr, "perspectives "+c+": the perspectives schema is missing from the database", c)
+		require.Regexp(t, `\(relation "wh_[a-z_]+" does not exist\)`, stderr, c)
+		require.Contains(t, stderr, "run: perspectives migrate --database-url '"+withPassword(t, empty.URL, "xxxxx")+"'", c)
+		require.Contains(t, stderr, empty.Name, "names the database")
+		require.NotContains(t, stderr, "SQLSTATE", c)
+		require.NotContains(t, stderr, "s3cr3t-pw", c)
+	}
+	// The advice works (migrations need a direct connection).
+	code, _, stderr := cli(t, "migrate", "--database-url", empty.DirectURL)
+	require.Equal(t, 0, code, stderr)
+	for _, c := range []string{"status", "locks"} {
+		code, _, stderr = cli(t, c, "--database-url", url)
+		require.Equal(t, 0, code, "%s: %s", c, stderr)
+	}
+}
+
+func withPassword(t *testing.T, dbURL, password string) string {
+	t.Helper()
+	u, err := neturl.Parse(dbURL)
+	require.NoError(t, err)
+	u.User = neturl.UserPassword(u.User.Username(), password)
+	return u.String()
+}
+
+func withDatabase(t *testing.T, dbURL, name string) string {
+	t.Helper()
+	u, err := neturl.Parse(dbURL)
+	require.NoError(t, err)
+	u.Path = "/" + name
+	return u.String()
 }
 
 func TestMigrateLocksStatus(t *testing.T) {
