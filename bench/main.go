@@ -56,6 +56,7 @@ var targets = []target{
 	{"BenchmarkLiveTraffic", "live-snapshot-rows", true, 0, "live traffic: snapshot rows ≤ pairs with ≥ EveryNEvents events (0 here)"},
 	{"BenchmarkInstances", "x4-throughput/x1", false, 1, "4 worker processes: throughput ≥ 1 process's"},
 	{"BenchmarkInstances", "x4-claims/event/x1", true, 1.2, "4 worker processes: claims per applied event ≤ 1.2× 1 process's"},
+	{"BenchmarkScale", "large/small-per-event", true, 1.5, "drain per-event cost, large vs 100k events ≤ 1.5× (10M: PERSPECTIVES_BENCH_SCALE_STREAMS=1000000)"},
 	// Issue 13: through PgBouncer in transaction mode (pgx exec mode), against direct.
 	{"BenchmarkLockCyclePooled/conc=1", "pooled/lock", true, 1.3, "lock cycle through PgBouncer ≤ 1.3× direct, concurrency 1"},
 	{"BenchmarkLockCyclePooled/conc=8", "pooled/lock", true, 1.3, "lock cycle through PgBouncer ≤ 1.3× direct, concurrency 8"},

@@ -48,12 +48,15 @@ const (
 	instancesEvents    = instancesStreams * instancesPerStream
 )
 
-// claimCounter counts the claims a worker's pool runs.
-type claimCounter struct{ n atomic.Int64 }
+// claimCounter counts the claims a worker's pool runs, and its apply transactions.
+type claimCounter struct{ n, tx atomic.Int64 }
 
 func (c *claimCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
 	if strings.HasPrefix(data.SQL, "-- name: QueueDuePairs ") {
 		c.n.Add(1)
+	}
+	if strings.HasPrefix(data.SQL, "-- name: PairsLockForApply ") {
+		c.tx.Add(1)
 	}
 	return ctx
 }
@@ -121,7 +124,7 @@ func benchWorkerProcess(dbURL string) error {
 			}
 		}
 	}
-	fmt.Printf("claims %d applied %d\n", claims.n.Load(), applied)
+	fmt.Printf("claims %d applied %d transactions %d\n", claims.n.Load(), applied, claims.tx.Load())
 	return nil
 }
 
@@ -196,8 +199,10 @@ func drainProcesses(b *testing.B, pool *pgxpool.Pool, dbURL string, n, concurren
 	claims, applied := make([]int64, n), make([]int64, n)
 	for i, p := range ps {
 		require.NoError(b, p.stdin.Close())
-		_, err := fmt.Sscanf(p.expect(b, "claims "), "claims %d applied %d", &claims[i], &applied[i])
+		line := p.expect(b, "claims ")
+		_, err := fmt.Sscanf(line, "claims %d applied %d", &claims[i], &applied[i])
 		require.NoError(b, err)
+		b.Logf("process %d of %d: %s", i+1, n, line)
 		require.NoError(b, p.cmd.Wait())
 	}
 	return el, claims, applied
