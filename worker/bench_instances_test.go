@@ -19,12 +19,10 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -35,7 +33,7 @@ import (
 
 // benchWorkerEnv, set to a database URL, makes this test binary a worker process of
 // BenchmarkInstances (see TestMain): it prints "ready", starts its worker when a line
-// arrives on stdin, and when stdin closes stops it and prints "claims N applied M".
+// arrives on stdin, and when stdin closes stops it and prints "claims N applied M transactions K".
 const benchWorkerEnv = "PERSPECTIVES_BENCH_WORKER_DB"
 
 // benchWorkerConcEnv is the Concurrency of a worker process (unset: the default).
@@ -47,21 +45,6 @@ const (
 	instancesPerStream = 25
 	instancesEvents    = instancesStreams * instancesPerStream
 )
-
-// claimCounter counts the claims a worker's pool runs, and its apply transactions.
-type claimCounter struct{ n, tx atomic.Int64 }
-
-func (c *claimCounter) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
-	if strings.HasPrefix(data.SQL, "-- name: QueueDuePairs ") {
-		c.n.Add(1)
-	}
-	if strings.HasPrefix(data.SQL, "-- name: PairsLockForApply ") {
-		c.tx.Add(1)
-	}
-	return ctx
-}
-
-func (c *claimCounter) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 
 // runBenchWorker is the worker process of BenchmarkInstances.
 func runBenchWorker(dbURL string) int {
@@ -79,8 +62,8 @@ func benchWorkerProcess(dbURL string) error {
 	if err != nil {
 		return err
 	}
-	claims := &claimCounter{}
-	cfg.ConnConfig.Tracer = claims
+	tracer := newStmtTracer() // counts the claims and apply transactions
+	cfg.ConnConfig.Tracer = tracer
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return err
@@ -124,7 +107,8 @@ func benchWorkerProcess(dbURL string) error {
 			}
 		}
 	}
-	fmt.Printf("claims %d applied %d transactions %d\n", claims.n.Load(), applied, claims.tx.Load())
+	stats := tracer.take()
+	fmt.Printf("claims %d applied %d transactions %d\n", stats["QueueDuePairs"].n, applied, stats["PairsLockForApply"].n)
 	return nil
 }
 
