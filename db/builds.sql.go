@@ -285,13 +285,36 @@ SELECT b.build_key, b.perspective_name, b.version, b.build, b.state,
        b.catchup_done, b.catchup_events, b.catchup_streams,
        b.catchup_started_at, b.catchup_done_at, b.catchup_holder,
        COALESCE(q.depth, 0)::bigint AS queued,
-       COALESCE((extract(epoch FROM clock_timestamp() - q.oldest) * 1000000)::bigint, 0)::bigint AS oldest_queued_micros
+       COALESCE((extract(epoch FROM clock_timestamp() - q.oldest) * 1000000)::bigint, 0)::bigint AS oldest_queued_micros,
+       COALESCE(f.failing, 0)::bigint AS failing,
+       COALESCE(f.parked, 0)::bigint AS parked,
+       COALESCE(l.live, 0)::bigint AS live_instances
 FROM wh_perspective_builds b
 LEFT JOIN (
     SELECT perspective_name, count(*) AS depth, min(enqueued_at) AS oldest
     FROM wh_perspective_events
     GROUP BY perspective_name
 ) q ON q.perspective_name = b.build_key
+LEFT JOIN (
+    -- The cursors that are not ok, once for all builds, through their partial index probed
+    -- with the builds' keys: an index plan whether or not the cursors were analyzed. (Counted
+    -- per build instead, in a subquery, the estimate of a never-analyzed builds table makes
+    -- the statement cost enough for PostgreSQL to JIT-compile it: half a second each time.)
+    SELECT c.perspective_name,
+           count(*) FILTER (WHERE c.status = 'failed') AS failing,
+           count(*) FILTER (WHERE c.status = 'parked') AS parked
+    FROM wh_perspective_cursors c
+    WHERE c.perspective_name = ANY (ARRAY(SELECT bk.build_key FROM wh_perspective_builds bk))
+      AND c.status <> 'ok'
+    GROUP BY c.perspective_name
+) f ON f.perspective_name = b.build_key
+LEFT JOIN (
+    -- Counted once for all builds, for the same reason.
+    SELECT i.perspectives[k] AS perspective_name, i.versions[k] AS version, count(*) AS live
+    FROM wh_instances i, generate_subscripts(i.perspectives, 1) AS k
+    WHERE i.last_seen_at >= now() - 3 * i.heartbeat_interval
+    GROUP BY 1, 2
+) l ON l.perspective_name = b.perspective_name AND l.version = b.version
 ORDER BY b.perspective_name, b.version, b.build
 `
 
@@ -313,9 +336,15 @@ type BuildsStatusRow struct {
 	CatchupHolder      uuid.NullUUID
 	Queued             int64
 	OldestQueuedMicros int64
+	Failing            int64
+	Parked             int64
+	LiveInstances      int64
 }
 
-// Every build with its catch-up progress and queue (the versions command, the metrics).
+// Every build with its catch-up progress and queue (the versions command, the metrics),
+// its failing and parked pairs (through the partial index of the cursors whose status is
+// not ok: a few index entries, whatever the size of the cursor table) and the live
+// instances that run its version (heartbeats younger than three intervals, database clock).
 func (q *Queries) BuildsStatus(ctx context.Context) ([]BuildsStatusRow, error) {
 	rows, err := q.db.Query(ctx, buildsStatus)
 	if err != nil {
@@ -343,6 +372,9 @@ func (q *Queries) BuildsStatus(ctx context.Context) ([]BuildsStatusRow, error) {
 			&i.CatchupHolder,
 			&i.Queued,
 			&i.OldestQueuedMicros,
+			&i.Failing,
+			&i.Parked,
+			&i.LiveInstances,
 		); err != nil {
 			return nil, err
 		}

@@ -42,7 +42,10 @@ type Querier interface {
 	// event store, promotion and the cleanup of retired builds.
 	// Every build of the given perspectives, oldest first.
 	BuildsOf(ctx context.Context, perspectiveNames []string) ([]BuildsOfRow, error)
-	// Every build with its catch-up progress and queue (the versions command, the metrics).
+	// Every build with its catch-up progress and queue (the versions command, the metrics),
+	// its failing and parked pairs (through the partial index of the cursors whose status is
+	// not ok: a few index entries, whatever the size of the cursor table) and the live
+	// instances that run its version (heartbeats younger than three intervals, database clock).
 	BuildsStatus(ctx context.Context) ([]BuildsStatusRow, error)
 	// Retired builds of the given perspectives whose rows are not all deleted, retired at least
 	// grace_seconds ago (a transaction an instance began before it saw the retirement has ended).
@@ -78,6 +81,19 @@ type Querier interface {
 	EventsForStream(ctx context.Context, streamID uuid.UUID) ([]WhEventStore, error)
 	// One page of a stream's events after a position, up to an inclusive bound, in ID order.
 	EventsReplayPage(ctx context.Context, arg EventsReplayPageParams) ([]WhEventStore, error)
+	// Worker instances' heartbeats (wh_instances, schema/000004_operations.up.sql). Liveness is
+	// judged on the database clock: an instance is alive while its row is younger than three
+	// of its heartbeat intervals.
+	// Records an instance as running now: inserts its row (started now) or refreshes it.
+	InstanceBeat(ctx context.Context, arg InstanceBeatParams) error
+	// Removes an instance's row at its clean stop.
+	InstanceDelete(ctx context.Context, instanceID uuid.UUID) error
+	// Deletes the rows of instances gone (not seen) for longer than forget_seconds: what an
+	// instance killed without a clean stop leaves behind.
+	InstancesForget(ctx context.Context, forgetSeconds float64) (int64, error)
+	// Every recorded instance, oldest first, with its liveness and how long ago it was last
+	// seen, both on the database clock.
+	InstancesList(ctx context.Context) ([]InstancesListRow, error)
 	// The model of a stream in a perspective's active build (a name without builds: its own
 	// rows). One statement, so a promotion is seen whole or not at all.
 	ModelActiveGet(ctx context.Context, arg ModelActiveGetParams) ([]byte, error)

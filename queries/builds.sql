@@ -89,6 +89,9 @@ INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)
 SELECT e.stream_id, @build_key::text, e.event_id
 FROM wh_event_store e
 WHERE e.stream_id = @stream_id AND e.event_id >= @from_event_id
+  AND NOT EXISTS (SELECT 1 FROM wh_skipped_events s
+                  WHERE s.stream_id = e.stream_id AND s.perspective_name = @build_key::text
+                    AND s.event_id = e.event_id)
 ON CONFLICT DO NOTHING;
 
 -- name: BuildQueueAge :one
@@ -100,12 +103,14 @@ WHERE perspective_name = @build_key;
 -- name: BuildSetState :exec
 -- The times are the statement's, not the transaction's start: a promotion sets them under the
 -- append lock, so every Append that still queued for the old state started before them.
+-- Making a build active (a promotion) notifies wh_applied: WaitFor judges the new active build.
 UPDATE wh_perspective_builds
 SET state = @state::text,
     promoted_at = CASE WHEN @state::text = 'active' THEN clock_timestamp() ELSE promoted_at END,
     retired_at  = CASE WHEN @state::text = 'retired' THEN clock_timestamp() ELSE retired_at END,
     catchup_holder = CASE WHEN @state::text = 'retired' THEN NULL ELSE catchup_holder END,
     catchup_expiry = CASE WHEN @state::text = 'retired' THEN NULL ELSE catchup_expiry END
+FROM (SELECT CASE WHEN @state::text = 'active' THEN pg_notify('wh_applied', '') END) notified
 WHERE build_key = @build_key;
 
 -- name: BuildsToClean :many
@@ -150,19 +155,45 @@ SELECT count(*)::bigint AS deleted FROM c;
 UPDATE wh_perspective_builds SET cleaned_at = now() WHERE build_key = @build_key AND state = 'retired';
 
 -- name: BuildsStatus :many
--- Every build with its catch-up progress and queue (the versions command, the metrics).
+-- Every build with its catch-up progress and queue (the versions command, the metrics),
+-- its failing and parked pairs (through the partial index of the cursors whose status is
+-- not ok: a few index entries, whatever the size of the cursor table) and the live
+-- instances that run its version (heartbeats younger than three intervals, database clock).
 SELECT b.build_key, b.perspective_name, b.version, b.build, b.state,
        b.created_at, b.promoted_at, b.retired_at, b.cleaned_at,
        b.catchup_done, b.catchup_events, b.catchup_streams,
        b.catchup_started_at, b.catchup_done_at, b.catchup_holder,
        COALESCE(q.depth, 0)::bigint AS queued,
-       COALESCE((extract(epoch FROM clock_timestamp() - q.oldest) * 1000000)::bigint, 0)::bigint AS oldest_queued_micros
+       COALESCE((extract(epoch FROM clock_timestamp() - q.oldest) * 1000000)::bigint, 0)::bigint AS oldest_queued_micros,
+       COALESCE(f.failing, 0)::bigint AS failing,
+       COALESCE(f.parked, 0)::bigint AS parked,
+       COALESCE(l.live, 0)::bigint AS live_instances
 FROM wh_perspective_builds b
 LEFT JOIN (
     SELECT perspective_name, count(*) AS depth, min(enqueued_at) AS oldest
     FROM wh_perspective_events
     GROUP BY perspective_name
 ) q ON q.perspective_name = b.build_key
+LEFT JOIN (
+    -- The cursors that are not ok, once for all builds, through their partial index probed
+    -- with the builds' keys: an index plan whether or not the cursors were analyzed. (Counted
+    -- per build instead, in a subquery, the estimate of a never-analyzed builds table makes
+    -- the statement cost enough for PostgreSQL to JIT-compile it: half a second each time.)
+    SELECT c.perspective_name,
+           count(*) FILTER (WHERE c.status = 'failed') AS failing,
+           count(*) FILTER (WHERE c.status = 'parked') AS parked
+    FROM wh_perspective_cursors c
+    WHERE c.perspective_name = ANY (ARRAY(SELECT bk.build_key FROM wh_perspective_builds bk))
+      AND c.status <> 'ok'
+    GROUP BY c.perspective_name
+) f ON f.perspective_name = b.build_key
+LEFT JOIN (
+    -- Counted once for all builds, for the same reason.
+    SELECT i.perspectives[k] AS perspective_name, i.versions[k] AS version, count(*) AS live
+    FROM wh_instances i, generate_subscripts(i.perspectives, 1) AS k
+    WHERE i.last_seen_at >= now() - 3 * i.heartbeat_interval
+    GROUP BY 1, 2
+) l ON l.perspective_name = b.perspective_name AND l.version = b.version
 ORDER BY b.perspective_name, b.version, b.build;
 
 -- name: ModelActiveGet :one

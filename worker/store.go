@@ -190,6 +190,9 @@ type BuildStatus struct {
 	CatchUpStreams int64         // streams it has passed
 	Queued         int64         // events queued for the build
 	OldestQueued   time.Duration // age of the oldest, on the database clock (0: none)
+	Failing        int64         // pairs whose last attempt failed, retried with backoff (cursor status failed)
+	Parked         int64         // pairs parked after repeated failures, waiting for an operator (status parked)
+	LiveInstances  int64         // worker instances alive (heartbeats, database clock) that run the build's version
 }
 
 // CatchUpRequest asks Store.CatchUp for one page.

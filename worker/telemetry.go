@@ -59,6 +59,9 @@ type telemetry struct {
 	catchUpRead    metric.Int64ObservableGauge
 	catchUpStreams metric.Int64ObservableGauge
 	catchUpDone    metric.Int64ObservableGauge
+	pairsFailing   metric.Int64ObservableGauge
+	pairsParked    metric.Int64ObservableGauge
+	instancesLive  metric.Int64ObservableGauge
 }
 
 func newTelemetry(mp metric.MeterProvider, tp trace.TracerProvider) (*telemetry, error) {
@@ -111,6 +114,9 @@ func newTelemetry(mp metric.MeterProvider, tp trace.TracerProvider) (*telemetry,
 	gauge(&t.catchUpRead, "perspectives.catchup.events", "{event}", "Stored events a build's catch-up has read, per perspective and version.")
 	gauge(&t.catchUpStreams, "perspectives.catchup.streams", "{stream}", "Streams a build's catch-up has passed, per perspective and version.")
 	gauge(&t.catchUpDone, "perspectives.catchup.done", "1", "1 when a build has caught up with the store, else 0, per perspective and version.")
+	gauge(&t.pairsFailing, "perspectives.pairs.failing", "{pair}", "(stream, perspective) pairs whose last attempt failed and that are retried with backoff, per perspective and version.")
+	gauge(&t.pairsParked, "perspectives.pairs.parked", "{pair}", "(stream, perspective) pairs parked after repeated failures, waiting for an operator, per perspective and version.")
+	gauge(&t.instancesLive, "perspectives.instances.live", "{instance}", "Worker instances alive (heartbeats, database clock) that run the perspective's version.")
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("worker: telemetry: %w", err)
 	}
@@ -139,9 +145,12 @@ func (t *telemetry) observeBuilds(store Store, names []string) (metric.Registrat
 				done = 1
 			}
 			o.ObserveInt64(t.catchUpDone, done, set)
+			o.ObserveInt64(t.pairsFailing, r.Failing, set)
+			o.ObserveInt64(t.pairsParked, r.Parked, set)
+			o.ObserveInt64(t.instancesLive, r.LiveInstances, set)
 		}
 		return nil
-	}, t.queueDepth, t.queueOldest, t.catchUpRead, t.catchUpStreams, t.catchUpDone)
+	}, t.queueDepth, t.queueOldest, t.catchUpRead, t.catchUpStreams, t.catchUpDone, t.pairsFailing, t.pairsParked, t.instancesLive)
 }
 
 // startSpan starts a span for a long operation on k.

@@ -53,6 +53,8 @@ type Worker struct {
 	cancelOps context.CancelFunc  // hard stop: cancels the operations in progress
 	done      chan struct{}       // closed when the loop and the listener have returned
 	gauges    metric.Registration // queue gauges, while started
+	beats     *heartbeat          // this instance's heartbeats, while started (nil: the Store records none)
+	beatEvery time.Duration       // HeartbeatInterval (tests shorten it)
 }
 
 // New validates cfg (including LockOptions) and returns a worker on pool. It does not
@@ -94,6 +96,8 @@ func newWorker(store Store, cfg Config) (*Worker, error) {
 		log:    cfg.Logger.With(slog.String("instance", cfg.InstanceID.String())),
 		wake:   make(chan struct{}, 1),
 		idle:   map[string]bool{},
+
+		beatEvery: HeartbeatInterval,
 	}
 	w.buildSet.Store(&buildSet{byKey: map[string]*build{}})
 	var err error
@@ -138,6 +142,9 @@ func (w *Worker) Start(ctx context.Context) error {
 		return fmt.Errorf("worker: start: %w", err)
 	}
 	w.gauges = gauges
+	if rec, ok := w.store.(instanceRecorder); ok {
+		w.beats = startHeartbeat(ctx, rec, newInstanceRecord(w.cfg.InstanceID, w.beatEvery, w.running()), w.log)
+	}
 	base := context.WithoutCancel(ctx)
 	opsCtx, cancelOps := context.WithCancel(base)
 	loopCtx, stopLoop := context.WithCancel(opsCtx)
@@ -186,6 +193,9 @@ func (w *Worker) Stop(ctx context.Context) error {
 		}
 	}
 	w.cancelOps()
+	if w.beats != nil {
+		w.beats.stop() // after the loop and its operations: the row goes when the work has
+	}
 	if w.gauges != nil {
 		_ = w.gauges.Unregister()
 	}

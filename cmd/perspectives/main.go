@@ -36,7 +36,7 @@ func commands() []command {
 		{"migrate", "apply the schema migrations (no-op when current)", runMigrate},
 		{"demo", "run several workers with late events and a killed instance, then check every model", runDemo},
 		{"locks", "list held stream locks: stream, perspective, holder, reason, expires in", runLocks},
-		{"status", "show queue depth per perspective and failed (stream, perspective) pairs", runStatus},
+		{"status", "show worker instances and, per perspective: queue, lag, failing and parked pairs (exit 3 if any is parked)", runStatus},
 		{"purge", "delete one pair's model and snapshots under the stream lock", runPurge},
 		{"rebuild", "rebuild a perspective beside its active version (or one stream), with a progress bar", runRebuild},
 		{"versions", "per perspective: active and building versions, catch-up progress, rate, ETA, lag", runVersions},
@@ -61,6 +61,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		}
 		return 0
 	}
+	var exit *exitError
 	for _, c := range commands() {
 		if c.name == args[0] {
 			ctx, tgt := withTarget(ctx)
@@ -72,6 +73,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 				return 0
 			case errors.Is(err, errUsage):
 				return 2
+			case errors.As(err, &exit):
+				fmt.Fprintf(stderr, "perspectives %s: %s\n", c.name, exit.msg)
+				return exit.code
 			default:
 				fmt.Fprintf(stderr, "perspectives %s: %s\n", c.name, errorLine(err, tgt))
 				return 1
@@ -97,6 +101,15 @@ func usage(w io.Writer) {
 
 // errUsage marks a usage error already reported by the flag set.
 var errUsage = errors.New("usage")
+
+// exitError is a command's outcome that is not a failure to run it but must exit with its
+// own code (status with parked pairs): msg is printed as the last line, like an error's.
+type exitError struct {
+	code int
+	msg  string
+}
+
+func (e *exitError) Error() string { return e.msg }
 
 // flags returns a flag set for a command with the shared --database-url flag.
 func flags(name, synopsis string, stderr io.Writer) (*flag.FlagSet, *string) {

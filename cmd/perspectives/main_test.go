@@ -214,7 +214,7 @@ func TestMigrateLocksStatus(t *testing.T) {
 	}, 20*time.Second, 20*time.Millisecond)
 	_, stdout, _ = cli(t, "status", "--database-url", url)
 	require.Contains(t, stdout, "PERSPECTIVE")
-	require.Regexp(t, name+`\s+1\s+active\s+2\s+\d`, lineWith(t, stdout, name+" "), "version 1, active: two events stay queued, with the age of the oldest")
+	require.Regexp(t, `(?m)^`+name+`\s+1\s+active\s+2\s+\d`, stdout, "version 1, active: two events stay queued, with the age of the oldest")
 	failRow := lineWith(t, stdout, bad.String())
 	require.Contains(t, failRow, "refusing bad events")
 	require.Regexp(t, `\s1\s`, failRow, "attempts")
@@ -294,6 +294,8 @@ func TestPurgeAndRebuild(t *testing.T) {
 	require.Contains(t, stdout, "rebuild promoted")
 	require.Contains(t, stderr, "catch-up")
 	require.Contains(t, stderr, "100%")
+	require.NotContains(t, stderr, "\r", "not a terminal: plain lines, no frames")
+	require.Regexp(t, `(?m)^catch-up: \d+/\d+ events \(100%\) in [0-9.]+m?s`, stderr, "the final line")
 	require.Equal(t, "2", model(s1), "the purged stream is whole again in the new build")
 	require.Equal(t, "1", model(s2))
 

@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"strings"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -58,7 +58,7 @@ func runRebuild(ctx context.Context, args []string, stdout, stderr io.Writer) er
 		if err != nil {
 			return err
 		}
-		return rebuildStream(wctx, pool, admin, *name, id, *wait, *timeout, stdout, stderr)
+		return rebuildStream(ctx, pool, admin, *name, id, *wait, *timeout, stdout, stderr)
 	}
 
 	b, created, err := admin.RebuildPerspective(ctx, *name)
@@ -74,13 +74,23 @@ func runRebuild(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	if !*wait {
 		return nil
 	}
-	var bar *progress
+	var bar progress
+	watch := &workerWatch{admin: admin, name: *name, versions: []int{b.Version}, say: func(line string) {
+		if bar != nil {
+			bar.say(line)
+			return
+		}
+		fmt.Fprintln(stderr, line)
+	}}
 	saidCaughtUp := false
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		v, err := admin.Versions(wctx)
+		v, err := admin.Versions(ctx) // not wctx: the timeout ends the wait, not a read
 		if err != nil {
+			if bar != nil {
+				bar.done()
+			}
 			return fmt.Errorf("waiting for workers: %w", err)
 		}
 		var st *worker.BuildStatus
@@ -90,12 +100,20 @@ func runRebuild(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			}
 		}
 		if st == nil {
+			if bar != nil {
+				bar.done()
+			}
 			return fmt.Errorf("build %d of %s version %d is gone", b.N, *name, b.Version)
 		}
+		total := max(v.StoredEvents, st.CatchUpEvents)
 		if bar == nil {
-			bar = newProgress(stderr, "catch-up", v.StoredEvents)
+			bar = newProgress(stderr, "catch-up", "events", total)
 		}
-		bar.set(min(st.CatchUpEvents, v.StoredEvents))
+		if st.CatchUpDone {
+			bar.set(total, total) // it has read the whole store
+		} else {
+			bar.set(st.CatchUpEvents, total)
+		}
 		switch {
 		case st.State == worker.BuildActive:
 			bar.done()
@@ -106,13 +124,18 @@ func runRebuild(ctx context.Context, args []string, stdout, stderr io.Writer) er
 			return fmt.Errorf("the rebuild was retired before it was promoted (a newer version was promoted)")
 		case st.CatchUpDone && !saidCaughtUp:
 			saidCaughtUp = true
-			fmt.Fprintf(stderr, "\ncaught up with the store; waiting for its promotion (automatic, unless the workers run with ManualPromotion: then run perspectives promote --perspective %s --version %d)\n", *name, b.Version)
+			bar.say(fmt.Sprintf("caught up with the store; waiting for its promotion (automatic, unless the workers run with ManualPromotion: then run perspectives promote --perspective %s --version %d)", *name, b.Version))
 		}
+		missing := watch.check(ctx)
 		select {
 		case <-wctx.Done():
 			bar.done()
-			return fmt.Errorf("the rebuild read %d of %d events in %s: are workers running %s version %d? (they keep going; see: perspectives versions)",
-				st.CatchUpEvents, v.StoredEvents, *timeout, *name, b.Version)
+			why := fmt.Sprintf("are workers running %s version %d?", *name, b.Version)
+			if missing != "" {
+				why = missing
+			}
+			return fmt.Errorf("the rebuild read %d of %d events in %s: %s (the rebuild waits in the database; see: perspectives versions)",
+				st.CatchUpEvents, v.StoredEvents, *timeout, why)
 		case <-tick.C:
 		}
 	}
@@ -129,8 +152,15 @@ func rebuildStream(ctx context.Context, pool *pgxpool.Pool, admin *worker.Admin,
 	if !wait || queued == 0 {
 		return nil
 	}
+	wctx, cancel := context.WithTimeout(ctx, timeout) // ends the wait; reads use ctx
+	defer cancel()
 	q := pgq.New(pool)
-	bar := newProgress(stderr, "applying", queued)
+	versions, err := runningVersions(ctx, admin, name)
+	if err != nil {
+		return fmt.Errorf("waiting for workers: %w", err)
+	}
+	bar := newProgress(stderr, "applying", "events", queued)
+	watch := &workerWatch{admin: admin, name: name, versions: versions, say: bar.say}
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -139,44 +169,38 @@ func rebuildStream(ctx context.Context, pool *pgxpool.Pool, admin *worker.Admin,
 			bar.done()
 			return fmt.Errorf("waiting for workers: %w", err)
 		}
-		bar.set(max(queued-left, 0))
+		bar.set(max(queued-left, 0), queued)
 		if left == 0 {
 			bar.done()
 			fmt.Fprintln(stdout, "rebuild applied")
 			return nil
 		}
+		missing := watch.check(ctx)
 		select {
-		case <-ctx.Done():
+		case <-wctx.Done():
 			bar.done()
-			return fmt.Errorf("%d events still queued after %s: are workers running %s? (they keep applying; see: perspectives status)", left, timeout, name)
+			why := fmt.Sprintf("are workers running %s?", name)
+			if missing != "" {
+				why = missing
+			}
+			return fmt.Errorf("%d events still queued after %s: %s (they stay queued; see: perspectives status)", left, timeout, why)
 		case <-tick.C:
 		}
 	}
 }
 
-// progress draws a one-line progress bar.
-type progress struct {
-	w     io.Writer
-	label string
-	total int64
-	start time.Time
-}
-
-func newProgress(w io.Writer, label string, total int64) *progress {
-	p := &progress{w: w, label: label, total: total, start: time.Now()}
-	p.set(0)
-	return p
-}
-
-func (p *progress) set(n int64) {
-	const width = 30
-	frac := 1.0
-	if p.total > 0 {
-		frac = float64(n) / float64(p.total)
+// runningVersions is the versions of the perspective whose builds are not retired: the
+// versions running workers apply a stream's rebuild in.
+func runningVersions(ctx context.Context, admin *worker.Admin, name string) ([]int, error) {
+	v, err := admin.Versions(ctx)
+	if err != nil {
+		return nil, err
 	}
-	fill := int(frac * width)
-	fmt.Fprintf(p.w, "\r%-9s [%s%s] %3.0f%% %d/%d %s", p.label, strings.Repeat("#", fill), strings.Repeat(".", width-fill),
-		frac*100, n, p.total, time.Since(p.start).Round(100*time.Millisecond))
+	var out []int
+	for _, b := range v.Builds {
+		if b.Perspective == name && b.State != worker.BuildRetired && !slices.Contains(out, b.Version) {
+			out = append(out, b.Version)
+		}
+	}
+	return out, nil
 }
-
-func (p *progress) done() { fmt.Fprintln(p.w) }

@@ -1,0 +1,37 @@
+-- Worker instances' heartbeats (wh_instances, schema/000004_operations.up.sql). Liveness is
+-- judged on the database clock: an instance is alive while its row is younger than three
+-- of its heartbeat intervals.
+
+-- name: InstanceBeat :exec
+-- Records an instance as running now: inserts its row (started now) or refreshes it.
+INSERT INTO wh_instances (instance_id, host, pid, heartbeat_interval, perspectives, versions)
+VALUES (@instance_id, @host, @pid, make_interval(secs => @heartbeat_seconds::float8),
+        @perspectives::text[], @versions::integer[])
+ON CONFLICT (instance_id) DO UPDATE
+SET last_seen_at = now(),
+    host = EXCLUDED.host,
+    pid = EXCLUDED.pid,
+    heartbeat_interval = EXCLUDED.heartbeat_interval,
+    perspectives = EXCLUDED.perspectives,
+    versions = EXCLUDED.versions;
+
+-- name: InstanceDelete :exec
+-- Removes an instance's row at its clean stop.
+DELETE FROM wh_instances WHERE instance_id = @instance_id;
+
+-- name: InstancesForget :execrows
+-- Deletes the rows of instances gone (not seen) for longer than forget_seconds: what an
+-- instance killed without a clean stop leaves behind.
+DELETE FROM wh_instances
+WHERE last_seen_at < now() - make_interval(secs => @forget_seconds::float8);
+
+-- name: InstancesList :many
+-- Every recorded instance, oldest first, with its liveness and how long ago it was last
+-- seen, both on the database clock.
+SELECT instance_id, host, pid, started_at, last_seen_at,
+       (extract(epoch FROM heartbeat_interval) * 1000000)::bigint AS heartbeat_micros,
+       perspectives, versions,
+       (last_seen_at >= now() - 3 * heartbeat_interval)::bool AS alive,
+       (extract(epoch FROM now() - last_seen_at) * 1000000)::bigint AS seen_ago_micros
+FROM wh_instances
+ORDER BY started_at, instance_id;

@@ -1,0 +1,7 @@
+package worker
+
+import "time"
+
+// SetHeartbeatInterval sets the worker's heartbeat interval (HeartbeatInterval by default);
+// call it before Start.
+func (w *Worker) SetHeartbeatInterval(d time.Duration) { w.beatEvery = d }

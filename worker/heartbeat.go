@@ -1,0 +1,141 @@
+package worker
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// HeartbeatInterval is how often a running worker records in wh_instances that it is alive.
+// The interval is stored in the row: readers judge an instance gone when its row is older
+// than three intervals, on the database clock (Admin.Instances, perspectives status).
+const HeartbeatInterval = 5 * time.Second
+
+// heartbeatTimeout bounds each heartbeat write (and the wait for a pool connection): a
+// heartbeat never holds a connection for long.
+const heartbeatTimeout = 2 * time.Second
+
+// instanceForgetAfter is how long the row of an instance that never stopped cleanly (it was
+// killed) is kept after it was last seen: an instance that starts deletes older ones.
+const instanceForgetAfter = 24 * time.Hour
+
+// instanceRecord is what the heartbeat records of an instance.
+type instanceRecord struct {
+	ID           uuid.UUID
+	Host         string
+	PID          int
+	Interval     time.Duration
+	Perspectives []PerspectiveVersion
+}
+
+// instanceRecorder is where heartbeats are written: the pgStore. A Store without it (a unit
+// test's mock) records no heartbeats.
+type instanceRecorder interface {
+	// beat inserts or refreshes the instance's row, last seen now (database clock).
+	beat(ctx context.Context, r instanceRecord) error
+	// forget deletes the instance's row.
+	forget(ctx context.Context, id uuid.UUID) error
+	// forgetGone deletes the rows of instances not seen for longer than after.
+	forgetGone(ctx context.Context, after time.Duration) (int64, error)
+}
+
+// heartbeat records an instance every interval until stopped, then deletes its row. A
+// failed write is logged (a warning the first time, then debug until one succeeds again)
+// and never stops the worker.
+type heartbeat struct {
+	rec instanceRecorder
+	row instanceRecord
+	log *slog.Logger
+
+	failing bool // the last write failed (the first write, then the run goroutine's)
+
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// newInstanceRecord is this process's record for instance id running perspectives.
+func newInstanceRecord(id uuid.UUID, interval time.Duration, perspectives []PerspectiveVersion) instanceRecord {
+	host, err := os.Hostname()
+	if err != nil || host == "" {
+		host = "unknown"
+	}
+	return instanceRecord{ID: id, Host: host, PID: os.Getpid(), Interval: interval, Perspectives: perspectives}
+}
+
+// startHeartbeat records row at once (bounded by heartbeatTimeout), forgets long-gone
+// instances, and keeps recording row every row.Interval in the background; the loop is not
+// tied to ctx (stop ends it).
+func startHeartbeat(ctx context.Context, rec instanceRecorder, row instanceRecord, log *slog.Logger) *heartbeat {
+	h := &heartbeat{rec: rec, row: row, log: log, done: make(chan struct{})}
+	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	h.cancel = cancel
+	h.write(bg)
+	fctx, fcancel := context.WithTimeout(bg, heartbeatTimeout)
+	if n, err := rec.forgetGone(fctx, instanceForgetAfter); err != nil {
+		log.Debug("forgetting gone instances failed", slog.Any("error", err))
+	} else if n > 0 {
+		log.Info("forgot instances gone for a day", slog.Int64("instances", n))
+	}
+	fcancel()
+	go h.run(bg)
+	return h
+}
+
+func (h *heartbeat) run(ctx context.Context) {
+	defer close(h.done)
+	tick := time.NewTicker(h.row.Interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			h.write(ctx)
+		}
+	}
+}
+
+// write records the row once, bounded by heartbeatTimeout.
+func (h *heartbeat) write(ctx context.Context) {
+	wctx, cancel := context.WithTimeout(ctx, heartbeatTimeout)
+	err := h.rec.beat(wctx, h.row)
+	cancel()
+	if ctx.Err() != nil {
+		return // stopping
+	}
+	was := h.failing
+	h.failing = err != nil
+	switch {
+	case err != nil && !was:
+		h.log.Warn("heartbeat not recorded; will retry (readers may take this instance for gone)",
+			slog.Any("error", err), slog.Duration("interval", h.row.Interval))
+	case err != nil:
+		h.log.Debug("heartbeat not recorded", slog.Any("error", err))
+	case was:
+		h.log.Info("heartbeat recorded again")
+	}
+}
+
+// stop ends the heartbeats and deletes the instance's row (with a fresh short context).
+func (h *heartbeat) stop() {
+	h.cancel()
+	<-h.done
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	if err := h.rec.forget(ctx, h.row.ID); err != nil {
+		h.log.Warn("instance row not deleted at stop; readers will see it gone after three heartbeat intervals",
+			slog.Any("error", err))
+	}
+}
+
+// running is the perspectives this worker runs, each with its version.
+func (w *Worker) running() []PerspectiveVersion {
+	out := make([]PerspectiveVersion, len(w.names))
+	for i, name := range w.names {
+		out[i] = PerspectiveVersion{Name: name, Version: versionOf(w.persp[name])}
+	}
+	return out
+}

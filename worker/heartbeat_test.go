@@ -1,0 +1,162 @@
+package worker
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+)
+
+// fakeInstances records the heartbeats' calls; beats fail while fail is set, and hang until
+// their context ends while hang is set.
+type fakeInstances struct {
+	mu     sync.Mutex
+	beats  []time.Time // successful beats
+	tried  int
+	fail   bool
+	hang   bool
+	hung   []time.Duration // how long each hanging beat waited
+	forgot []uuid.UUID
+	row    instanceRecord
+}
+
+func (f *fakeInstances) beat(ctx context.Context, r instanceRecord) error {
+	f.mu.Lock()
+	f.tried++
+	f.row = r
+	fail, hang := f.fail, f.hang
+	f.mu.Unlock()
+	if hang {
+		start := time.Now()
+		<-ctx.Done()
+		f.mu.Lock()
+		f.hung = append(f.hung, time.Since(start))
+		f.mu.Unlock()
+		return ctx.Err()
+	}
+	if fail {
+		return context.DeadlineExceeded
+	}
+	f.mu.Lock()
+	f.beats = append(f.beats, time.Now())
+	f.mu.Unlock()
+	return nil
+}
+
+func (f *fakeInstances) forget(_ context.Context, id uuid.UUID) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.forgot = append(f.forgot, id)
+	return nil
+}
+
+func (f *fakeInstances) forgetGone(context.Context, time.Duration) (int64, error) { return 0, nil }
+
+func (f *fakeInstances) set(fn func(f *fakeInstances)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	fn(f)
+}
+
+func (f *fakeInstances) snapshot() (beats []time.Time, tried int, hung []time.Duration, forgot []uuid.UUID) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]time.Time(nil), f.beats...), f.tried, append([]time.Duration(nil), f.hung...), append([]uuid.UUID(nil), f.forgot...)
+}
+
+// syncBuf is a goroutine-safe log sink.
+type syncBuf struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuf) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuf) count(msg string) int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return strings.Count(s.b.String(), msg)
+}
+
+func TestHeartbeatBeatsEveryIntervalSurvivesFailuresAndForgetsAtStop(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const every = 5 * time.Second
+		rec := &fakeInstances{}
+		var logs syncBuf
+		log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+		id := uuid.New()
+		row := newInstanceRecord(id, every, []PerspectiveVersion{{Name: "orders", Version: 2}})
+		start := time.Now()
+
+		h := startHeartbeat(context.Background(), rec, row, log)
+		stopped := false
+		defer func() {
+			if !stopped {
+				h.stop()
+			}
+		}()
+		beats, _, _, _ := rec.snapshot()
+		require.Len(t, beats, 1, "the first heartbeat is written before startHeartbeat returns")
+		require.Equal(t, start, beats[0])
+		var written instanceRecord
+		rec.set(func(f *fakeInstances) { written = f.row })
+		require.Equal(t, row, written)
+		require.NotEmpty(t, written.Host)
+		require.Positive(t, written.PID)
+
+		time.Sleep(2 * every)
+		synctest.Wait()
+		beats, _, _, _ = rec.snapshot()
+		require.Equal(t, []time.Time{start, start.Add(every), start.Add(2 * every)}, beats, "one heartbeat per interval")
+
+		// Failing writes: a warning once, then debug lines; the heartbeat goes on.
+		rec.set(func(f *fakeInstances) { f.fail = true })
+		time.Sleep(3 * every)
+		synctest.Wait()
+		_, tried, _, _ := rec.snapshot()
+		require.Equal(t, 6, tried)
+		require.Equal(t, 1, logs.count("level=WARN msg=\"heartbeat not recorded; will retry"))
+		require.Equal(t, 2, logs.count("level=DEBUG msg=\"heartbeat not recorded\""))
+
+		rec.set(func(f *fakeInstances) { f.fail = false })
+		time.Sleep(every)
+		synctest.Wait()
+		beats, _, _, _ = rec.snapshot()
+		require.Len(t, beats, 4)
+		require.Equal(t, 1, logs.count("heartbeat recorded again"))
+
+		// A write that hangs is cut off after heartbeatTimeout, and the next one is on time.
+		rec.set(func(f *fakeInstances) { f.hang = true })
+		time.Sleep(every)
+		synctest.Wait()
+		time.Sleep(heartbeatTimeout)
+		synctest.Wait()
+		rec.set(func(f *fakeInstances) { f.hang = false })
+		time.Sleep(every - heartbeatTimeout)
+		synctest.Wait()
+		beats, _, hung, _ := rec.snapshot()
+		require.Equal(t, []time.Duration{heartbeatTimeout}, hung)
+		require.Len(t, beats, 5)
+		require.Equal(t, start.Add(8*every), beats[4], "the beat after the one that hung is on time")
+
+		h.stop()
+		stopped = true
+		_, tried, _, forgot := rec.snapshot()
+		require.Equal(t, []uuid.UUID{id}, forgot, "the row is deleted at stop")
+		time.Sleep(3 * every)
+		synctest.Wait()
+		_, after, _, _ := rec.snapshot()
+		require.Equal(t, tried, after, "no heartbeat after stop")
+	})
+}
