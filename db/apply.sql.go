@@ -161,6 +161,8 @@ WITH input AS (
         events_since_snapshot = i.since_snapshot,
         status = 'ok',
         last_error = NULL,
+        failed_event_id = NULL,
+        failed_since = NULL,
         attempts = 0,
         next_attempt_at = NULL,
         updated_at = now()
@@ -178,7 +180,8 @@ WITH input AS (
       AND q.event_id = d.event_id
     RETURNING 1
 )
-SELECT count(*)::bigint AS deleted FROM applied
+SELECT (SELECT count(*) FROM applied)::bigint AS deleted
+FROM (SELECT pg_notify('wh_applied', '')) notified
 `
 
 type PairsApplyCommitParams struct {
@@ -196,6 +199,11 @@ type PairsApplyCommitParams struct {
 // cursor advances (bumping its version) and its failure state clears; the applied queue rows
 // are deleted, given as three parallel arrays (applied_stream_ids,
 // applied_perspective_names, applied_event_ids). Returns how many queue rows were deleted.
+// It notifies wh_applied (WaitFor wakes; once per transaction, since PostgreSQL folds a
+// transaction's identical notifications): the normal path, a rewind's commit and a
+// catch-up's page all make their events visible through this statement.
+// The notification is in a one-row FROM, so it is sent even when no queue row was deleted
+// (a catch-up page applies events that were never queued).
 func (q *Queries) PairsApplyCommit(ctx context.Context, arg PairsApplyCommitParams) (int64, error) {
 	row := q.db.QueryRow(ctx, pairsApplyCommit,
 		arg.StreamIds,
@@ -214,12 +222,13 @@ func (q *Queries) PairsApplyCommit(ctx context.Context, arg PairsApplyCommitPara
 
 const pairsLockForApply = `-- name: PairsLockForApply :many
 
-SELECT l.stream_id, l.perspective_name, l.last_event_id, l.events_since_snapshot, l.lock_holder, l.snapshot_ids
+SELECT l.stream_id, l.perspective_name, l.last_event_id, l.events_since_snapshot, l.attempts, l.lock_holder, l.snapshot_ids
 FROM (
     SELECT c.stream_id,
            c.perspective_name,
            c.last_event_id,
            c.events_since_snapshot,
+           c.attempts,
            COALESCE(CASE WHEN c.stream_lock_expiry > clock_timestamp() THEN c.stream_lock_instance_id END,
                     '00000000-0000-0000-0000-000000000000')::uuid AS lock_holder,
            (SELECT COALESCE(array_agg(s.snapshot_event_id ORDER BY s.snapshot_event_id DESC), '{}')
@@ -251,6 +260,7 @@ type PairsLockForApplyRow struct {
 	PerspectiveName     string
 	LastEventID         uuid.NullUUID
 	EventsSinceSnapshot int32
+	Attempts            int32
 	LockHolder          uuid.UUID
 	SnapshotIds         []uuid.UUID
 }
@@ -285,6 +295,7 @@ func (q *Queries) PairsLockForApply(ctx context.Context, arg PairsLockForApplyPa
 			&i.PerspectiveName,
 			&i.LastEventID,
 			&i.EventsSinceSnapshot,
+			&i.Attempts,
 			&i.LockHolder,
 			&i.SnapshotIds,
 		); err != nil {
@@ -303,55 +314,106 @@ WITH input AS (
     SELECT unnest($1::uuid[]) AS stream_id,
            unnest($2::text[]) AS perspective_name,
            unnest($3::text[]) AS error,
-           $4::float8 AS base_seconds,
-           $5::float8 AS max_seconds
+           unnest($4::uuid[]) AS event_id,
+           unnest($5::text[]) AS action,
+           $6::float8 AS base_seconds,
+           $7::float8 AS max_seconds
+), old AS (
+    SELECT c.stream_id, c.perspective_name, c.attempts, i.error, i.action,
+           NULLIF(i.event_id, '00000000-0000-0000-0000-000000000000') AS event_id,
+           CASE i.action
+               WHEN 'retry' THEN now() + interval '1 second' * LEAST(
+                   i.max_seconds, i.base_seconds * power(2, LEAST(c.attempts, 40)))
+               WHEN 'park' THEN '9999-12-31 00:00:00+00'::timestamptz
+           END AS due
+    FROM input i
+    JOIN wh_perspective_cursors c
+      ON c.stream_id = i.stream_id AND c.perspective_name = i.perspective_name
 ), cur AS (
     UPDATE wh_perspective_cursors c
-    SET status = 'failed',
-        last_error = i.error,
-        attempts = c.attempts + 1,
-        next_attempt_at = now() + interval '1 second' * LEAST(
-            i.max_seconds, i.base_seconds * power(2, LEAST(c.attempts, 40))),
+    SET status = CASE o.action WHEN 'retry' THEN 'failed' WHEN 'park' THEN 'parked' ELSE 'ok' END,
+        last_error = CASE WHEN o.action = 'skip' THEN NULL ELSE o.error END,
+        failed_event_id = CASE WHEN o.action = 'skip' THEN NULL ELSE o.event_id END,
+        failed_since = CASE WHEN o.action = 'skip' THEN NULL ELSE COALESCE(c.failed_since, now()) END,
+        attempts = CASE WHEN o.action = 'skip' THEN 0 ELSE c.attempts + 1 END,
+        -- A parked pair's rows carry its wait (9999-12-31), not its cursor: a late event
+        -- that sorts before its failing one is queued due now, and claimed (see wh_append).
+        next_attempt_at = CASE WHEN o.action = 'retry' THEN o.due END,
+        version = CASE WHEN o.action = 'skip' THEN c.version + 1 ELSE c.version END,
         updated_at = now()
-    FROM input i
-    WHERE c.stream_id = i.stream_id AND c.perspective_name = i.perspective_name
-    RETURNING c.stream_id, c.perspective_name, c.last_error, c.next_attempt_at
+    FROM old o
+    WHERE c.stream_id = o.stream_id AND c.perspective_name = o.perspective_name
+    RETURNING c.stream_id, c.perspective_name
+), skipped AS (
+    INSERT INTO wh_skipped_events (stream_id, perspective_name, event_id, skipped_by, reason, attempts, last_error)
+    SELECT o.stream_id, o.perspective_name, o.event_id, $8::text, 'policy', o.attempts + 1, o.error
+    FROM old o
+    WHERE o.action = 'skip' AND o.event_id IS NOT NULL
+    ON CONFLICT DO NOTHING
+), unqueued AS (
+    DELETE FROM wh_perspective_events q
+    USING old o
+    WHERE o.action = 'skip'
+      AND q.stream_id = o.stream_id AND q.perspective_name = o.perspective_name AND q.event_id = o.event_id
 ), queued AS (
     UPDATE wh_perspective_events q
-    SET attempts = q.attempts + 1,
-        last_error = cur.last_error,
-        next_attempt_at = cur.next_attempt_at
-    FROM cur
-    WHERE q.stream_id = cur.stream_id AND q.perspective_name = cur.perspective_name
+    SET attempts = CASE WHEN o.action = 'skip' THEN 0 ELSE q.attempts + 1 END,
+        last_error = CASE WHEN o.action = 'skip' THEN NULL ELSE o.error END,
+        next_attempt_at = COALESCE(o.due, now())
+    FROM old o
+    WHERE q.stream_id = o.stream_id AND q.perspective_name = o.perspective_name
+      AND q.event_id IS DISTINCT FROM CASE WHEN o.action = 'skip' THEN o.event_id END
 )
-SELECT cur.stream_id, cur.perspective_name, cur.next_attempt_at::timestamptz AS next_attempt_at
-FROM cur
+SELECT o.stream_id, o.perspective_name, o.action::text AS action, COALESCE(o.due, now())::timestamptz AS next_attempt_at
+FROM old o
+WHERE (SELECT count(*) FROM (
+          SELECT pg_notify('wh_applied', '') FROM old WHERE action <> 'retry'
+          UNION ALL
+          SELECT pg_notify('wh_perspective_events', '') FROM old WHERE action = 'skip') n) >= 0
 `
 
 type PairsMarkFailedParams struct {
 	StreamIds        []uuid.UUID
 	PerspectiveNames []string
 	Errors           []string
+	EventIds         []uuid.UUID
+	Actions          []string
 	BaseSeconds      float64
 	MaxSeconds       float64
+	SkippedBy        string
 }
 
 type PairsMarkFailedRow struct {
 	StreamID        uuid.UUID
 	PerspectiveName string
+	Action          string
 	NextAttemptAt   time.Time
 }
 
-// Records a failure of each given pair (errors[i] for pair i) on its cursor and on every
-// queued row of the pair, and schedules the retry: base_seconds doubled per earlier
-// attempt, capped at max_seconds, from now. Returns the retry time of each pair.
+// Records a failure of each given pair on its cursor and queued rows: errors[i] caused by
+// event_ids[i] (the nil UUID: not one event's), and does what actions[i] says (the worker's
+// failure policy decided it from the pair's failures so far):
+//
+//	'retry': status 'failed', retried after the backoff (base_seconds doubled per earlier
+//	         failure, capped at max_seconds, from now);
+//	'park':  status 'parked', its rows due at 9999-12-31 (no claim takes them; Appends give
+//	         the rows they add the same due time) until an operator retries or skips;
+//	'skip':  the event is recorded in wh_skipped_events (skipped_by, reason 'policy') and
+//	         unqueued; the pair's failure state clears and its other rows are due now. Its
+//	         version is bumped: a rewind in flight, which replayed the event, is refused.
+//
+// Parking and skipping notify wh_applied (WaitFor wakes), skipping also
+// wh_perspective_events (the rest is due). Returns each pair's action and new due time.
 func (q *Queries) PairsMarkFailed(ctx context.Context, arg PairsMarkFailedParams) ([]PairsMarkFailedRow, error) {
 	rows, err := q.db.Query(ctx, pairsMarkFailed,
 		arg.StreamIds,
 		arg.PerspectiveNames,
 		arg.Errors,
+		arg.EventIds,
+		arg.Actions,
 		arg.BaseSeconds,
 		arg.MaxSeconds,
+		arg.SkippedBy,
 	)
 	if err != nil {
 		return nil, err
@@ -360,7 +422,12 @@ func (q *Queries) PairsMarkFailed(ctx context.Context, arg PairsMarkFailedParams
 	items := []PairsMarkFailedRow{}
 	for rows.Next() {
 		var i PairsMarkFailedRow
-		if err := rows.Scan(&i.StreamID, &i.PerspectiveName, &i.NextAttemptAt); err != nil {
+		if err := rows.Scan(
+			&i.StreamID,
+			&i.PerspectiveName,
+			&i.Action,
+			&i.NextAttemptAt,
+		); err != nil {
 			return nil, err
 		}
 		items = append(items, i)

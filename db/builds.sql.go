@@ -217,6 +217,7 @@ SET state = $1::text,
     retired_at  = CASE WHEN $1::text = 'retired' THEN clock_timestamp() ELSE retired_at END,
     catchup_holder = CASE WHEN $1::text = 'retired' THEN NULL ELSE catchup_holder END,
     catchup_expiry = CASE WHEN $1::text = 'retired' THEN NULL ELSE catchup_expiry END
+FROM (SELECT CASE WHEN $1::text = 'active' THEN pg_notify('wh_applied', '') END) notified
 WHERE build_key = $2
 `
 
@@ -227,6 +228,7 @@ type BuildSetStateParams struct {
 
 // The times are the statement's, not the transaction's start: a promotion sets them under the
 // append lock, so every Append that still queued for the old state started before them.
+// Making a build active (a promotion) notifies wh_applied: WaitFor judges the new active build.
 func (q *Queries) BuildSetState(ctx context.Context, arg BuildSetStateParams) error {
 	_, err := q.db.Exec(ctx, buildSetState, arg.State, arg.BuildKey)
 	return err
@@ -543,6 +545,9 @@ INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)
 SELECT e.stream_id, $1::text, e.event_id
 FROM wh_event_store e
 WHERE e.stream_id = $2 AND e.event_id >= $3
+  AND NOT EXISTS (SELECT 1 FROM wh_skipped_events s
+                  WHERE s.stream_id = e.stream_id AND s.perspective_name = $1::text
+                    AND s.event_id = e.event_id)
 ON CONFLICT DO NOTHING
 `
 

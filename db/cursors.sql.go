@@ -12,6 +12,25 @@ import (
 	"github.com/google/uuid"
 )
 
+const cursorFailuresLock = `-- name: CursorFailuresLock :one
+SELECT attempts FROM wh_perspective_cursors
+WHERE stream_id = $1 AND perspective_name = $2
+FOR UPDATE
+`
+
+type CursorFailuresLockParams struct {
+	StreamID        uuid.UUID
+	PerspectiveName string
+}
+
+// Locks the cursor row (waiting for other writers) and returns its failures in a row.
+func (q *Queries) CursorFailuresLock(ctx context.Context, arg CursorFailuresLockParams) (int32, error) {
+	row := q.db.QueryRow(ctx, cursorFailuresLock, arg.StreamID, arg.PerspectiveName)
+	var attempts int32
+	err := row.Scan(&attempts)
+	return attempts, err
+}
+
 const cursorGet = `-- name: CursorGet :one
 SELECT stream_id, perspective_name, last_event_id, version, status, last_error, attempts,
        events_since_snapshot,
@@ -88,16 +107,26 @@ func (q *Queries) CursorLock(ctx context.Context, arg CursorLockParams) (CursorL
 }
 
 const cursorReset = `-- name: CursorReset :exec
-UPDATE wh_perspective_cursors
-SET last_event_id = NULL,
-    version = version + 1,
-    events_since_snapshot = 0,
-    status = 'ok',
-    last_error = NULL,
-    attempts = 0,
-    next_attempt_at = NULL,
-    updated_at = now()
-WHERE stream_id = $1 AND perspective_name = $2
+WITH cur AS (
+    UPDATE wh_perspective_cursors c
+    SET last_event_id = NULL,
+        version = c.version + 1,
+        events_since_snapshot = 0,
+        status = 'ok',
+        last_error = NULL,
+        failed_event_id = NULL,
+        failed_since = NULL,
+        attempts = 0,
+        next_attempt_at = NULL,
+        updated_at = now()
+    WHERE c.stream_id = $1 AND c.perspective_name = $2
+    RETURNING c.stream_id, c.perspective_name
+)
+UPDATE wh_perspective_events q
+SET next_attempt_at = now(), attempts = 0, last_error = NULL
+FROM cur
+WHERE q.stream_id = cur.stream_id AND q.perspective_name = cur.perspective_name
+  AND q.next_attempt_at > now()
 `
 
 type CursorResetParams struct {
@@ -105,6 +134,8 @@ type CursorResetParams struct {
 	PerspectiveName string
 }
 
+// Resets the pair's cursor (purge): no position, no failure; its queued rows (of a pair
+// that was failing or parked) are due now.
 func (q *Queries) CursorReset(ctx context.Context, arg CursorResetParams) error {
 	_, err := q.db.Exec(ctx, cursorReset, arg.StreamID, arg.PerspectiveName)
 	return err
@@ -113,7 +144,7 @@ func (q *Queries) CursorReset(ctx context.Context, arg CursorResetParams) error 
 const cursorsFailed = `-- name: CursorsFailed :many
 SELECT stream_id, perspective_name, attempts, last_error, next_attempt_at, updated_at
 FROM wh_perspective_cursors
-WHERE status = 'failed'
+WHERE status <> 'ok'
 ORDER BY perspective_name, updated_at
 `
 

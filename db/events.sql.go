@@ -99,28 +99,34 @@ func (q *Queries) EventsForStream(ctx context.Context, streamID uuid.UUID) ([]Wh
 }
 
 const eventsReplayPage = `-- name: EventsReplayPage :many
-SELECT event_id, stream_id, event_type, data, created_at
-FROM wh_event_store
-WHERE stream_id = $1
-  AND event_id > $2
-  AND event_id <= $3
-ORDER BY event_id
-LIMIT $4
+SELECT e.event_id, e.stream_id, e.event_type, e.data, e.created_at
+FROM wh_event_store e
+WHERE e.stream_id = $1
+  AND e.event_id > $2
+  AND e.event_id <= $3
+  AND NOT EXISTS (SELECT 1 FROM wh_skipped_events s
+                  WHERE s.stream_id = e.stream_id AND s.perspective_name = $4::text
+                    AND s.event_id = e.event_id)
+ORDER BY e.event_id
+LIMIT $5
 `
 
 type EventsReplayPageParams struct {
 	StreamID     uuid.UUID
 	AfterEventID uuid.UUID
 	UptoEventID  uuid.UUID
+	BuildKey     string
 	PageSize     int32
 }
 
-// One page of a stream's events after a position, up to an inclusive bound, in ID order.
+// One page of a stream's events after a position, up to an inclusive bound, in ID order,
+// without the events the pair (the stream and build_key) skipped.
 func (q *Queries) EventsReplayPage(ctx context.Context, arg EventsReplayPageParams) ([]WhEventStore, error) {
 	rows, err := q.db.Query(ctx, eventsReplayPage,
 		arg.StreamID,
 		arg.AfterEventID,
 		arg.UptoEventID,
+		arg.BuildKey,
 		arg.PageSize,
 	)
 	if err != nil {

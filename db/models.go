@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 type WhEventStore struct {
@@ -16,6 +17,17 @@ type WhEventStore struct {
 	EventType string
 	Data      []byte
 	CreatedAt time.Time
+}
+
+type WhInstance struct {
+	InstanceID        uuid.UUID
+	Host              string
+	Pid               int32
+	StartedAt         time.Time
+	LastSeenAt        time.Time
+	HeartbeatInterval pgtype.Interval
+	Perspectives      []string
+	Versions          []int32
 }
 
 type WhPerspective struct {
@@ -58,6 +70,8 @@ type WhPerspectiveCursor struct {
 	StreamLockInstanceID uuid.NullUUID
 	StreamLockExpiry     *time.Time
 	StreamLockReason     *string
+	FailedEventID        uuid.NullUUID
+	FailedSince          *time.Time
 }
 
 type WhPerspectiveEvent struct {
@@ -89,4 +103,15 @@ type WhPerspectiveSnapshot struct {
 type WhRegistration struct {
 	ID    int32
 	Epoch int64
+}
+
+type WhSkippedEvent struct {
+	StreamID        uuid.UUID
+	PerspectiveName string
+	EventID         uuid.UUID
+	SkippedAt       time.Time
+	SkippedBy       string
+	Reason          string
+	Attempts        int32
+	LastError       *string
 }

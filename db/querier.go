@@ -37,6 +37,7 @@ type Querier interface {
 	BuildQueueAge(ctx context.Context, buildKey string) (int64, error)
 	// The times are the statement's, not the transaction's start: a promotion sets them under the
 	// append lock, so every Append that still queued for the old state started before them.
+	// Making a build active (a promotion) notifies wh_applied: WaitFor judges the new active build.
 	BuildSetState(ctx context.Context, arg BuildSetStateParams) error
 	// Builds of perspectives (schema/000002_builds.up.sql): registration, catch-up from the
 	// event store, promotion and the cleanup of retired builds.
@@ -54,11 +55,15 @@ type Querier interface {
 	CatchUpPage(ctx context.Context, arg CatchUpPageParams) ([]WhEventStore, error)
 	// The events queued for a build among the streams from first to last (a page's streams).
 	CatchUpQueued(ctx context.Context, arg CatchUpQueuedParams) ([]CatchUpQueuedRow, error)
+	// Locks the cursor row (waiting for other writers) and returns its failures in a row.
+	CursorFailuresLock(ctx context.Context, arg CursorFailuresLockParams) (int32, error)
 	CursorGet(ctx context.Context, arg CursorGetParams) (CursorGetRow, error)
 	// Locks the cursor row, waiting for other writers (final writes of long operations).
 	// lock_holder is the holder of an unexpired stream lock (the nil UUID: none), judged with clock_timestamp(): the
 	// fencing check must see the time after the wait.
 	CursorLock(ctx context.Context, arg CursorLockParams) (CursorLockRow, error)
+	// Resets the pair's cursor (purge): no position, no failure; its queued rows (of a pair
+	// that was failing or parked) are due now.
 	CursorReset(ctx context.Context, arg CursorResetParams) error
 	// Creates the missing cursor rows of the given pairs and returns the pairs it created.
 	// An existing row is left alone; but when another transaction has updated it and is still
@@ -71,6 +76,13 @@ type Querier interface {
 	// updated).
 	CursorsMissing(ctx context.Context, arg CursorsMissingParams) ([]CursorsMissingRow, error)
 	EventCount(ctx context.Context) (int64, error)
+	// An operator skips an event of a stream in the given builds: for each build where the event
+	// is queued for the stream's pair or is its failing event, the skip is recorded (who, and the
+	// pair's failures so far), the event unqueued, and the cursor version bumped (a rewind in
+	// flight, which replayed it, is refused and retried). When it was the failing event, the
+	// failure state clears and the pair's other rows are due now. Wakes the workers and the
+	// waiters (WaitFor). Returns the builds it skipped the event in.
+	EventSkip(ctx context.Context, arg EventSkipParams) ([]string, error)
 	// The planner's estimate of the stored events (-1 before the first ANALYZE).
 	EventStoreEstimate(ctx context.Context) (int64, error)
 	// Stores the events, enqueues one row per (event, build being built or active), makes sure
@@ -79,7 +91,8 @@ type Querier interface {
 	EventsAppend(ctx context.Context, arg EventsAppendParams) (int64, error)
 	// Every event of a stream in ID order (tests, the demo's consistency check).
 	EventsForStream(ctx context.Context, streamID uuid.UUID) ([]WhEventStore, error)
-	// One page of a stream's events after a position, up to an inclusive bound, in ID order.
+	// One page of a stream's events after a position, up to an inclusive bound, in ID order,
+	// without the events the pair (the stream and build_key) skipped.
 	EventsReplayPage(ctx context.Context, arg EventsReplayPageParams) ([]WhEventStore, error)
 	// Worker instances' heartbeats (wh_instances, schema/000004_operations.up.sql). Liveness is
 	// judged on the database clock: an instance is alive while its row is younger than three
@@ -104,7 +117,16 @@ type Querier interface {
 	// cursor advances (bumping its version) and its failure state clears; the applied queue rows
 	// are deleted, given as three parallel arrays (applied_stream_ids,
 	// applied_perspective_names, applied_event_ids). Returns how many queue rows were deleted.
+	// It notifies wh_applied (WaitFor wakes; once per transaction, since PostgreSQL folds a
+	// transaction's identical notifications): the normal path, a rewind's commit and a
+	// catch-up's page all make their events visible through this statement.
+	// The notification is in a one-row FROM, so it is sent even when no queue row was deleted
+	// (a catch-up page applies events that were never queued).
 	PairsApplyCommit(ctx context.Context, arg PairsApplyCommitParams) (int64, error)
+	// The failing and parked pairs of the builds that are not retired (of one perspective, or of
+	// all when perspective_name is NULL), parked first, then oldest failure first, with the
+	// failing event's type (NULL: not one event's failure, or the event is not stored).
+	PairsFailed(ctx context.Context, arg PairsFailedParams) ([]PairsFailedRow, error)
 	// The normal path: one transaction applies the queued events of a group of (stream,
 	// perspective) pairs (Config.GroupSize; a single pair is a group of one) in a handful of
 	// statements. The pairs are passed as two parallel arrays, stream_ids[i] with
@@ -122,10 +144,24 @@ type Querier interface {
 	// the pairs this transaction applies (they cannot see row locks; a claim holds the shared
 	// side only for the moment it tests it). Taken above the row lock, for the pairs locked only.
 	PairsLockForApply(ctx context.Context, arg PairsLockForApplyParams) ([]PairsLockForApplyRow, error)
-	// Records a failure of each given pair (errors[i] for pair i) on its cursor and on every
-	// queued row of the pair, and schedules the retry: base_seconds doubled per earlier
-	// attempt, capped at max_seconds, from now. Returns the retry time of each pair.
+	// Records a failure of each given pair on its cursor and queued rows: errors[i] caused by
+	// event_ids[i] (the nil UUID: not one event's), and does what actions[i] says (the worker's
+	// failure policy decided it from the pair's failures so far):
+	//   'retry': status 'failed', retried after the backoff (base_seconds doubled per earlier
+	//            failure, capped at max_seconds, from now);
+	//   'park':  status 'parked', its rows due at 9999-12-31 (no claim takes them; Appends give
+	//            the rows they add the same due time) until an operator retries or skips;
+	//   'skip':  the event is recorded in wh_skipped_events (skipped_by, reason 'policy') and
+	//            unqueued; the pair's failure state clears and its other rows are due now. Its
+	//            version is bumped: a rewind in flight, which replayed the event, is refused.
+	// Parking and skipping notify wh_applied (WaitFor wakes), skipping also
+	// wh_perspective_events (the rest is due). Returns each pair's action and new due time.
 	PairsMarkFailed(ctx context.Context, arg PairsMarkFailedParams) ([]PairsMarkFailedRow, error)
+	// Makes the failing and parked pairs of a perspective's builds that are not retired (of one
+	// stream, or all when stream_id is NULL) due now: status 'failed' until an application
+	// succeeds, attempts kept, so a pair that fails again goes straight back to its policy (a
+	// parked pair is parked again). Wakes the workers. Returns the pairs.
+	PairsRetry(ctx context.Context, arg PairsRetryParams) ([]PairsRetryRow, error)
 	PerspectiveExists(ctx context.Context, perspectiveName string) (bool, error)
 	PerspectiveList(ctx context.Context) ([]WhPerspective, error)
 	PerspectiveRegister(ctx context.Context, perspectiveName string) (int64, error)
@@ -154,10 +190,12 @@ type Querier interface {
 	// milliseconds per claim on a queue of a few thousand rows. So the perspectives are a
 	// filter (IS TRUE keeps the comparison out of the index condition) and the due time is
 	// judged per group: the first group not due ends the scan.
-	// The pairs, in order, and first the first group passed (steps = 1) whether claimable or not:
-	// the caller's next start.
+	// The pairs, in order, and first the first group passed (steps = 1) whether claimable or not,
+	// if it is due: the caller's next start. (A first group not due, a pair backing off or
+	// parked, is no start: rows queued later, due now, sort before it.)
 	QueueDuePairs(ctx context.Context, arg QueueDuePairsParams) ([]QueueDuePairsRow, error)
 	// Enqueues every stored event of one stream for one perspective (rebuild).
+	// Events the pair skipped stay skipped.
 	QueueEnqueueStream(ctx context.Context, arg QueueEnqueueStreamParams) (int64, error)
 	// Queues a stream's stored events from an event on (inclusive) for a build: what a
 	// catch-up could not apply (a failing event and the ones after it) is left to the normal
@@ -192,6 +230,9 @@ type Querier interface {
 	RegisterLock(ctx context.Context) error
 	// In the transaction that adds a build: see wh_registration.
 	RegistrationBump(ctx context.Context) error
+	// The skipped events of a perspective's builds that are not retired (or of all when
+	// perspective_name is NULL), newest first.
+	SkippedEvents(ctx context.Context, arg SkippedEventsParams) ([]SkippedEventsRow, error)
 	// Snapshot positions of one pair, newest first.
 	SnapshotIDs(ctx context.Context, arg SnapshotIDsParams) ([]uuid.UUID, error)
 	// The newest snapshot strictly before an event.
@@ -233,6 +274,23 @@ type Querier interface {
 	StreamLockRelease(ctx context.Context, arg StreamLockReleaseParams) (int64, error)
 	// Extends the expiry only while the caller holds an unexpired lock; a lapsed lock is not revived.
 	StreamLockRenew(ctx context.Context, arg StreamLockRenewParams) (int64, error)
+	// Read-your-writes (worker.WaitFor): whether an event is in the model LoadModel serves.
+	// Where an event of a stream stands in a perspective's active build (a name without builds:
+	// its own rows), in one statement, so that a promotion is seen whole or not at all:
+	//   registered: the perspective is registered; stored: the event is stored in that stream;
+	//   applied:    the pair's cursor is at or after the event and the event has no queue row
+	//               for the pair (a late event that sorts before the cursor stays queued until a
+	//               rewind applies it), so the model includes it, unless it was skipped;
+	//   skipped_*:  the event's row in wh_skipped_events for the pair (NULL: not skipped);
+	//   the pair's failure state, with status 'parked' when it waits for an operator.
+	// Every table is read by one probe of its primary key (the active build by its partial
+	// unique index): the cost does not grow with the data.
+	WaitCheck(ctx context.Context, arg WaitCheckParams) (WaitCheckRow, error)
+	// Subscribes the session to the notification of the commits that make events visible in
+	// models (PairsApplyCommit, BuildSetState's promotion, and parking or skipping a pair).
+	WaitListen(ctx context.Context) error
+	// Ends WaitListen's subscription, before the connection goes back to its pool.
+	WaitUnlisten(ctx context.Context) error
 }
 
 var _ Querier = (*Queries)(nil)

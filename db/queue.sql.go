@@ -138,7 +138,7 @@ WITH RECURSIVE due AS (
 SELECT due.stream_id::uuid AS stream_id, due.perspective_name::text AS perspective_name,
        due.next_attempt_at::timestamptz AS next_attempt_at, due.ok::bool AS ok
 FROM due
-WHERE due.ok OR due.steps = 1
+WHERE due.ok OR (due.steps = 1 AND due.next_attempt_at <= now())
 LIMIT $1+ 1
 `
 
@@ -179,8 +179,9 @@ type QueueDuePairsRow struct {
 // milliseconds per claim on a queue of a few thousand rows. So the perspectives are a
 // filter (IS TRUE keeps the comparison out of the index condition) and the due time is
 // judged per group: the first group not due ends the scan.
-// The pairs, in order, and first the first group passed (steps = 1) whether claimable or not:
-// the caller's next start.
+// The pairs, in order, and first the first group passed (steps = 1) whether claimable or not,
+// if it is due: the caller's next start. (A first group not due, a pair backing off or
+// parked, is no start: rows queued later, due now, sort before it.)
 func (q *Queries) QueueDuePairs(ctx context.Context, arg QueueDuePairsParams) ([]QueueDuePairsRow, error) {
 	rows, err := q.db.Query(ctx, queueDuePairs,
 		arg.PairLimit,
@@ -219,6 +220,9 @@ INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)
 SELECT e.stream_id, $1::text, e.event_id
 FROM wh_event_store e
 WHERE e.stream_id = $2
+  AND NOT EXISTS (SELECT 1 FROM wh_skipped_events s
+                  WHERE s.stream_id = e.stream_id AND s.perspective_name = $1::text
+                    AND s.event_id = e.event_id)
 ON CONFLICT DO NOTHING
 `
 
@@ -228,6 +232,7 @@ type QueueEnqueueStreamParams struct {
 }
 
 // Enqueues every stored event of one stream for one perspective (rebuild).
+// Events the pair skipped stay skipped.
 func (q *Queries) QueueEnqueueStream(ctx context.Context, arg QueueEnqueueStreamParams) (int64, error) {
 	result, err := q.db.Exec(ctx, queueEnqueueStream, arg.PerspectiveName, arg.StreamID)
 	if err != nil {

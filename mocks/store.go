@@ -42,7 +42,7 @@ var _ worker.Store = &StoreMock{}
 //			ListenFunc: func(ctx context.Context, notify func()) error {
 //				panic("mock out the Listen method")
 //			},
-//			MarkFailedFunc: func(ctx context.Context, p worker.Pair, cause string) error {
+//			MarkFailedFunc: func(ctx context.Context, p worker.Pair, f worker.Failure, decide func(failures int) worker.FailureAction) (worker.FailureAction, error) {
 //				panic("mock out the MarkFailed method")
 //			},
 //			PromoteFunc: func(ctx context.Context, perspective string, key string, force bool) (bool, error) {
@@ -54,7 +54,7 @@ var _ worker.Store = &StoreMock{}
 //			RegisterFunc: func(ctx context.Context, perspective string, version int) ([]worker.Build, error) {
 //				panic("mock out the Register method")
 //			},
-//			ReplayFunc: func(ctx context.Context, stream uuid.UUID, after uuid.UUID, upto uuid.UUID, limit int) ([]worker.Event, error) {
+//			ReplayFunc: func(ctx context.Context, p worker.Pair, after uuid.UUID, upto uuid.UUID, limit int) ([]worker.Event, error) {
 //				panic("mock out the Replay method")
 //			},
 //			RewindCommitFunc: func(ctx context.Context, c worker.RewindCommit) error {
@@ -95,7 +95,7 @@ type StoreMock struct {
 	ListenFunc func(ctx context.Context, notify func()) error
 
 	// MarkFailedFunc mocks the MarkFailed method.
-	MarkFailedFunc func(ctx context.Context, p worker.Pair, cause string) error
+	MarkFailedFunc func(ctx context.Context, p worker.Pair, f worker.Failure, decide func(failures int) worker.FailureAction) (worker.FailureAction, error)
 
 	// PromoteFunc mocks the Promote method.
 	PromoteFunc func(ctx context.Context, perspective string, key string, force bool) (bool, error)
@@ -107,7 +107,7 @@ type StoreMock struct {
 	RegisterFunc func(ctx context.Context, perspective string, version int) ([]worker.Build, error)
 
 	// ReplayFunc mocks the Replay method.
-	ReplayFunc func(ctx context.Context, stream uuid.UUID, after uuid.UUID, upto uuid.UUID, limit int) ([]worker.Event, error)
+	ReplayFunc func(ctx context.Context, p worker.Pair, after uuid.UUID, upto uuid.UUID, limit int) ([]worker.Event, error)
 
 	// RewindCommitFunc mocks the RewindCommit method.
 	RewindCommitFunc func(ctx context.Context, c worker.RewindCommit) error
@@ -185,8 +185,10 @@ type StoreMock struct {
 			Ctx context.Context
 			// P is the p argument value.
 			P worker.Pair
-			// Cause is the cause argument value.
-			Cause string
+			// F is the f argument value.
+			F worker.Failure
+			// Decide is the decide argument value.
+			Decide func(failures int) worker.FailureAction
 		}
 		// Promote holds details about calls to the Promote method.
 		Promote []struct {
@@ -221,8 +223,8 @@ type StoreMock struct {
 		Replay []struct {
 			// Ctx is the ctx argument value.
 			Ctx context.Context
-			// Stream is the stream argument value.
-			Stream uuid.UUID
+			// P is the p argument value.
+			P worker.Pair
 			// After is the after argument value.
 			After uuid.UUID
 			// Upto is the upto argument value.
@@ -540,23 +542,25 @@ func (mock *StoreMock) ListenCalls() []struct {
 }
 
 // MarkFailed calls MarkFailedFunc.
-func (mock *StoreMock) MarkFailed(ctx context.Context, p worker.Pair, cause string) error {
+func (mock *StoreMock) MarkFailed(ctx context.Context, p worker.Pair, f worker.Failure, decide func(failures int) worker.FailureAction) (worker.FailureAction, error) {
 	if mock.MarkFailedFunc == nil {
 		panic("StoreMock.MarkFailedFunc: method is nil but Store.MarkFailed was just called")
 	}
 	callInfo := struct {
-		Ctx   context.Context
-		P     worker.Pair
-		Cause string
+		Ctx    context.Context
+		P      worker.Pair
+		F      worker.Failure
+		Decide func(failures int) worker.FailureAction
 	}{
-		Ctx:   ctx,
-		P:     p,
-		Cause: cause,
+		Ctx:    ctx,
+		P:      p,
+		F:      f,
+		Decide: decide,
 	}
 	mock.lockMarkFailed.Lock()
 	mock.calls.MarkFailed = append(mock.calls.MarkFailed, callInfo)
 	mock.lockMarkFailed.Unlock()
-	return mock.MarkFailedFunc(ctx, p, cause)
+	return mock.MarkFailedFunc(ctx, p, f, decide)
 }
 
 // MarkFailedCalls gets all the calls that were made to MarkFailed.
@@ -564,14 +568,16 @@ func (mock *StoreMock) MarkFailed(ctx context.Context, p worker.Pair, cause stri
 //
 //	len(mockedStore.MarkFailedCalls())
 func (mock *StoreMock) MarkFailedCalls() []struct {
-	Ctx   context.Context
-	P     worker.Pair
-	Cause string
+	Ctx    context.Context
+	P      worker.Pair
+	F      worker.Failure
+	Decide func(failures int) worker.FailureAction
 } {
 	var calls []struct {
-		Ctx   context.Context
-		P     worker.Pair
-		Cause string
+		Ctx    context.Context
+		P      worker.Pair
+		F      worker.Failure
+		Decide func(failures int) worker.FailureAction
 	}
 	mock.lockMarkFailed.RLock()
 	calls = mock.calls.MarkFailed
@@ -704,27 +710,27 @@ func (mock *StoreMock) RegisterCalls() []struct {
 }
 
 // Replay calls ReplayFunc.
-func (mock *StoreMock) Replay(ctx context.Context, stream uuid.UUID, after uuid.UUID, upto uuid.UUID, limit int) ([]worker.Event, error) {
+func (mock *StoreMock) Replay(ctx context.Context, p worker.Pair, after uuid.UUID, upto uuid.UUID, limit int) ([]worker.Event, error) {
 	if mock.ReplayFunc == nil {
 		panic("StoreMock.ReplayFunc: method is nil but Store.Replay was just called")
 	}
 	callInfo := struct {
-		Ctx    context.Context
-		Stream uuid.UUID
-		After  uuid.UUID
-		Upto   uuid.UUID
-		Limit  int
+		Ctx   context.Context
+		P     worker.Pair
+		After uuid.UUID
+		Upto  uuid.UUID
+		Limit int
 	}{
-		Ctx:    ctx,
-		Stream: stream,
-		After:  after,
-		Upto:   upto,
-		Limit:  limit,
+		Ctx:   ctx,
+		P:     p,
+		After: after,
+		Upto:  upto,
+		Limit: limit,
 	}
 	mock.lockReplay.Lock()
 	mock.calls.Replay = append(mock.calls.Replay, callInfo)
 	mock.lockReplay.Unlock()
-	return mock.ReplayFunc(ctx, stream, after, upto, limit)
+	return mock.ReplayFunc(ctx, p, after, upto, limit)
 }
 
 // ReplayCalls gets all the calls that were made to Replay.
@@ -732,18 +738,18 @@ func (mock *StoreMock) Replay(ctx context.Context, stream uuid.UUID, after uuid.
 //
 //	len(mockedStore.ReplayCalls())
 func (mock *StoreMock) ReplayCalls() []struct {
-	Ctx    context.Context
-	Stream uuid.UUID
-	After  uuid.UUID
-	Upto   uuid.UUID
-	Limit  int
+	Ctx   context.Context
+	P     worker.Pair
+	After uuid.UUID
+	Upto  uuid.UUID
+	Limit int
 } {
 	var calls []struct {
-		Ctx    context.Context
-		Stream uuid.UUID
-		After  uuid.UUID
-		Upto   uuid.UUID
-		Limit  int
+		Ctx   context.Context
+		P     worker.Pair
+		After uuid.UUID
+		Upto  uuid.UUID
+		Limit int
 	}
 	mock.lockReplay.RLock()
 	calls = mock.calls.Replay

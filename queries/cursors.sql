@@ -6,6 +6,12 @@ SELECT stream_id, perspective_name, last_event_id, version, status, last_error, 
 FROM wh_perspective_cursors
 WHERE stream_id = @stream_id AND perspective_name = @perspective_name;
 
+-- name: CursorFailuresLock :one
+-- Locks the cursor row (waiting for other writers) and returns its failures in a row.
+SELECT attempts FROM wh_perspective_cursors
+WHERE stream_id = @stream_id AND perspective_name = @perspective_name
+FOR UPDATE;
+
 -- name: CursorLock :one
 -- Locks the cursor row, waiting for other writers (final writes of long operations).
 -- lock_holder is the holder of an unexpired stream lock (the nil UUID: none), judged with clock_timestamp(): the
@@ -18,19 +24,31 @@ WHERE stream_id = @stream_id AND perspective_name = @perspective_name
 FOR UPDATE;
 
 -- name: CursorReset :exec
-UPDATE wh_perspective_cursors
-SET last_event_id = NULL,
-    version = version + 1,
-    events_since_snapshot = 0,
-    status = 'ok',
-    last_error = NULL,
-    attempts = 0,
-    next_attempt_at = NULL,
-    updated_at = now()
-WHERE stream_id = @stream_id AND perspective_name = @perspective_name;
+-- Resets the pair's cursor (purge): no position, no failure; its queued rows (of a pair
+-- that was failing or parked) are due now.
+WITH cur AS (
+    UPDATE wh_perspective_cursors c
+    SET last_event_id = NULL,
+        version = c.version + 1,
+        events_since_snapshot = 0,
+        status = 'ok',
+        last_error = NULL,
+        failed_event_id = NULL,
+        failed_since = NULL,
+        attempts = 0,
+        next_attempt_at = NULL,
+        updated_at = now()
+    WHERE c.stream_id = @stream_id AND c.perspective_name = @perspective_name
+    RETURNING c.stream_id, c.perspective_name
+)
+UPDATE wh_perspective_events q
+SET next_attempt_at = now(), attempts = 0, last_error = NULL
+FROM cur
+WHERE q.stream_id = cur.stream_id AND q.perspective_name = cur.perspective_name
+  AND q.next_attempt_at > now();
 
 -- name: CursorsFailed :many
 SELECT stream_id, perspective_name, attempts, last_error, next_attempt_at, updated_at
 FROM wh_perspective_cursors
-WHERE status = 'failed'
+WHERE status <> 'ok'
 ORDER BY perspective_name, updated_at;

@@ -29,13 +29,17 @@ SELECT perspective_name, registered_at FROM wh_perspectives ORDER BY perspective
 SELECT EXISTS (SELECT 1 FROM wh_perspectives WHERE perspective_name = @perspective_name)::bool;
 
 -- name: EventsReplayPage :many
--- One page of a stream's events after a position, up to an inclusive bound, in ID order.
-SELECT event_id, stream_id, event_type, data, created_at
-FROM wh_event_store
-WHERE stream_id = @stream_id
-  AND event_id > @after_event_id
-  AND event_id <= @upto_event_id
-ORDER BY event_id
+-- One page of a stream's events after a position, up to an inclusive bound, in ID order,
+-- without the events the pair (the stream and build_key) skipped.
+SELECT e.event_id, e.stream_id, e.event_type, e.data, e.created_at
+FROM wh_event_store e
+WHERE e.stream_id = @stream_id
+  AND e.event_id > @after_event_id
+  AND e.event_id <= @upto_event_id
+  AND NOT EXISTS (SELECT 1 FROM wh_skipped_events s
+                  WHERE s.stream_id = e.stream_id AND s.perspective_name = @build_key::text
+                    AND s.event_id = e.event_id)
+ORDER BY e.event_id
 LIMIT @page_size;
 
 -- name: EventsForStream :many

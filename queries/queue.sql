@@ -73,12 +73,13 @@ WITH RECURSIVE due AS (
     -- The first group not yet due ends the scan (the groups after it are not due either).
     WHERE d.steps < @max_steps::int AND d.next_attempt_at <= now()
 )
--- The pairs, in order, and first the first group passed (steps = 1) whether claimable or not:
--- the caller's next start.
+-- The pairs, in order, and first the first group passed (steps = 1) whether claimable or not,
+-- if it is due: the caller's next start. (A first group not due, a pair backing off or
+-- parked, is no start: rows queued later, due now, sort before it.)
 SELECT due.stream_id::uuid AS stream_id, due.perspective_name::text AS perspective_name,
        due.next_attempt_at::timestamptz AS next_attempt_at, due.ok::bool AS ok
 FROM due
-WHERE due.ok OR due.steps = 1
+WHERE due.ok OR (due.steps = 1 AND due.next_attempt_at <= now())
 LIMIT @pair_limit + 1;
 
 -- name: QueueIDsForPair :many
@@ -113,8 +114,12 @@ WHERE q.perspective_name IN (
 
 -- name: QueueEnqueueStream :execrows
 -- Enqueues every stored event of one stream for one perspective (rebuild).
+-- Events the pair skipped stay skipped.
 INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)
 SELECT e.stream_id, @perspective_name::text, e.event_id
 FROM wh_event_store e
 WHERE e.stream_id = @stream_id
+  AND NOT EXISTS (SELECT 1 FROM wh_skipped_events s
+                  WHERE s.stream_id = e.stream_id AND s.perspective_name = @perspective_name::text
+                    AND s.event_id = e.event_id)
 ON CONFLICT DO NOTHING;

@@ -161,7 +161,15 @@ type applyOutcome struct {
 type pairReport struct {
 	pair    Pair
 	applied int
-	err     error // the failure that stopped it (recorded with backoff), if any
+	err     error         // the failure that stopped it, if any
+	action  FailureAction // what err did to the pair
+}
+
+// failure is err, a failure of a pair of b that had failed before times in a row before
+// it, to record, with what b's failure policy makes of it.
+func (w *Worker) failure(b *build, before int, err error) Failure {
+	ev := failedEvent(err)
+	return Failure{Cause: failureText(err), Event: ev, Action: w.policy(b.persp.Name()).action(before, ev)}
 }
 
 // applyGroup is the normal path: in one transaction it applies the queued events of
@@ -206,8 +214,9 @@ func (w *Worker) decide(ctx context.Context, states []PairState, out *applyOutco
 		if st.LastEventID.Valid {
 			if st.Model == nil || st.ModelAt != st.LastEventID.UUID {
 				err := fmt.Errorf("model is at event %s but the cursor is at %s", st.ModelAt, st.LastEventID.UUID)
-				writes = append(writes, PairWrite{Pair: st.Pair, Failure: failureText(err)})
-				out.reports = append(out.reports, pairReport{pair: st.Pair, err: err})
+				fl := w.failure(b, st.Failures, err)
+				writes = append(writes, PairWrite{Pair: st.Pair, Failure: fl})
+				out.reports = append(out.reports, pairReport{pair: st.Pair, err: err, action: fl.Action})
 				continue
 			}
 			model = st.Model
@@ -219,10 +228,14 @@ func (w *Worker) decide(ctx context.Context, states []PairState, out *applyOutco
 		}
 		wr.Snapshots, wr.DropSnapshots = w.retain(f.snaps, st.Snapshots)
 		if f.err != nil {
-			wr.Failure = failureText(f.err)
+			before := st.Failures
+			if len(f.applied) > 0 {
+				before = 0 // the pair moved on: this is the first failure of its new event
+			}
+			wr.Failure = w.failure(b, before, f.err)
 		}
 		writes = append(writes, wr)
-		out.reports = append(out.reports, pairReport{pair: st.Pair, applied: len(f.applied), err: f.err})
+		out.reports = append(out.reports, pairReport{pair: st.Pair, applied: len(f.applied), err: f.err, action: wr.Failure.Action})
 	}
 	return writes
 }
@@ -252,8 +265,7 @@ func (w *Worker) reportApplied(ctx context.Context, rep pairReport) {
 	k := rep.pair
 	if rep.err != nil {
 		w.tel.applyErrors.Add(ctx, 1, w.metricPair(k))
-		w.log.Error("event application failed; will retry with backoff",
-			w.logPair(k, slog.Int("applied_before_failure", rep.applied), slog.Any("error", rep.err))...)
+		w.logFailure(k, rep.action, rep.err, slog.Int("applied_before_failure", rep.applied))
 	}
 	if rep.applied > 0 {
 		w.tel.eventsApplied.Add(ctx, int64(rep.applied), w.metricPair(k))
@@ -283,16 +295,36 @@ func (w *Worker) fail(ctx context.Context, k Pair, cause error, r *jobResult) {
 		r.cutOff = append(r.cutOff, k)
 		return
 	}
-	if errors.Is(cause, ErrLockLost) {
-		w.log.Warn("stream lock lost: the operation's work was refused; will retry with backoff", attrs...)
-	} else {
-		w.log.Error("processing failed; will retry with backoff", attrs...)
-	}
 	w.tel.applyErrors.Add(context.WithoutCancel(ctx), 1, w.metricPair(k))
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
-	if err := w.store.MarkFailed(rctx, k, failureText(cause)); err != nil {
+	f := Failure{Cause: failureText(cause), Event: failedEvent(cause)}
+	policy := w.policy(w.buildOf(k.Perspective).persp.Name())
+	action, err := w.store.MarkFailed(rctx, k, f, func(before int) FailureAction { return policy.action(before, f.Event) })
+	if err != nil {
 		w.log.Error("recording failure failed", append(attrs, slog.Any("record_error", err))...)
+		return
+	}
+	w.logFailure(k, action, cause)
+}
+
+// logFailure logs a recorded failure of k, saying what it did to the pair.
+func (w *Worker) logFailure(k Pair, action FailureAction, cause error, attrs ...any) {
+	if ev := failedEvent(cause); ev != uuid.Nil {
+		attrs = append(attrs, slog.String("event_id", ev.String()))
+	}
+	attrs = w.logPair(k, append(attrs, slog.Any("error", cause))...)
+	switch {
+	case action == FailurePark:
+		w.log.Error("pair parked after repeated failures: its failing event and the ones after it wait for perspectives retry or skip", attrs...)
+	case action == FailureSkip:
+		w.log.Error("event skipped after repeated failures, as the perspective's failure policy says (recorded in wh_skipped_events); the pair goes on", attrs...)
+	case errors.Is(cause, ErrLockLost):
+		w.log.Warn("stream lock lost: the operation's work was refused; will retry with backoff", attrs...)
+	case failedEvent(cause) != uuid.Nil:
+		w.log.Error("event application failed; will retry with backoff", attrs...)
+	default:
+		w.log.Error("processing failed; will retry with backoff", attrs...)
 	}
 }
 
@@ -339,7 +371,7 @@ func (w *Worker) foldEvents(ctx context.Context, persp Perspective, model json.R
 	for _, ev := range events {
 		next, err := w.applyOne(ctx, persp, f.model, ev, strict)
 		if err != nil {
-			f.err = fmt.Errorf("apply event %s (%s): %w", ev.ID, ev.Type, err)
+			f.err = eventError{event: ev.ID, err: fmt.Errorf("apply event %s (%s): %w", ev.ID, ev.Type, err)}
 			break
 		}
 		f.model = next

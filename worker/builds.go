@@ -293,8 +293,8 @@ func (w *Worker) foldPage(ctx context.Context, b *build, page CatchUpPage) []Pai
 	}
 	wg.Wait()
 	for _, wr := range writes {
-		if wr.Failure != "" {
-			w.reportApplied(ctx, pairReport{pair: wr.Pair, applied: len(wr.Applied), err: errors.New(wr.Failure)})
+		if wr.Failure.Cause != "" {
+			w.reportApplied(ctx, pairReport{pair: wr.Pair, applied: len(wr.Applied), err: eventError{event: wr.Failure.Event, err: errors.New(wr.Failure.Cause)}, action: wr.Failure.Action})
 		}
 	}
 	return writes
@@ -320,7 +320,7 @@ func (w *Worker) foldRun(ctx context.Context, b *build, page CatchUpPage, run []
 	}
 	wr.Snapshots, wr.DropSnapshots = w.retain(f.snaps, st.Snapshots)
 	if f.err != nil {
-		wr.Failure = failureText(f.err)
+		wr.Failure = w.failure(b, 0, f.err) // the stream's first failure in this build
 		wr.EnqueueFrom = run[len(f.applied)].ID
 	}
 	return wr

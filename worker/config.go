@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -104,6 +106,13 @@ type Config struct {
 	// until an operator promotes it (perspectives promote, or Admin.Promote). Default false:
 	// it is promoted as soon as it has caught up.
 	ManualPromotion bool
+	// FailurePolicy is what happens to a (stream, perspective) whose processing keeps
+	// failing, for every perspective not in FailurePolicies. Zero fields take their
+	// defaults: park after 8 failures in a row (see FailurePolicy).
+	FailurePolicy FailurePolicy
+	// FailurePolicies overrides FailurePolicy per perspective name (each must name one of
+	// Perspectives); zero fields take their defaults.
+	FailurePolicies map[string]FailurePolicy
 	// GroupSize is how many (stream, perspective) pairs the normal path applies in one
 	// transaction: a handful of statements and one commit for the whole group. A poll claims
 	// up to GroupSize pairs per free Concurrency slot. Default 50, at most 1000; 1 applies
@@ -163,6 +172,14 @@ func (cfg Config) withDefaults() Config {
 	cfg.Concurrency = cmp.Or(cfg.Concurrency, DefaultConcurrency)
 	cfg.GroupSize = cmp.Or(cfg.GroupSize, DefaultGroupSize)
 	cfg.CatchUpPageSize = cmp.Or(cfg.CatchUpPageSize, DefaultCatchUpPageSize)
+	cfg.FailurePolicy = cfg.FailurePolicy.withDefaults()
+	if cfg.FailurePolicies != nil {
+		policies := make(map[string]FailurePolicy, len(cfg.FailurePolicies))
+		for name, p := range cfg.FailurePolicies {
+			policies[name] = p.withDefaults()
+		}
+		cfg.FailurePolicies = policies
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -212,6 +229,17 @@ func (cfg Config) validate() error {
 		return invalid("GroupSize must be between 1 and %d, got %d", MaxGroupSize, cfg.GroupSize)
 	case cfg.CatchUpPageSize < 1 || cfg.CatchUpPageSize > MaxCatchUpPageSize:
 		return invalid("CatchUpPageSize must be between 1 and %d, got %d", MaxCatchUpPageSize, cfg.CatchUpPageSize)
+	}
+	if err := cfg.FailurePolicy.validate(); err != nil {
+		return invalid("FailurePolicy.%v", err)
+	}
+	for _, name := range slices.Sorted(maps.Keys(cfg.FailurePolicies)) {
+		if !names[name] {
+			return invalid("FailurePolicies[%q]: no perspective of that name is in Perspectives", name)
+		}
+		if err := cfg.FailurePolicies[name].validate(); err != nil {
+			return invalid("FailurePolicies[%q].%v", name, err)
+		}
 	}
 	return nil
 }

@@ -1,6 +1,7 @@
 package worker
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"time"
@@ -36,6 +37,38 @@ type FailurePolicy struct {
 	Attempts int
 	// Skip skips the failing event instead of parking the pair. Default false.
 	Skip bool
+}
+
+func (p FailurePolicy) withDefaults() FailurePolicy {
+	p.Attempts = cmp.Or(p.Attempts, DefaultFailureAttempts)
+	return p
+}
+
+func (p FailurePolicy) validate() error {
+	if p.Attempts < 1 || p.Attempts > MaxFailureAttempts {
+		return fmt.Errorf("Attempts must be between 1 and %d, got %d", MaxFailureAttempts, p.Attempts)
+	}
+	return nil
+}
+
+// action is what a failure of event (uuid.Nil: not one event's) does to a pair that had
+// failed before times in a row before it.
+func (p FailurePolicy) action(before int, event uuid.UUID) FailureAction {
+	switch {
+	case before+1 < p.Attempts:
+		return FailureRetry
+	case p.Skip && event != uuid.Nil:
+		return FailureSkip
+	}
+	return FailurePark
+}
+
+// policy is the failure policy of the perspective named name.
+func (w *Worker) policy(name string) FailurePolicy {
+	if p, ok := w.cfg.FailurePolicies[name]; ok {
+		return p
+	}
+	return w.cfg.FailurePolicy
 }
 
 // ErrParked is wrapped by the error of an operation that waits for a pair that is parked

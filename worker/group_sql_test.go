@@ -583,6 +583,7 @@ func TestGroupSQLPairsMarkFailedBacksOffPerPair(t *testing.T) {
 	streams, names := gsArrays(first, third, capped)
 	rows, err := pgq.New(testDB.Pool).PairsMarkFailed(ctx, db.PairsMarkFailedParams{
 		StreamIds: streams, PerspectiveNames: names, Errors: []string{"e1", "e3", "ecap"},
+		EventIds: make([]uuid.UUID, 3), Actions: []string{"retry", "retry", "retry"},
 		BaseSeconds: 10, MaxSeconds: 300,
 	})
 	require.NoError(t, err)

@@ -29,6 +29,8 @@ type pgStore struct {
 	readAhead   map[string]*pageRead // per build: the catch-up page read ahead, if any
 
 	listenConnect func(context.Context) (*pgx.Conn, error) // Config.ListenConnect
+
+	skippedBy string // who the failure policy's skips are recorded as skipped by
 }
 
 var _ Store = (*pgStore)(nil)
@@ -125,9 +127,9 @@ func (s *pgStore) RewindStart(ctx context.Context, p Pair) (RewindStart, error) 
 	return rs, nil
 }
 
-func (s *pgStore) Replay(ctx context.Context, stream uuid.UUID, after, upto uuid.UUID, limit int) ([]Event, error) {
+func (s *pgStore) Replay(ctx context.Context, p Pair, after, upto uuid.UUID, limit int) ([]Event, error) {
 	rows, err := s.q.EventsReplayPage(ctx, db.EventsReplayPageParams{
-		StreamID: stream, AfterEventID: after, UptoEventID: upto, PageSize: int32(limit),
+		StreamID: p.Stream, BuildKey: p.Perspective, AfterEventID: after, UptoEventID: upto, PageSize: int32(limit),
 	})
 	if err != nil {
 		return nil, err
@@ -222,15 +224,24 @@ func (s *pgStore) Purge(ctx context.Context, p Pair, holder uuid.UUID) error {
 	})
 }
 
-func (s *pgStore) MarkFailed(ctx context.Context, p Pair, cause string) error {
-	return s.inTx(ctx, func(q *db.Queries) error {
+func (s *pgStore) MarkFailed(ctx context.Context, p Pair, f Failure, decide func(failures int) FailureAction) (FailureAction, error) {
+	err := s.inTx(ctx, func(q *db.Queries) error {
 		if _, err := q.CursorsEnsure(ctx, db.CursorsEnsureParams{StreamIds: []uuid.UUID{p.Stream}, PerspectiveNames: []string{p.Perspective}}); err != nil {
 			return fmt.Errorf("create cursor: %w", err)
 		}
-		return s.markFailed(ctx, q, db.PairsMarkFailedParams{
-			StreamIds: []uuid.UUID{p.Stream}, PerspectiveNames: []string{p.Perspective}, Errors: []string{cause},
-		})
+		failures, err := q.CursorFailuresLock(ctx, db.CursorFailuresLockParams{StreamID: p.Stream, PerspectiveName: p.Perspective})
+		if err != nil {
+			return fmt.Errorf("lock cursor: %w", err)
+		}
+		f.Action = decide(int(failures))
+		var arg db.PairsMarkFailedParams
+		addFailure(&arg, p, f)
+		return s.markFailed(ctx, q, arg)
 	})
+	if err != nil {
+		return "", err
+	}
+	return f.Action, nil
 }
 
 // Listen holds a session of its own for as long as it listens: from listenConnect, else a

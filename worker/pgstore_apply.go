@@ -4,6 +4,7 @@ package worker
 // queued events and models, write what the worker decided.
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -101,6 +102,7 @@ func lockPairs(ctx context.Context, q *db.Queries, pairs []Pair) ([]PairState, [
 			Pair:          Pair{Stream: r.StreamID, Perspective: r.PerspectiveName},
 			LastEventID:   r.LastEventID,
 			SinceSnapshot: int(r.EventsSinceSnapshot),
+			Failures:      int(r.Attempts),
 			Snapshots:     r.SnapshotIds,
 			LockHolder:    r.LockHolder,
 		}
@@ -199,10 +201,8 @@ func (s *pgStore) writePairs(ctx context.Context, q *db.Queries, writes []PairWr
 			drop.PerspectiveNames = append(drop.PerspectiveNames, wr.Perspective)
 			drop.SnapshotEventIds = append(drop.SnapshotEventIds, id)
 		}
-		if wr.Failure != "" {
-			failed.StreamIds = append(failed.StreamIds, wr.Stream)
-			failed.PerspectiveNames = append(failed.PerspectiveNames, wr.Perspective)
-			failed.Errors = append(failed.Errors, wr.Failure)
+		if wr.Failure.Cause != "" {
+			addFailure(&failed, wr.Pair, wr.Failure)
 		}
 	}
 	if len(commit.StreamIds) > 0 {
@@ -230,9 +230,19 @@ func (s *pgStore) writePairs(ctx context.Context, q *db.Queries, writes []PairWr
 	return nil
 }
 
+// addFailure adds f, a failure of p, to arg.
+func addFailure(arg *db.PairsMarkFailedParams, p Pair, f Failure) {
+	arg.StreamIds = append(arg.StreamIds, p.Stream)
+	arg.PerspectiveNames = append(arg.PerspectiveNames, p.Perspective)
+	arg.Errors = append(arg.Errors, f.Cause)
+	arg.EventIds = append(arg.EventIds, f.Event)
+	arg.Actions = append(arg.Actions, string(cmp.Or(f.Action, FailureRetry)))
+}
+
 // markFailed records the failures of arg with the store's backoff.
 func (s *pgStore) markFailed(ctx context.Context, q *db.Queries, arg db.PairsMarkFailedParams) error {
 	arg.BaseSeconds, arg.MaxSeconds = s.retryBase.Seconds(), s.retryMax.Seconds()
+	arg.SkippedBy = cmp.Or(s.skippedBy, "worker")
 	if _, err := q.PairsMarkFailed(ctx, arg); err != nil {
 		return fmt.Errorf("record failure: %w", err)
 	}

@@ -488,7 +488,7 @@ func TestPGStoreReplayBoundsLimitOrderAndStream(t *testing.T) {
 
 	replay := func(after, upto uuid.UUID, limit int) []worker.Event {
 		t.Helper()
-		evs, err := store.Replay(ctx, a, after, upto, limit)
+		evs, err := store.Replay(ctx, worker.Pair{Stream: a, Perspective: "ps_replay"}, after, upto, limit)
 		require.NoError(t, err)
 		return evs
 	}
@@ -805,7 +805,9 @@ func TestPGStoreMarkFailedBacksOffCursorAndQueue(t *testing.T) {
 	markFailed := func(cause string, attempts int32, backoff time.Duration) {
 		t.Helper()
 		from := psClock(t, ctx, testDB)
-		require.NoError(t, store.MarkFailed(ctx, p, cause))
+		action, err := store.MarkFailed(ctx, p, worker.Failure{Cause: cause}, func(int) worker.FailureAction { return worker.FailureRetry })
+		require.NoError(t, err)
+		require.Equal(t, worker.FailureRetry, action)
 		to := psClock(t, ctx, testDB)
 		c := psReadCursor(t, ctx, testDB, p)
 		require.Equal(t, "failed", c.Status)
@@ -869,7 +871,7 @@ func TestPGStoreApplyRecordsFailuresAndRollsBackTheWholeGroup(t *testing.T) {
 	from := psClock(t, ctx, testDB)
 	busy, err := store.Apply(ctx, []worker.Pair{ok, failing}, 10, func(states []worker.PairState) []worker.PairWrite {
 		require.Len(t, states, 2)
-		return []worker.PairWrite{applyWrite(ok, ids[ok][:2]), {Pair: failing, Failure: "boom"}}
+		return []worker.PairWrite{applyWrite(ok, ids[ok][:2]), {Pair: failing, Failure: worker.Failure{Cause: "boom", Action: worker.FailureRetry}}}
 	})
 	require.NoError(t, err)
 	require.Empty(t, busy)
@@ -902,7 +904,7 @@ func TestPGStoreApplyRecordsFailuresAndRollsBackTheWholeGroup(t *testing.T) {
 		require.Len(t, states, 3)
 		return []worker.PairWrite{
 			applyWrite(ok, ids[ok][:2]),
-			{Pair: failing, Failure: "boom"},
+			{Pair: failing, Failure: worker.Failure{Cause: "boom", Action: worker.FailureRetry}},
 			applyWrite(bad, []uuid.UUID{ids[bad][0], gone}),
 		}
 	})
@@ -1174,7 +1176,7 @@ func TestPGStoreCatchUpPagesQueueAndCounters(t *testing.T) {
 	// beyond the page: the position passes the whole stream.
 	res = run(b, pageWant{events: id3[:4], streams: []uuid.UUID{s3}}, func(worker.CatchUpPage) []worker.PairWrite {
 		return []worker.PairWrite{{Pair: pair(s3), Applied: id3[:1], Model: json.RawMessage(`{"s":3,"n":1}`), LastEventID: id3[0],
-			SinceSnapshot: 1, Failure: "boom", EnqueueFrom: id3[1]}}
+			SinceSnapshot: 1, Failure: worker.Failure{Cause: "boom", Action: worker.FailureRetry}, EnqueueFrom: id3[1]}}
 	})
 	require.Equal(t, worker.CatchUpResult{Events: 4, Applied: 1}, res)
 	buildState(s3, psMaxUUID, 12, 3, b) // s2 and s3 passed

@@ -106,16 +106,24 @@ func (w *Worker) replay(ctx context.Context, k Pair, holder uuid.UUID) (rewindSt
 		model, after, st.fromSnapshot = rs.From.Model, rs.From.EventID, true
 	}
 	// Replay (after, upto] page by page, keeping only the snapshots the retention would.
+	// An event whose Apply fails ends the replay: what precedes it is committed when that
+	// moves the cursor forward (the failing event is one not applied before: a queued one),
+	// so the late events before a poison event are applied; else nothing is. Either way the
+	// failure is returned, to be recorded on the pair with its event.
 	var snaps []Snapshot
+	var failed error
 	since := 0
 	for {
-		page, err := w.store.Replay(ctx, k.Stream, after, upto, replayPageSize)
+		page, err := w.store.Replay(ctx, k, after, upto, replayPageSize)
 		if err != nil {
 			return st, fmt.Errorf("replay: %w", err)
 		}
 		f := w.fold(ctx, persp, model, since, page)
 		if f.err != nil {
-			return st, fmt.Errorf("replay: %w", f.err)
+			if rs.LastEventID.Valid && !less(rs.LastEventID.UUID, failedEvent(f.err)) {
+				return st, fmt.Errorf("replay: %w", f.err)
+			}
+			failed = fmt.Errorf("replay: %w", f.err)
 		}
 		model, since = f.model, f.since
 		snaps, _ = w.retain(append(snaps, f.snaps...), rs.Snapshots)
@@ -125,10 +133,16 @@ func (w *Worker) replay(ctx context.Context, k Pair, holder uuid.UUID) (rewindSt
 			}
 		}
 		st.replayed += len(f.applied)
-		if len(page) < replayPageSize {
+		if len(f.applied) > 0 {
+			after = f.applied[len(f.applied)-1]
+		}
+		if failed != nil || len(page) < replayPageSize {
 			break
 		}
 		after = page[len(page)-1].ID
+	}
+	if failed != nil {
+		upto = after // the last event replayed: the cursor's new position
 	}
 	if ctx.Err() != nil {
 		return st, context.Cause(ctx)
@@ -140,6 +154,9 @@ func (w *Worker) replay(ctx context.Context, k Pair, holder uuid.UUID) (rewindSt
 		}
 	}
 	if model == nil || len(replayedQueued) == 0 {
+		if failed != nil {
+			return st, failed
+		}
 		return st, fmt.Errorf("replay reached none of the queued events (up to %s)", upto)
 	}
 	keep, drop := w.retain(snaps, rs.Snapshots)
@@ -155,7 +172,7 @@ func (w *Worker) replay(ctx context.Context, k Pair, holder uuid.UUID) (rewindSt
 	if err != nil {
 		return st, fmt.Errorf("commit: %w", err)
 	}
-	return st, nil
+	return st, failed
 }
 
 // less orders event IDs as PostgreSQL orders uuid values (byte-wise).

@@ -47,9 +47,9 @@ type Store interface {
 	Apply(ctx context.Context, pairs []Pair, perPair int, decide func([]PairState) []PairWrite) (busy []Pair, err error)
 	// RewindStart reads what a rewind starts from (not in a transaction).
 	RewindStart(ctx context.Context, p Pair) (RewindStart, error)
-	// Replay returns up to limit events of a stream after the event after (exclusive) and
-	// up to upto (inclusive), in ID order.
-	Replay(ctx context.Context, stream uuid.UUID, after, upto uuid.UUID, limit int) ([]Event, error)
+	// Replay returns up to limit events of the pair's stream after the event after
+	// (exclusive) and up to upto (inclusive), in ID order, without those the pair skipped.
+	Replay(ctx context.Context, p Pair, after, upto uuid.UUID, limit int) ([]Event, error)
 	// RewindCommit writes a rewind's result in one transaction that holds the pair's cursor
 	// row, after the fencing check: it returns ErrLockLost, writing nothing, unless
 	// c.Holder (when not nil) holds an unexpired stream lock on the pair, and
@@ -63,9 +63,11 @@ type Store interface {
 	// transaction holding the cursor row. When holder is not nil it first checks that
 	// holder holds an unexpired stream lock on the pair, and returns ErrLockLost otherwise.
 	Purge(ctx context.Context, p Pair, holder uuid.UUID) error
-	// MarkFailed records cause on the pair's cursor and queued rows, and schedules its
-	// retry with backoff.
-	MarkFailed(ctx context.Context, p Pair, cause string) error
+	// MarkFailed records a failure of the pair in one transaction: under its cursor row lock
+	// it passes the pair's failures so far to decide, which returns what the failure does
+	// (retry with backoff, park, skip f.Event: see FailureAction), and writes f with that
+	// action. It returns the action written.
+	MarkFailed(ctx context.Context, p Pair, f Failure, decide func(failures int) FailureAction) (FailureAction, error)
 	// Listen calls notify once subscribed to the notification every committed Append sends,
 	// and then for each notification, until ctx ends or the subscription fails. It returns
 	// ErrNotificationsLost when the connection cannot receive notifications at all (it goes
@@ -119,6 +121,7 @@ type PairState struct {
 	SinceSnapshot int             // events applied since the pair's last snapshot
 	Snapshots     []uuid.UUID     // the pair's snapshot positions, newest first
 	LockHolder    uuid.UUID       // the instance holding an unexpired stream lock on it; uuid.Nil: none
+	Failures      int             // its failures in a row so far (0: it is not failing)
 	Events        []Event         // its queued events, in ID order
 	Model         json.RawMessage // its model (read only when it has events and a cursor position); nil: none
 	ModelAt       uuid.UUID       // the last event Model includes
@@ -141,11 +144,29 @@ type PairWrite struct {
 	SinceSnapshot int
 	Snapshots     []Snapshot  // snapshots to store
 	DropSnapshots []uuid.UUID // snapshots to delete (the retention's victims)
-	Failure       string      // when not empty: a failure to record, with backoff
+	Failure       Failure     // when Failure.Cause is not empty: a failure to record
 	// EnqueueFrom (catch-up only): queue the stream's stored events from this one on, for
 	// the normal path to retry (uuid.Nil: none).
 	EnqueueFrom uuid.UUID
 }
+
+// Failure is a failed operation on a pair, to record on it.
+type Failure struct {
+	Cause  string        // the error, as recorded (empty: no failure)
+	Event  uuid.UUID     // the event whose Apply failed (uuid.Nil: not one event's failure)
+	Action FailureAction // what it does to the pair (Store.MarkFailed: its decide says)
+}
+
+// FailureAction is what a recorded failure does to its pair: the pair's failure policy
+// decides it from the failures in a row so far.
+type FailureAction string
+
+// The failure actions.
+const (
+	FailureRetry FailureAction = "retry" // retried after the backoff
+	FailurePark  FailureAction = "park"  // parked: waits for an operator (retry or skip)
+	FailureSkip  FailureAction = "skip"  // Failure.Event is skipped (recorded); the pair goes on
+)
 
 // RewindStart is what a rewind starts from.
 type RewindStart struct {

@@ -74,8 +74,10 @@ func newUFix(t *testing.T, withLocker bool, cfg func(c *worker.Config)) *uFix {
 		busy:     map[worker.Pair]bool{},
 	}
 	f.store = &mocks.StoreMock{
-		ApplyFunc:        f.apply,
-		MarkFailedFunc:   func(context.Context, worker.Pair, string) error { return nil },
+		ApplyFunc: f.apply,
+		MarkFailedFunc: func(context.Context, worker.Pair, worker.Failure, func(int) worker.FailureAction) (worker.FailureAction, error) {
+			return worker.FailureRetry, nil
+		},
 		BootstrapFunc:    func(context.Context, worker.Pair) (bool, error) { return true, nil },
 		PurgeFunc:        func(context.Context, worker.Pair, uuid.UUID) error { return nil },
 		RewindCommitFunc: func(context.Context, worker.RewindCommit) error { return nil },
@@ -261,7 +263,7 @@ func (f *uFix) failed(p worker.Pair, want ...string) {
 	require.Len(f.t, calls, 1, "the failure is recorded once")
 	assert.Equal(f.t, p, calls[0].P)
 	for _, s := range want {
-		assert.Contains(f.t, calls[0].Cause, s)
+		assert.Contains(f.t, calls[0].F.Cause, s)
 	}
 }
 
@@ -444,7 +446,7 @@ func TestUnitApplyFoldsQueuedEventsOntoTheModel(t *testing.T) {
 	for _, wr := range f.allWrites() {
 		assert.Empty(t, wr.Snapshots, "EveryNEvents (100) not reached")
 		assert.Empty(t, wr.DropSnapshots)
-		assert.Empty(t, wr.Failure)
+		assert.Empty(t, wr.Failure.Cause)
 	}
 	assert.Equal(t, []int{1, 2, 3, 3, 4, 5}, f.appliedNs(), "only the queued events are applied, each once")
 	assert.Empty(t, rep.Next)
@@ -767,12 +769,12 @@ func TestUnitApplyErrorCommitsTheEventsBeforeIt(t *testing.T) {
 				assert.Empty(t, wr.Applied, "nothing applied before the failing event")
 			}
 			assert.NotContains(t, wr.Applied, evs[k].ID, "the failing event is not committed")
-			assert.Contains(t, wr.Failure, tc.want, "the failure is recorded with the pair's write")
-			assert.Contains(t, wr.Failure, evs[k].ID.String(), "the failure names the event")
+			assert.Contains(t, wr.Failure.Cause, tc.want, "the failure is recorded with the pair's write")
+			assert.Contains(t, wr.Failure.Cause, evs[k].ID.String(), "the failure names the event")
 			assert.Equal(t, append(uSeq(1, tc.failAt), uSeq(1, 4)...), f.appliedNs(),
 				"the events after the failing one are not applied")
 			uFolded(t, f.write(fine), fineEvs, 0, 4)
-			assert.Empty(t, f.write(fine).Failure)
+			assert.Empty(t, f.write(fine).Failure.Cause)
 			assert.Empty(t, f.store.MarkFailedCalls(), "recorded in the apply transaction, not apart")
 			assert.Len(t, f.store.ApplyCalls(), 1, "one transaction: a failing event does not fail the group")
 			assert.Empty(t, rep.Next)
@@ -805,8 +807,8 @@ func TestUnitApplyErrorCommitsTheEventsBeforeIt(t *testing.T) {
 		wr := f.write(p)
 		assert.Equal(t, uIDs(evs[:2]), wr.Applied)
 		assert.JSONEq(t, `{"seq":[1]}`, string(wr.Model), "the model before the bad one")
-		assert.Contains(t, wr.Failure, "not valid JSON")
-		assert.Contains(t, wr.Failure, evs[2].ID.String())
+		assert.Contains(t, wr.Failure.Cause, "not valid JSON")
+		assert.Contains(t, wr.Failure.Cause, evs[2].ID.String())
 		assert.Len(t, persp.ApplyCalls(), 6, "a second, checking pass finds the event at fault")
 	})
 	t.Run("intermediate model that is not JSON", func(t *testing.T) {
@@ -821,7 +823,7 @@ func TestUnitApplyErrorCommitsTheEventsBeforeIt(t *testing.T) {
 
 		wr := f.write(p)
 		assert.Equal(t, uIDs(evs), wr.Applied, "a model never stored is not checked: the next Apply replaced it")
-		assert.Empty(t, wr.Failure)
+		assert.Empty(t, wr.Failure.Cause)
 		assert.Len(t, persp.ApplyCalls(), 3)
 	})
 }
@@ -850,7 +852,7 @@ func TestUnitApplyModelInconsistentWithCursorIsAFailure(t *testing.T) {
 
 			assert.Equal(t, worker.PairWrite{Pair: bad, Failure: f.write(bad).Failure}, f.write(bad),
 				"a write with the failure only: no model, cursor, snapshot or applied event")
-			assert.Contains(t, f.write(bad).Failure, "model is at event")
+			assert.Contains(t, f.write(bad).Failure.Cause, "model is at event")
 			assert.Equal(t, []int{2}, f.appliedNs(), "the bad pair's events are not applied")
 			uFolded(t, f.write(ord), ordEvs, 1, 2)
 			assert.Empty(t, rep.Next)

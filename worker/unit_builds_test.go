@@ -139,7 +139,9 @@ func newUBCatchUp(t *testing.T, cfg func(c *worker.Config)) *ubCatchUp {
 			}
 			return res, err
 		},
-		MarkFailedFunc: func(context.Context, worker.Pair, string) error { return nil },
+		MarkFailedFunc: func(context.Context, worker.Pair, worker.Failure, func(int) worker.FailureAction) (worker.FailureAction, error) {
+			return worker.FailureRetry, nil
+		},
 	}
 	c := worker.Config{
 		InstanceID:   f.instance,
@@ -393,7 +395,7 @@ func TestUnitCatchUpFoldsEachStreamInOrder(t *testing.T) {
 		uSnapshotsOf(t, wr.Snapshots, tc.evs, tc.snaps...)
 		assert.Equal(t, tc.since, wr.SinceSnapshot)
 		assert.Empty(t, wr.DropSnapshots)
-		assert.Empty(t, wr.Failure)
+		assert.Empty(t, wr.Failure.Cause)
 		assert.Equal(t, uuid.Nil, wr.EnqueueFrom, "nothing queued")
 		assert.Equal(t, uIDs(tc.evs), f.persp.appliedTo(tc.stream), "each event applied once, in ID order")
 	}
@@ -618,12 +620,12 @@ func TestUnitCatchUpApplyFailureQueuesFromTheFailingEvent(t *testing.T) {
 				assert.Empty(t, wr.Applied, "nothing applied before the failing event")
 			}
 			assert.NotContains(t, wr.Applied, evs[k].ID, "the failing event is not applied")
-			assert.Contains(t, wr.Failure, "bad event", "the failure is recorded with the write")
-			assert.Contains(t, wr.Failure, evs[k].ID.String(), "the failure names the event")
+			assert.Contains(t, wr.Failure.Cause, "bad event", "the failure is recorded with the write")
+			assert.Contains(t, wr.Failure.Cause, evs[k].ID.String(), "the failure names the event")
 			assert.Equal(t, evs[k].ID, wr.EnqueueFrom, "the stream is queued from the failing event on")
 			assert.Equal(t, uIDs(evs[pre:k+1]), f.persp.appliedTo(bad), "the events after the failing one are not tried")
 			uFolded(t, f.write(later), lEvs, 0, 4)
-			assert.Empty(t, f.write(later).Failure)
+			assert.Empty(t, f.write(later).Failure.Cause)
 			assert.Empty(t, f.store.MarkFailedCalls(), "recorded by the page's transaction, not apart")
 			assert.Contains(t, f.logs.String(), "event application failed")
 		})

@@ -352,7 +352,9 @@ func TestUnitFailureThatCannotBeRecordedIsLogged(t *testing.T) {
 	p := uPair(t)
 	f.set(uState(t, p, uEvents(t, p.Stream, 1), 0))
 	f.applyErr = func([]worker.Pair) error { return errors.New("connection reset") }
-	f.store.MarkFailedFunc = func(context.Context, worker.Pair, string) error { return errors.New("still down") }
+	f.store.MarkFailedFunc = func(context.Context, worker.Pair, worker.Failure, func(int) worker.FailureAction) (worker.FailureAction, error) {
+		return "", errors.New("still down")
+	}
 
 	f.w.RunApply(context.Background(), p)
 
@@ -372,11 +374,11 @@ func TestUnitFailureIsRecordedWithABoundedContext(t *testing.T) {
 	f.set(uState(t, p, uEvents(t, p.Stream, 1), 0))
 	f.applyErr = func([]worker.Pair) error { return errors.New("connection reset") }
 	var live, bounded atomic.Bool
-	f.store.MarkFailedFunc = func(ctx context.Context, _ worker.Pair, _ string) error {
+	f.store.MarkFailedFunc = func(ctx context.Context, _ worker.Pair, _ worker.Failure, _ func(int) worker.FailureAction) (worker.FailureAction, error) {
 		_, hasDeadline := ctx.Deadline()
 		live.Store(ctx.Err() == nil)
 		bounded.Store(hasDeadline)
-		return nil
+		return worker.FailureRetry, nil
 	}
 
 	f.w.RunApply(context.Background(), p)
@@ -428,7 +430,8 @@ func TestUnitLoopRunsFollowUpsInFreeSlots(t *testing.T) {
 				}
 				gate := make(chan struct{})
 				var replaying, most atomic.Int32
-				f.store.ReplayFunc = func(_ context.Context, stream, after, upto uuid.UUID, limit int) ([]worker.Event, error) {
+				f.store.ReplayFunc = func(_ context.Context, k worker.Pair, after, upto uuid.UUID, limit int) ([]worker.Event, error) {
+					stream := k.Stream
 					n := replaying.Add(1)
 					defer replaying.Add(-1)
 					for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {

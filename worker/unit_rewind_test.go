@@ -26,7 +26,7 @@ import (
 // the events in (after, upto], in ID order, at most limit.
 func (f *uFix) rewindOver(rs worker.RewindStart, evs []worker.Event) {
 	f.store.RewindStartFunc = func(context.Context, worker.Pair) (worker.RewindStart, error) { return rs, nil }
-	f.store.ReplayFunc = func(_ context.Context, _ uuid.UUID, after, upto uuid.UUID, limit int) ([]worker.Event, error) {
+	f.store.ReplayFunc = func(_ context.Context, _ worker.Pair, after, upto uuid.UUID, limit int) ([]worker.Event, error) {
 		return uServe(evs, after, upto, limit), nil
 	}
 }
@@ -100,7 +100,7 @@ func TestUnitRewindFromTheSnapshotBeforeTheLateEvent(t *testing.T) {
 			assert.Equal(t, sc.p, f.store.RewindStartCalls()[0].P)
 			rp := f.store.ReplayCalls()
 			require.Len(t, rp, 1)
-			assert.Equal(t, sc.p.Stream, rp[0].Stream)
+			assert.Equal(t, sc.p.Stream, rp[0].P.Stream)
 			assert.Equal(t, sc.ids[1], rp[0].After, "replay starts right after the restored snapshot")
 			assert.Equal(t, sc.ids[5], rp[0].Upto, "and runs up to the newest queued event (newer than the cursor)")
 			assert.Equal(t, 500, rp[0].Limit, "in pages of 500")
@@ -297,12 +297,12 @@ func TestUnitRewindEndsReleaseTheLockOnce(t *testing.T) {
 			f.store.RewindCommitFunc = func(context.Context, worker.RewindCommit) error { return worker.ErrCursorMoved }
 		}, true, ""},
 		{"replay fails", false, func(f *uFix, _ uLate, _ context.CancelFunc) {
-			f.store.ReplayFunc = func(context.Context, uuid.UUID, uuid.UUID, uuid.UUID, int) ([]worker.Event, error) {
+			f.store.ReplayFunc = func(context.Context, worker.Pair, uuid.UUID, uuid.UUID, int) ([]worker.Event, error) {
 				return nil, errors.New("replay exploded: disk on fire")
 			}
 		}, false, "disk on fire"},
 		{"replay panics", false, func(f *uFix, _ uLate, _ context.CancelFunc) {
-			f.store.ReplayFunc = func(context.Context, uuid.UUID, uuid.UUID, uuid.UUID, int) ([]worker.Event, error) {
+			f.store.ReplayFunc = func(context.Context, worker.Pair, uuid.UUID, uuid.UUID, int) ([]worker.Event, error) {
 				panic("driver bug")
 			}
 		}, false, "driver bug"},
@@ -329,7 +329,7 @@ func TestUnitRewindEndsReleaseTheLockOnce(t *testing.T) {
 		}, false, "cursor unreadable"},
 		{"shutdown during the replay", false, func(f *uFix, sc uLate, cancel context.CancelFunc) {
 			replay := f.store.ReplayFunc
-			f.store.ReplayFunc = func(ctx context.Context, s, after, upto uuid.UUID, limit int) ([]worker.Event, error) {
+			f.store.ReplayFunc = func(ctx context.Context, s worker.Pair, after, upto uuid.UUID, limit int) ([]worker.Event, error) {
 				page, err := replay(ctx, s, after, upto, limit)
 				cancel()
 				return page, err
@@ -431,7 +431,7 @@ func TestUnitRewindLostLockCancelsIt(t *testing.T) {
 				f.locker.RenewFunc = func(context.Context, uuid.UUID, string, uuid.UUID) (bool, error) { return tc.renew() }
 				var waited time.Duration
 				var cause error
-				f.store.ReplayFunc = func(ctx context.Context, _, _, _ uuid.UUID, _ int) ([]worker.Event, error) {
+				f.store.ReplayFunc = func(ctx context.Context, _ worker.Pair, _, _ uuid.UUID, _ int) ([]worker.Event, error) {
 					start := time.Now()
 					select { // a slow replay
 					case <-ctx.Done():

@@ -62,7 +62,7 @@ func newStopFixture(t *testing.T, stubborn bool) *stopFixture {
 		RewindStartFunc: func(ctx context.Context, p worker.Pair) (worker.RewindStart, error) {
 			return worker.RewindStart{Version: 1, LastEventID: uuid.NullUUID{UUID: ev.ID, Valid: true}, Queued: []uuid.UUID{ev.ID}}, nil
 		},
-		ReplayFunc: func(ctx context.Context, stream, after, upto uuid.UUID, limit int) ([]worker.Event, error) {
+		ReplayFunc: func(ctx context.Context, k worker.Pair, after, upto uuid.UUID, limit int) ([]worker.Event, error) {
 			close(f.replaying)
 			if stubborn {
 				<-f.replayDone
@@ -79,7 +79,9 @@ func newStopFixture(t *testing.T, stubborn bool) *stopFixture {
 			return []worker.Event{ev}, nil
 		},
 		RewindCommitFunc: func(context.Context, worker.RewindCommit) error { return nil },
-		MarkFailedFunc:   func(context.Context, worker.Pair, string) error { return nil },
+		MarkFailedFunc: func(context.Context, worker.Pair, worker.Failure, func(int) worker.FailureAction) (worker.FailureAction, error) {
+			return worker.FailureRetry, nil
+		},
 	}
 	f.locker = &mocks.LockerMock{
 		TryAcquireFunc: func(context.Context, uuid.UUID, string, uuid.UUID, locker.Reason) (bool, error) { return true, nil },

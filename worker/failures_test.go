@@ -1,0 +1,283 @@
+package worker_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/stretchr/testify/require"
+
+	"github.com/perspectives-go/perspectives/locker"
+	"github.com/perspectives-go/perspectives/worker"
+)
+
+// fastFailures is a config whose failures back off for milliseconds.
+func fastFailures(name string, policy worker.FailurePolicy) worker.Config {
+	return worker.Config{
+		Perspectives:  []worker.Perspective{poisonPerspective(name)},
+		RetryBackoff:  5 * time.Millisecond,
+		FailurePolicy: policy,
+		// A long poll: what is retried or skipped is found by notification, not by polling.
+		MaxRetryBackoff: 10 * time.Millisecond,
+	}
+}
+
+// skippedOf returns the skipped events of stream (the perspective's catch-up also meets
+// the poison events of the other tests' streams).
+func skippedOf(t *testing.T, a *worker.Admin, name string, stream uuid.UUID) []worker.SkippedEvent {
+	t.Helper()
+	all, err := a.Skipped(context.Background(), name, worker.MaxListed)
+	require.NoError(t, err)
+	var out []worker.SkippedEvent
+	for _, s := range all {
+		if s.Stream == stream {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// failedPair returns the pair's entry in Admin.Failed (nil: it is not failing).
+func failedPair(t *testing.T, a *worker.Admin, name string, stream uuid.UUID) *worker.FailedPair {
+	t.Helper()
+	all, err := a.Failed(context.Background(), name, worker.MaxListed)
+	require.NoError(t, err)
+	for i := range all {
+		if all[i].Stream == stream {
+			return &all[i]
+		}
+	}
+	return nil
+}
+
+func waitParked(t *testing.T, a *worker.Admin, name string, stream uuid.UUID, attempts int) worker.FailedPair {
+	t.Helper()
+	var fp *worker.FailedPair
+	eventually(t, 20*time.Second, "pair parked", func() bool {
+		fp = failedPair(t, a, name, stream)
+		return fp != nil && fp.Parked && fp.Attempts >= attempts
+	})
+	return *fp
+}
+
+// A poison event parks its pair after the policy's attempts: the events before it are
+// applied, it and the ones after wait, later events queue behind it, a late event that sorts
+// before it is still applied, other streams flow. Retry tries it once more (and it parks
+// again); Skip records the skip and applies the rest.
+func TestPoisonEventParksItsPairUntilRetriedOrSkipped(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := uniqueName("park")
+	startWorker(t, fastFailures(name, worker.FailurePolicy{Attempts: 3}))
+	admin := newAdmin(t)
+
+	bad, good := uuid.New(), uuid.New()
+	ids := newIDs(t, 6)
+	evs := events(bad, ids)
+	evs[3].Type = "poison"
+	// ids[1] is held back (late), ids[5] comes after the pair is parked.
+	require.NoError(t, worker.Append(ctx, testDB.Pool, evs[0], evs[2], evs[3], evs[4]))
+	goodEvs := events(good, newIDs(t, 3))
+	require.NoError(t, worker.Append(ctx, testDB.Pool, goodEvs...))
+	require.Equal(t, expectedLedger(t, goodEvs), waitModel(t, ctx, name, good, 3), "other pairs flow")
+
+	fp := waitParked(t, admin, name, bad, 3)
+	require.Equal(t, 3, fp.Attempts, "parked at the policy's third failure, not retried after it")
+	require.Equal(t, ids[3], fp.Event)
+	require.Equal(t, "poison", fp.EventType)
+	require.Contains(t, fp.LastError, "poison event refused")
+	require.Equal(t, 1, fp.Version)
+	require.True(t, fp.NextAttempt.IsZero(), "a parked pair has no retry time")
+	m, _ := loadLedger(t, ctx, name, bad)
+	require.Equal(t, expectedLedger(t, []worker.Event{evs[0], evs[2]}), m, "the events before the poison one are applied")
+
+	// A new event waits behind the parked pair; a late one before the poison is applied.
+	require.NoError(t, worker.Append(ctx, testDB.Pool, evs[5]))
+	require.NoError(t, worker.Append(ctx, testDB.Pool, evs[1]))
+	eventually(t, 20*time.Second, "late event applied", func() bool {
+		m, _ = loadLedger(t, ctx, name, bad)
+		return len(m.IDs) == 3
+	})
+	require.Equal(t, expectedLedger(t, evs[:3]), m)
+	require.Equal(t, []uuid.UUID{ids[3], ids[4], ids[5]}, queued(t, ctx, name, bad))
+	fp = waitParked(t, admin, name, bad, 3)
+	require.Equal(t, ids[3], fp.Event, "parked again at the poison event")
+
+	// Retry: tried once more at once, and parked again.
+	n, err := admin.Retry(ctx, name, bad)
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	eventually(t, 20*time.Second, "retried", func() bool {
+		p := failedPair(t, admin, name, bad)
+		return p != nil && p.Parked && p.Attempts > 3
+	})
+	n, err = admin.Retry(ctx, name, good)
+	require.NoError(t, err)
+	require.Zero(t, n, "a pair that is not failing is not retried")
+
+	// Skip: recorded, and the rest is applied.
+	versions, err := admin.Skip(ctx, bad, name, ids[3], "alice")
+	require.NoError(t, err)
+	require.Equal(t, []int{1}, versions)
+	rest := []worker.Event{evs[0], evs[1], evs[2], evs[4], evs[5]}
+	require.Equal(t, expectedLedger(t, rest), waitModel(t, ctx, name, bad, len(rest)))
+	require.Nil(t, failedPair(t, admin, name, bad), "the pair's failure cleared")
+	skipped := skippedOf(t, admin, name, bad)
+	require.Len(t, skipped, 1)
+	require.Equal(t, ids[3], skipped[0].Event)
+	require.Equal(t, "alice", skipped[0].By)
+	require.False(t, skipped[0].ByPolicy)
+	require.Equal(t, "poison", skipped[0].EventType)
+	require.Contains(t, skipped[0].LastError, "poison event refused")
+	require.GreaterOrEqual(t, skipped[0].Attempts, 4)
+
+	// A late event after the skip: its rewind replays the stream without the skipped event.
+	late := events(bad, newIDs(t, 1))[0]
+	late.ID = between(t, ids[0], ids[1])
+	require.NoError(t, worker.Append(ctx, testDB.Pool, late))
+	rest = append(rest, late)
+	require.Equal(t, expectedLedger(t, rest), waitModel(t, ctx, name, bad, len(rest)))
+}
+
+// between returns an event ID that sorts between a and b (b must be more than a few
+// microseconds after a).
+func between(t *testing.T, a, b uuid.UUID) uuid.UUID {
+	t.Helper()
+	id := a
+	id[15]++ // the random tail: after a, and before b whose timestamp is later
+	if id[15] == 0 {
+		id[14]++
+	}
+	require.Negative(t, compareUUID(a, id))
+	require.Negative(t, compareUUID(id, b))
+	return id
+}
+
+// The skip policy skips the poison event after its attempts, records it, and goes on.
+func TestSkipPolicySkipsThePoisonEventAndGoesOn(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := uniqueName("skippol")
+	cfg := fastFailures(name, worker.FailurePolicy{})
+	cfg.FailurePolicies = map[string]worker.FailurePolicy{name: {Attempts: 2, Skip: true}}
+	startWorker(t, cfg)
+	admin := newAdmin(t)
+
+	stream := uuid.New()
+	evs := events(stream, newIDs(t, 4))
+	evs[1].Type = "poison"
+	require.NoError(t, worker.Append(ctx, testDB.Pool, evs...))
+	rest := []worker.Event{evs[0], evs[2], evs[3]}
+	require.Equal(t, expectedLedger(t, rest), waitModel(t, ctx, name, stream, 3))
+	skipped := skippedOf(t, admin, name, stream)
+	require.Len(t, skipped, 1)
+	require.Equal(t, evs[1].ID, skipped[0].Event)
+	require.True(t, skipped[0].ByPolicy)
+	require.Contains(t, skipped[0].By, "worker ")
+	require.Equal(t, 2, skipped[0].Attempts, "skipped at the policy's second failure")
+	require.Nil(t, failedPair(t, admin, name, stream))
+}
+
+// A late event that is itself the poison: its rewind cannot commit anything (the cursor
+// would go back), so the pair parks at it with its model as it was; skipping it clears the
+// pair, and the events queued after it are applied.
+func TestLatePoisonEventParksAndSkippingItResumes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := uniqueName("latepoison")
+	startWorker(t, fastFailures(name, worker.FailurePolicy{Attempts: 2}))
+	admin := newAdmin(t)
+
+	stream := uuid.New()
+	ids := newIDs(t, 4)
+	evs := events(stream, ids)
+	evs[1].Type = "poison"
+	require.NoError(t, worker.Append(ctx, testDB.Pool, evs[0], evs[2]))
+	waitModel(t, ctx, name, stream, 2)
+	require.NoError(t, worker.Append(ctx, testDB.Pool, evs[1])) // late, and poison
+	fp := waitParked(t, admin, name, stream, 2)
+	require.Equal(t, ids[1], fp.Event)
+	m, _ := loadLedger(t, ctx, name, stream)
+	require.Equal(t, expectedLedger(t, []worker.Event{evs[0], evs[2]}), m, "the model is untouched")
+	require.NoError(t, worker.Append(ctx, testDB.Pool, evs[3]))
+
+	_, err := admin.Skip(ctx, stream, name, ids[1], "bob")
+	require.NoError(t, err)
+	rest := []worker.Event{evs[0], evs[2], evs[3]}
+	require.Equal(t, expectedLedger(t, rest), waitModel(t, ctx, name, stream, 3))
+}
+
+// Bad input to Failed, Retry and Skip is refused with locker.ErrInvalidArgument, and Skip
+// writes nothing.
+func TestAdminFailureActionsRefuseBadInput(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := uniqueName("failbad")
+	startWorker(t, fastFailures(name, worker.FailurePolicy{Attempts: 1}))
+	admin := newAdmin(t)
+	stream := uuid.New()
+	evs := events(stream, newIDs(t, 2))
+	evs[0].Type = "poison"
+	require.NoError(t, worker.Append(ctx, testDB.Pool, evs...))
+	waitParked(t, admin, name, stream, 1)
+
+	for _, tc := range []struct {
+		what string
+		err  error
+		want string
+	}{
+		{"not queued", func() error {
+			_, err := admin.Skip(ctx, stream, name, uuid.New(), "alice")
+			return err
+		}(), "neither queued"},
+		{"no one", func() error { _, err := admin.Skip(ctx, stream, name, evs[0].ID, " "); return err }(), "by is empty"},
+		{"nil event", func() error { _, err := admin.Skip(ctx, stream, name, uuid.Nil, "alice"); return err }(), "nil UUID"},
+		{"unknown perspective", func() error {
+			_, err := admin.Skip(ctx, stream, name+"_nope", evs[0].ID, "alice")
+			return err
+		}(), "not registered"},
+		{"retry unknown", func() error { _, err := admin.Retry(ctx, name+"_nope", uuid.Nil); return err }(), "not registered"},
+		{"limit", func() error { _, err := admin.Failed(ctx, name, 0); return err }(), "limit"},
+		{"bad name", func() error { _, err := admin.Skipped(ctx, "bad\x00name", 1); return err }(), "perspective name"},
+	} {
+		require.ErrorIs(t, tc.err, locker.ErrInvalidArgument, tc.what)
+		require.ErrorContains(t, tc.err, tc.want, tc.what)
+	}
+	require.Empty(t, skippedOf(t, admin, name, stream), "a refused skip writes nothing")
+	fp := failedPair(t, admin, name, stream)
+	require.NotNil(t, fp)
+	require.True(t, fp.Parked, "still parked")
+
+	// Retry of the whole perspective (uuid.Nil): every failing pair (the catch-up also met
+	// the poison events of other tests' streams).
+	all, err := admin.Failed(ctx, name, worker.MaxListed)
+	require.NoError(t, err)
+	n, err := admin.Retry(ctx, name, uuid.Nil)
+	require.NoError(t, err)
+	require.Equal(t, len(all), n)
+}
+
+// The failure policies are validated by New.
+func TestFailurePolicyValidation(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		cfg  func(*worker.Config)
+		want string
+	}{
+		{func(c *worker.Config) { c.FailurePolicy.Attempts = -1 }, "FailurePolicy.Attempts must be between 1 and 1000, got -1"},
+		{func(c *worker.Config) { c.FailurePolicy.Attempts = 1001 }, "FailurePolicy.Attempts must be between 1 and 1000"},
+		{func(c *worker.Config) {
+			c.FailurePolicies = map[string]worker.FailurePolicy{"nope": {}}
+		}, `FailurePolicies["nope"]: no perspective of that name`},
+		{func(c *worker.Config) {
+			c.FailurePolicies = map[string]worker.FailurePolicy{"valid": {Attempts: -2}}
+		}, `FailurePolicies["valid"].Attempts must be between 1 and 1000, got -2`},
+	} {
+		cfg := worker.Config{Perspectives: []worker.Perspective{ledgerPerspective("valid")}}
+		tc.cfg(&cfg)
+		_, err := worker.New(testDB.Pool, cfg)
+		require.ErrorIs(t, err, worker.ErrInvalidConfig)
+		require.ErrorContains(t, err, tc.want)
+	}
+}
