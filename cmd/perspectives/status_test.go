@@ -136,9 +136,7 @@ func TestRebuildWithoutWorkerNamesItInPlainLines(t *testing.T) {
 		regexp.QuoteMeta(" (the rebuild waits in the database; see: perspectives versions)")+"$", lines[len(lines)-1])
 
 	// One stream: the same.
-	t0 := time.Now()
 	code, _, stderr = cli(t, "rebuild", "--database-url", d.URL, "--perspective", name, "--stream", s.String(), "--timeout", "1s")
-	t.Logf("took %s: %q", time.Since(t0), stderr)
 	require.Equal(t, 1, code, stderr)
 	require.NotContains(t, stderr, "\r")
 	// (Its events are queued for both builds: the active one and the rebuild under way.)
