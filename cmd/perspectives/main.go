@@ -41,6 +41,9 @@ func commands() []command {
 		{"rebuild", "rebuild a perspective beside its active version (or one stream), with a progress bar", runRebuild},
 		{"versions", "per perspective: active and building versions, catch-up progress, rate, ETA, lag", runVersions},
 		{"promote", "make a caught-up version of a perspective the active one", runPromote},
+		{"failed", "list failing and parked pairs (their event, attempts, error), and with --skipped the skipped events", runFailed},
+		{"retry", "retry a perspective's failing and parked pairs now (or one stream's)", runRetry},
+		{"skip", "skip a pair's failing event (recorded: who, when), then apply the events after it", runSkip},
 		{demoWorkerCommand, "(internal) one demo worker instance", runDemoWorker},
 	}
 }
