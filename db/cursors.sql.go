@@ -13,7 +13,7 @@ import (
 )
 
 const cursorFailuresLock = `-- name: CursorFailuresLock :one
-SELECT attempts FROM wh_perspective_cursors
+SELECT attempts, failed_event_id FROM wh_perspective_cursors
 WHERE stream_id = $1 AND perspective_name = $2
 FOR UPDATE
 `
@@ -23,12 +23,18 @@ type CursorFailuresLockParams struct {
 	PerspectiveName string
 }
 
-// Locks the cursor row (waiting for other writers) and returns its failures in a row.
-func (q *Queries) CursorFailuresLock(ctx context.Context, arg CursorFailuresLockParams) (int32, error) {
+type CursorFailuresLockRow struct {
+	Attempts      int32
+	FailedEventID uuid.NullUUID
+}
+
+// Locks the cursor row (waiting for other writers) and returns its failures in a row, and
+// the event they are of (NULL: none, or not one event's).
+func (q *Queries) CursorFailuresLock(ctx context.Context, arg CursorFailuresLockParams) (CursorFailuresLockRow, error) {
 	row := q.db.QueryRow(ctx, cursorFailuresLock, arg.StreamID, arg.PerspectiveName)
-	var attempts int32
-	err := row.Scan(&attempts)
-	return attempts, err
+	var i CursorFailuresLockRow
+	err := row.Scan(&i.Attempts, &i.FailedEventID)
+	return i, err
 }
 
 const cursorGet = `-- name: CursorGet :one

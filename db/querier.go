@@ -55,8 +55,9 @@ type Querier interface {
 	CatchUpPage(ctx context.Context, arg CatchUpPageParams) ([]WhEventStore, error)
 	// The events queued for a build among the streams from first to last (a page's streams).
 	CatchUpQueued(ctx context.Context, arg CatchUpQueuedParams) ([]CatchUpQueuedRow, error)
-	// Locks the cursor row (waiting for other writers) and returns its failures in a row.
-	CursorFailuresLock(ctx context.Context, arg CursorFailuresLockParams) (int32, error)
+	// Locks the cursor row (waiting for other writers) and returns its failures in a row, and
+	// the event they are of (NULL: none, or not one event's).
+	CursorFailuresLock(ctx context.Context, arg CursorFailuresLockParams) (CursorFailuresLockRow, error)
 	CursorGet(ctx context.Context, arg CursorGetParams) (CursorGetRow, error)
 	// Locks the cursor row, waiting for other writers (final writes of long operations).
 	// lock_holder is the holder of an unexpired stream lock (the nil UUID: none), judged with clock_timestamp(): the
@@ -146,7 +147,8 @@ type Querier interface {
 	PairsLockForApply(ctx context.Context, arg PairsLockForApplyParams) ([]PairsLockForApplyRow, error)
 	// Records a failure of each given pair on its cursor and queued rows: errors[i] caused by
 	// event_ids[i] (the nil UUID: not one event's), and does what actions[i] says (the worker's
-	// failure policy decided it from the pair's failures so far):
+	// failure policy decided it from the pair's failures of that event so far; a failure of
+	// another event than the recorded one starts a new count):
 	//   'retry': status 'failed', retried after the backoff (base_seconds doubled per earlier
 	//            failure, capped at max_seconds, from now);
 	//   'park':  status 'parked', its rows due at 9999-12-31 (no claim takes them; Appends give

@@ -16,13 +16,14 @@
 -- transaction-level advisory lock by which other instances' claims (QueueDuePairs) pass over
 -- the pairs this transaction applies (they cannot see row locks; a claim holds the shared
 -- side only for the moment it tests it). Taken above the row lock, for the pairs locked only.
-SELECT l.stream_id, l.perspective_name, l.last_event_id, l.events_since_snapshot, l.attempts, l.lock_holder, l.snapshot_ids
+SELECT l.stream_id, l.perspective_name, l.last_event_id, l.events_since_snapshot, l.attempts, l.failed_event_id, l.lock_holder, l.snapshot_ids
 FROM (
     SELECT c.stream_id,
            c.perspective_name,
            c.last_event_id,
            c.events_since_snapshot,
            c.attempts,
+           c.failed_event_id,
            COALESCE(CASE WHEN c.stream_lock_expiry > clock_timestamp() THEN c.stream_lock_instance_id END,
                     '00000000-0000-0000-0000-000000000000')::uuid AS lock_holder,
            (SELECT COALESCE(array_agg(s.snapshot_event_id ORDER BY s.snapshot_event_id DESC), '{}')
@@ -118,12 +119,14 @@ WITH input AS (
     SET last_event_id = i.last_event_id,
         version = c.version + 1,
         events_since_snapshot = i.since_snapshot,
-        status = 'ok',
-        last_error = NULL,
-        failed_event_id = NULL,
-        failed_since = NULL,
-        attempts = 0,
-        next_attempt_at = NULL,
+        -- A failure clears once its event is applied; events applied before it (a late one,
+        -- or ones queued before it since) leave it as it is, count and all.
+        status = CASE WHEN i.last_event_id < c.failed_event_id THEN c.status ELSE 'ok' END,
+        last_error = CASE WHEN i.last_event_id < c.failed_event_id THEN c.last_error END,
+        failed_event_id = CASE WHEN i.last_event_id < c.failed_event_id THEN c.failed_event_id END,
+        failed_since = CASE WHEN i.last_event_id < c.failed_event_id THEN c.failed_since END,
+        attempts = CASE WHEN i.last_event_id < c.failed_event_id THEN c.attempts ELSE 0 END,
+        next_attempt_at = CASE WHEN i.last_event_id < c.failed_event_id THEN c.next_attempt_at END,
         updated_at = now()
     FROM input i
     WHERE c.stream_id = i.stream_id AND c.perspective_name = i.perspective_name
@@ -147,7 +150,8 @@ FROM (SELECT pg_notify('wh_applied', '')) notified;
 -- name: PairsMarkFailed :many
 -- Records a failure of each given pair on its cursor and queued rows: errors[i] caused by
 -- event_ids[i] (the nil UUID: not one event's), and does what actions[i] says (the worker's
--- failure policy decided it from the pair's failures so far):
+-- failure policy decided it from the pair's failures of that event so far; a failure of
+-- another event than the recorded one starts a new count):
 --   'retry': status 'failed', retried after the backoff (base_seconds doubled per earlier
 --            failure, capped at max_seconds, from now);
 --   'park':  status 'parked', its rows due at 9999-12-31 (no claim takes them; Appends give
@@ -165,24 +169,31 @@ WITH input AS (
            unnest(@actions::text[]) AS action,
            @base_seconds::float8 AS base_seconds,
            @max_seconds::float8 AS max_seconds
-), old AS (
-    SELECT c.stream_id, c.perspective_name, c.attempts, i.error, i.action,
-           NULLIF(i.event_id, '00000000-0000-0000-0000-000000000000') AS event_id,
-           CASE i.action
-               WHEN 'retry' THEN now() + interval '1 second' * LEAST(
-                   i.max_seconds, i.base_seconds * power(2, LEAST(c.attempts, 40)))
-               WHEN 'park' THEN '9999-12-31 00:00:00+00'::timestamptz
-           END AS due
+), same AS (
+    -- before: the pair's failures in a row of the same event (of no event: the same too)
+    SELECT i.*, c.failed_since,
+           NULLIF(i.event_id, '00000000-0000-0000-0000-000000000000') AS failing,
+           CASE WHEN c.failed_event_id IS NOT DISTINCT FROM NULLIF(i.event_id, '00000000-0000-0000-0000-000000000000')
+                THEN c.attempts ELSE 0 END AS before
     FROM input i
     JOIN wh_perspective_cursors c
       ON c.stream_id = i.stream_id AND c.perspective_name = i.perspective_name
+), old AS (
+    SELECT s.stream_id, s.perspective_name, s.before AS attempts, s.error, s.action, s.failing AS event_id,
+           CASE WHEN s.before > 0 THEN s.failed_since END AS failed_since,
+           CASE s.action
+               WHEN 'retry' THEN now() + interval '1 second' * LEAST(
+                   s.max_seconds, s.base_seconds * power(2, LEAST(s.before, 40)))
+               WHEN 'park' THEN '9999-12-31 00:00:00+00'::timestamptz
+           END AS due
+    FROM same s
 ), cur AS (
     UPDATE wh_perspective_cursors c
     SET status = CASE o.action WHEN 'retry' THEN 'failed' WHEN 'park' THEN 'parked' ELSE 'ok' END,
         last_error = CASE WHEN o.action = 'skip' THEN NULL ELSE o.error END,
         failed_event_id = CASE WHEN o.action = 'skip' THEN NULL ELSE o.event_id END,
-        failed_since = CASE WHEN o.action = 'skip' THEN NULL ELSE COALESCE(c.failed_since, now()) END,
-        attempts = CASE WHEN o.action = 'skip' THEN 0 ELSE c.attempts + 1 END,
+        failed_since = CASE WHEN o.action = 'skip' THEN NULL ELSE COALESCE(o.failed_since, now()) END,
+        attempts = CASE WHEN o.action = 'skip' THEN 0 ELSE o.attempts + 1 END,
         -- A parked pair's rows carry its wait (9999-12-31), not its cursor: a late event
         -- that sorts before its failing one is queued due now, and claimed (see wh_append).
         next_attempt_at = CASE WHEN o.action = 'retry' THEN o.due END,

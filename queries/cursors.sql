@@ -7,8 +7,9 @@ FROM wh_perspective_cursors
 WHERE stream_id = @stream_id AND perspective_name = @perspective_name;
 
 -- name: CursorFailuresLock :one
--- Locks the cursor row (waiting for other writers) and returns its failures in a row.
-SELECT attempts FROM wh_perspective_cursors
+-- Locks the cursor row (waiting for other writers) and returns its failures in a row, and
+-- the event they are of (NULL: none, or not one event's).
+SELECT attempts, failed_event_id FROM wh_perspective_cursors
 WHERE stream_id = @stream_id AND perspective_name = @perspective_name
 FOR UPDATE;
 

@@ -165,10 +165,15 @@ type pairReport struct {
 	action  FailureAction // what err did to the pair
 }
 
-// failure is err, a failure of a pair of b that had failed before times in a row before
-// it, to record, with what b's failure policy makes of it.
-func (w *Worker) failure(b *build, before int, err error) Failure {
+// failure is err, a failure of the pair st of b, to record, with what b's failure policy
+// makes of it: a count of failures in a row is of one event (another event's failure starts
+// a new one, as PairsMarkFailed counts).
+func (w *Worker) failure(b *build, st PairState, err error) Failure {
 	ev := failedEvent(err)
+	before := 0
+	if ev == st.FailedEvent {
+		before = st.Failures
+	}
 	return Failure{Cause: failureText(err), Event: ev, Action: w.policy(b.persp.Name()).action(before, ev)}
 }
 
@@ -214,7 +219,7 @@ func (w *Worker) decide(ctx context.Context, states []PairState, out *applyOutco
 		if st.LastEventID.Valid {
 			if st.Model == nil || st.ModelAt != st.LastEventID.UUID {
 				err := fmt.Errorf("model is at event %s but the cursor is at %s", st.ModelAt, st.LastEventID.UUID)
-				fl := w.failure(b, st.Failures, err)
+				fl := w.failure(b, st, err)
 				writes = append(writes, PairWrite{Pair: st.Pair, Failure: fl})
 				out.reports = append(out.reports, pairReport{pair: st.Pair, err: err, action: fl.Action})
 				continue
@@ -228,11 +233,7 @@ func (w *Worker) decide(ctx context.Context, states []PairState, out *applyOutco
 		}
 		wr.Snapshots, wr.DropSnapshots = w.retain(f.snaps, st.Snapshots)
 		if f.err != nil {
-			before := st.Failures
-			if len(f.applied) > 0 {
-				before = 0 // the pair moved on: this is the first failure of its new event
-			}
-			wr.Failure = w.failure(b, before, f.err)
+			wr.Failure = w.failure(b, st, f.err)
 		}
 		writes = append(writes, wr)
 		out.reports = append(out.reports, pairReport{pair: st.Pair, applied: len(f.applied), err: f.err, action: wr.Failure.Action})

@@ -320,7 +320,7 @@ func (w *Worker) foldRun(ctx context.Context, b *build, page CatchUpPage, run []
 	}
 	wr.Snapshots, wr.DropSnapshots = w.retain(f.snaps, st.Snapshots)
 	if f.err != nil {
-		wr.Failure = w.failure(b, 0, f.err) // the stream's first failure in this build
+		wr.Failure = w.failure(b, st, f.err)
 		wr.EnqueueFrom = run[len(f.applied)].ID
 	}
 	return wr

@@ -229,11 +229,15 @@ func (s *pgStore) MarkFailed(ctx context.Context, p Pair, f Failure, decide func
 		if _, err := q.CursorsEnsure(ctx, db.CursorsEnsureParams{StreamIds: []uuid.UUID{p.Stream}, PerspectiveNames: []string{p.Perspective}}); err != nil {
 			return fmt.Errorf("create cursor: %w", err)
 		}
-		failures, err := q.CursorFailuresLock(ctx, db.CursorFailuresLockParams{StreamID: p.Stream, PerspectiveName: p.Perspective})
+		cur, err := q.CursorFailuresLock(ctx, db.CursorFailuresLockParams{StreamID: p.Stream, PerspectiveName: p.Perspective})
 		if err != nil {
 			return fmt.Errorf("lock cursor: %w", err)
 		}
-		f.Action = decide(int(failures))
+		before := 0 // the failures of f.Event so far (a count is of one event: see PairsMarkFailed)
+		if cur.FailedEventID.UUID == f.Event {
+			before = int(cur.Attempts)
+		}
+		f.Action = decide(before)
 		var arg db.PairsMarkFailedParams
 		addFailure(&arg, p, f)
 		return s.markFailed(ctx, q, arg)

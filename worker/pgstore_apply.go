@@ -103,6 +103,7 @@ func lockPairs(ctx context.Context, q *db.Queries, pairs []Pair) ([]PairState, [
 			LastEventID:   r.LastEventID,
 			SinceSnapshot: int(r.EventsSinceSnapshot),
 			Failures:      int(r.Attempts),
+			FailedEvent:   r.FailedEventID.UUID,
 			Snapshots:     r.SnapshotIds,
 			LockHolder:    r.LockHolder,
 		}

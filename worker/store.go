@@ -64,7 +64,7 @@ type Store interface {
 	// holder holds an unexpired stream lock on the pair, and returns ErrLockLost otherwise.
 	Purge(ctx context.Context, p Pair, holder uuid.UUID) error
 	// MarkFailed records a failure of the pair in one transaction: under its cursor row lock
-	// it passes the pair's failures so far to decide, which returns what the failure does
+	// it passes the pair's failures of f.Event so far to decide, which returns what it does
 	// (retry with backoff, park, skip f.Event: see FailureAction), and writes f with that
 	// action. It returns the action written.
 	MarkFailed(ctx context.Context, p Pair, f Failure, decide func(failures int) FailureAction) (FailureAction, error)
@@ -121,7 +121,8 @@ type PairState struct {
 	SinceSnapshot int             // events applied since the pair's last snapshot
 	Snapshots     []uuid.UUID     // the pair's snapshot positions, newest first
 	LockHolder    uuid.UUID       // the instance holding an unexpired stream lock on it; uuid.Nil: none
-	Failures      int             // its failures in a row so far (0: it is not failing)
+	Failures      int             // its failures in a row so far, of FailedEvent (0: it is not failing)
+	FailedEvent   uuid.UUID       // the event that failed (uuid.Nil: none, or not one event's failure)
 	Events        []Event         // its queued events, in ID order
 	Model         json.RawMessage // its model (read only when it has events and a cursor position); nil: none
 	ModelAt       uuid.UUID       // the last event Model includes
