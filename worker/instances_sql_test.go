@@ -153,9 +153,8 @@ func TestInstanceWithStaleHeartbeatIsGone(t *testing.T) {
 	require.False(t, in.Alive)
 	require.Zero(t, buildOf(t, a, name, 1).LiveInstances, "no live instance runs it")
 
-	// An instance that starts forgets those gone for more than a day.
-	_, ok = instanceOf(t, a, ancient)
-	require.True(t, ok)
+	// An instance that starts forgets those gone for more than a day (the tests running in
+	// parallel start instances too: any of them may be the one).
 	startWorker(t, worker.Config{Perspectives: []worker.Perspective{ledgerPerspective(uniqueName("hb_forget"))}})
 	_, ok = instanceOf(t, a, ancient)
 	require.False(t, ok, "gone for 25 hours: forgotten")
