@@ -1,0 +1,96 @@
+package ui
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/google/uuid"
+
+	"github.com/perspectives-go/perspectives/locker"
+)
+
+// DefaultOperator is who a skip is recorded as when the form names no one.
+const DefaultOperator = "dashboard"
+
+// maxOperatorLength bounds the operator's name a skip records.
+const maxOperatorLength = 100
+
+// backTo is the page an action returns to: the form's "back" when it is one of the
+// dashboard's pages, else def.
+func backTo(r *http.Request, def string) string {
+	switch b := r.PostForm.Get("back"); b {
+	case "/", "/failed", "/locks":
+		return b
+	}
+	return def
+}
+
+// forceRelease clears a stream lock whoever holds it.
+func (h *handler) forceRelease(ctx context.Context, r *http.Request) (string, string, error) {
+	stream, key, _, err := pairArgs(r.PostForm.Get("stream"), r.PostForm.Get("perspective"), "", false)
+	if err != nil {
+		return "/locks", "", err
+	}
+	cleared, err := h.locks.ForceRelease(ctx, stream, key)
+	if err != nil {
+		return "/locks", "", err
+	}
+	if !cleared {
+		return "/locks", fmt.Sprintf("No lock was held on %s of stream %s: it was released or expired meanwhile.", key, stream), nil
+	}
+	return "/locks", fmt.Sprintf("Released the stream lock on %s of stream %s.", key, stream), nil
+}
+
+// retry makes a failing or parked pair due now, or every one of a perspective when the
+// form names no stream.
+func (h *handler) retry(ctx context.Context, r *http.Request) (string, string, error) {
+	back := backTo(r, "/failed")
+	name := r.PostForm.Get("perspective")
+	stream := uuid.Nil
+	if s := r.PostForm.Get("stream"); s != "" {
+		var err error
+		if stream, name, _, err = pairArgs(s, name, "", false); err != nil {
+			return back, "", err
+		}
+	}
+	n, err := h.admin.Retry(ctx, name, stream)
+	if err != nil {
+		return back, "", err
+	}
+	what := fmt.Sprintf("the failing pairs of %s", name)
+	if stream != uuid.Nil {
+		what = fmt.Sprintf("stream %s of %s", stream, name)
+	}
+	if n == 0 {
+		return back, fmt.Sprintf("Nothing to retry: %s are not failing (any more).", what), nil
+	}
+	return back, fmt.Sprintf("Retrying %s now (%d %s made due); running workers pick it up at once.", what, n, plural(int64(n), "pair", "pairs")), nil
+}
+
+// skip skips an event of a pair, recorded as skipped by the form's operator.
+func (h *handler) skip(ctx context.Context, r *http.Request) (string, string, error) {
+	f := r.PostForm
+	stream, name, event, err := pairArgs(f.Get("stream"), f.Get("perspective"), f.Get("event"), true)
+	if err != nil {
+		return "/failed", "", err
+	}
+	by := strings.Join(strings.Fields(f.Get("by")), " ")
+	if by == "" {
+		by = DefaultOperator
+	}
+	if n := len([]rune(by)); n > maxOperatorLength {
+		return "/failed", "", fmt.Errorf("%w: the operator's name is %d characters, more than %d", locker.ErrInvalidArgument, n, maxOperatorLength)
+	}
+	versions, err := h.admin.Skip(ctx, stream, name, event, by)
+	if err != nil {
+		return "/failed", "", err
+	}
+	vs := make([]string, len(versions))
+	for i, v := range versions {
+		vs[i] = fmt.Sprint(v)
+	}
+	return "/failed", fmt.Sprintf("Skipped event %s of stream %s for %s (%s %s), recorded as skipped by %s; the events after it are applied now.",
+		event, stream, name, plural(int64(len(vs)), "version", "versions"), strings.Join(vs, ", "), by), nil
+}
