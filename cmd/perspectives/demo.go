@@ -8,10 +8,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"net/url"
 	"os"
 	"os/exec"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -170,6 +172,10 @@ func (d *demo) run(ctx context.Context, dbURL string) (err error) {
 	if err != nil {
 		return err
 	}
+	poison, err := d.poison(ctx, all)
+	if err != nil {
+		return err
+	}
 	stats := d.stopSurvivors()
 	matched, total, mismatches, err := d.check(ctx, all, 2)
 	if err != nil {
@@ -196,6 +202,8 @@ func (d *demo) run(ctx context.Context, dbURL string) (err error) {
 	fmt.Fprintf(d.out, "  snapshot bootstraps       %d\n", sum.Bootstraps)
 	fmt.Fprintf(d.out, "  version change            version 2 built beside version 1 and promoted in %s; %d version-1 instances retired it\n",
 		changed.Round(10*time.Millisecond), sum.Retired)
+	fmt.Fprintf(d.out, "  poison event              stream %s parked after %d failures in %s; skipped by the operator, the event after it applied\n",
+		short(poison.stream), poison.attempts, poison.parkedIn.Round(10*time.Millisecond))
 	fmt.Fprintf(d.out, "  elapsed                   %s\n", time.Since(start).Round(100*time.Millisecond))
 	fmt.Fprintf(d.out, "consistent: %d of %d models match\n", matched, total)
 	if matched != total {
@@ -522,6 +530,18 @@ func (d *demo) changeVersion(ctx context.Context, demoURL string) (time.Duration
 // stored events sorted by ID.
 func (d *demo) check(ctx context.Context, all map[uuid.UUID][]worker.Event, version int) (matched, total int, mismatches []string, err error) {
 	q := pgq.New(d.pool)
+	admin, err := worker.NewAdmin(d.pool, nil)
+	if err != nil {
+		return 0, 0, nil, err
+	}
+	skips, err := admin.Skipped(ctx, demoPerspectiveName, worker.MaxListed)
+	if err != nil {
+		return 0, 0, nil, err
+	}
+	skipped := map[uuid.UUID]bool{}
+	for _, s := range skips {
+		skipped[s.Event] = true
+	}
 	for s := range all {
 		total++
 		stored, err := q.EventsForStream(ctx, s) // ORDER BY event_id
@@ -530,6 +550,9 @@ func (d *demo) check(ctx context.Context, all map[uuid.UUID][]worker.Event, vers
 		}
 		var want demoModel
 		for _, e := range stored {
+			if skipped[e.EventID] {
+				continue // recorded as skipped by an operator: not in the model
+			}
 			if want, err = foldDemo(version, want, worker.Event{ID: e.EventID, StreamID: e.StreamID, Type: e.EventType, Data: e.Data}); err != nil {
 				return 0, 0, nil, err
 			}
@@ -551,6 +574,60 @@ func (d *demo) check(ctx context.Context, all map[uuid.UUID][]worker.Event, vers
 		}
 	}
 	return matched, total, mismatches, nil
+}
+
+// poisoned is what the poison event did.
+type poisoned struct {
+	stream   uuid.UUID
+	attempts int
+	parkedIn time.Duration
+}
+
+// poison appends an event the perspective cannot apply, and one after it, to a stream; waits
+// until the workers park the pair (their failure policy: three tries), shows it as
+// perspectives failed would, and skips the event as an operator would (perspectives skip),
+// then waits until the event after it is applied. The event after it joins all (the
+// consistency check expects it); the skipped one is left out by the check.
+func (d *demo) poison(ctx context.Context, all map[uuid.UUID][]worker.Event) (poisoned, error) {
+	admin, err := worker.NewAdmin(d.pool, nil)
+	if err != nil {
+		return poisoned{}, err
+	}
+	streams := slices.SortedFunc(maps.Keys(all), func(a, b uuid.UUID) int { return strings.Compare(a.String(), b.String()) })
+	p := poisoned{stream: streams[0]}
+	bad := worker.Event{ID: uuid.Must(uuid.NewV7()), StreamID: p.stream, Type: "amount", Data: json.RawMessage(`{"n":"poison"}`)}
+	after := worker.Event{ID: uuid.Must(uuid.NewV7()), StreamID: p.stream, Type: "amount", Data: json.RawMessage(`{"n":1}`)}
+	start := time.Now()
+	if err := worker.Append(ctx, d.pool, bad, after); err != nil {
+		return p, err
+	}
+	all[p.stream] = append(all[p.stream], after)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		failed, err := admin.Failed(ctx, demoPerspectiveName, 10)
+		if err != nil {
+			return p, err
+		}
+		if i := slices.IndexFunc(failed, func(f worker.FailedPair) bool { return f.Stream == p.stream && f.Parked }); i >= 0 {
+			f := failed[i]
+			p.attempts, p.parkedIn = f.Attempts, time.Since(start)
+			d.logf("poison event %s parked stream %s (version %d) after %d failures: %s", short(f.Event), short(p.stream), f.Version, f.Attempts, clip(f.LastError, 100))
+			break
+		}
+		if time.Now().After(deadline) {
+			return p, fmt.Errorf("the poison event's pair was not parked within 30s")
+		}
+		select {
+		case <-ctx.Done():
+			return p, ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	if _, err := admin.Skip(ctx, p.stream, demoPerspectiveName, bad.ID, "demo operator"); err != nil {
+		return p, err
+	}
+	d.logf("operator skipped event %s (perspectives skip); the event after it is applied next", short(bad.ID))
+	return p, d.waitDrained(ctx, time.Minute)
 }
 
 func short(id uuid.UUID) string { return strings.SplitN(id.String(), "-", 2)[0] }

@@ -107,6 +107,8 @@ func runDemoWorker(ctx context.Context, args []string, stdout, stderr io.Writer)
 		PollInterval: 50 * time.Millisecond,
 		Logger:       slog.New(h),
 		RetryBackoff: 100 * time.Millisecond,
+		// The demo's poison event parks its pair after three tries (about 0.7 s).
+		FailurePolicy: worker.FailurePolicy{Attempts: 3},
 	})
 	if err != nil {
 		return err

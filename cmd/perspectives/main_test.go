@@ -327,6 +327,8 @@ func TestDemoSmall(t *testing.T) {
 	require.Contains(t, stdout, "consistent: 20 of 20 models match")
 	require.Contains(t, stdout, "killed instance")
 	require.Contains(t, stdout, "takeovers")
+	require.Regexp(t, `poison event +stream \w+ parked after 3 failures in .*; skipped by the operator`, stdout)
+	require.Contains(t, stdout, "(perspectives skip)")
 }
 
 func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
