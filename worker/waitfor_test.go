@@ -284,32 +284,60 @@ func TestWaitForEndsWithTheContext(t *testing.T) {
 	ids := newIDs(t, 2)
 	stoppedPair(t, ctx, name, events(stream, ids))
 
-	// On a pool of one connection: the connection it waited on goes back to the pool,
-	// unsubscribed, when the deadline ends the wait.
-	cfg, err := pgxpool.ParseConfig(testDB.URL)
-	require.NoError(t, err)
-	cfg.MaxConns = 1
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	defer pool.Close()
-	require.ErrorIs(t, shortWait(pool, name, stream, ids[1]), context.DeadlineExceeded)
-	require.Zero(t, pool.Stat().AcquiredConns())
-	conn, err := pool.Acquire(ctx)
-	require.NoError(t, err)
-	rows, err := conn.Query(ctx, `SELECT pg_listening_channels()`)
-	require.NoError(t, err)
-	channels, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
-	require.NotContains(t, channels, "wh_applied")
-	conn.Release()
-	require.Equal(t, int64(1), pool.Stat().NewConnsCount(), "the connection was reused, not replaced")
-
+	require.ErrorIs(t, shortWait(testDB.Pool, name, stream, ids[1]), context.DeadlineExceeded)
 	polling, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
 	require.ErrorIs(t, worker.WaitForWith(polling, testDB.Pool, name, stream, ids[1], worker.WaitOptions{PollOnly: true}), context.DeadlineExceeded)
 	done, cancel := context.WithCancel(ctx)
 	cancel()
 	require.ErrorIs(t, worker.WaitFor(done, testDB.Pool, name, stream, ids[1]), context.Canceled)
+}
+
+// Cancelled while it waits for a notification, WaitFor gives its connection back to the
+// pool, unsubscribed and reusable. On a database of its own (no other test's notification
+// wakes it) and a pool of one connection.
+func TestWaitForGivesItsConnectionBack(t *testing.T) {
+	t.Parallel()
+	ctx := waitCtx(t)
+	d := isolatedDB(t)
+	name := uniqueName("waitconn")
+	stream := uuid.New()
+	ids := newIDs(t, 2)
+	w := startWorkerIn(t, d, worker.Config{Perspectives: []worker.Perspective{ledgerPerspective(name)}})
+	require.NoError(t, worker.Append(ctx, d.Pool, events(stream, ids[:1])...))
+	require.NoError(t, worker.WaitFor(ctx, d.Pool, name, stream, ids[0]))
+	require.NoError(t, w.Stop(ctx))
+	require.NoError(t, worker.Append(ctx, d.Pool, events(stream, ids)[1]))
+
+	cfg, err := pgxpool.ParseConfig(d.URL)
+	require.NoError(t, err)
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	checks := 0
+	err = worker.WaitForWith(wctx, pool, name, stream, ids[1], worker.WaitOptions{
+		Recheck: time.Hour,
+		Checked: func(bool) {
+			if checks++; checks == 2 { // subscribed (behind a pooler: polling) and checked
+				cancel()
+			}
+		},
+	})
+	require.ErrorIs(t, err, context.Canceled)
+	require.Equal(t, 2, checks)
+	require.Zero(t, pool.Stat().AcquiredConns())
+	conn, err := pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	rows, err := conn.Query(ctx, `SELECT pg_listening_channels()`)
+	require.NoError(t, err)
+	channels, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.NotContains(t, channels, "wh_applied")
+	require.Equal(t, int64(1), pool.Stat().NewConnsCount(), "the connection was reused, not replaced")
 }
 
 func TestWaitForRefusesBadInput(t *testing.T) {
