@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"html/template"
 	"io/fs"
+	"net/http"
 	"path"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -40,18 +42,31 @@ func parsePages() (map[string]*template.Template, error) {
 }
 
 var funcs = template.FuncMap{
-	"ago":      ago,
-	"duration": duration,
-	"count":    count,
-	"short":    short,
-	"stamp":    stamp,
-	"runs":     runs,
-	"pct":      func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) },
-	"plural":   plural,
-	"isNil":    func(id uuid.UUID) bool { return id == uuid.Nil },
-	"until":    func(now, t time.Time) string { return duration(t.Sub(now)) },
-	"int64":    func(n int) int64 { return int64(n) },
-	"pairsOf":  func(l layout, pairs []worker.FailedPair) pairsTable { return pairsTable{L: l, Pairs: pairs} },
+	"ago":            ago,
+	"duration":       duration,
+	"count":          count,
+	"short":          short,
+	"stamp":          stamp,
+	"runs":           runs,
+	"pct":            func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) },
+	"plural":         plural,
+	"isNil":          func(id uuid.UUID) bool { return id == uuid.Nil },
+	"until":          func(now, t time.Time) string { return duration(t.Sub(now)) },
+	"int64":          func(n int) int64 { return int64(n) },
+	"refreshChoices": func() []int { return refreshChoices },
+	"pairsOf":        func(l layout, pairs []worker.FailedPair) pairsTable { return pairsTable{L: l, Pairs: pairs} },
+}
+
+// refreshChoices are the auto-refresh periods a page offers, in seconds (0: off).
+var refreshChoices = []int{0, 10, 30, 60}
+
+// refreshOf is the request's ?refresh= when it is one of refreshChoices, else 0.
+func refreshOf(r *http.Request) int {
+	n, err := strconv.Atoi(r.URL.Query().Get("refresh"))
+	if err != nil || !slices.Contains(refreshChoices, n) {
+		return 0
+	}
+	return n
 }
 
 // pairsTable is what the "pairs" template renders: a table of failing pairs in a page.

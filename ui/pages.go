@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/google/uuid"
@@ -79,12 +80,14 @@ func (h *handler) overview(ctx context.Context, _ *http.Request) (string, string
 // still needs (from the events read since it began: no sampling).
 func catchUp(b worker.BuildStatus, v worker.Versions, now time.Time) (pct float64, progress, rate, eta string) {
 	if b.CatchUpDone {
-		return 100, fmt.Sprintf("caught up (%s events, %s streams)", count(b.CatchUpEvents), count(b.CatchUpStreams)), "", ""
+		return 100, fmt.Sprintf("caught up (%s %s, %s %s)", count(b.CatchUpEvents), plural(b.CatchUpEvents, "event", "events"),
+			count(b.CatchUpStreams), plural(b.CatchUpStreams, "stream", "streams")), "", ""
 	}
 	if v.StoredEvents > 0 {
 		pct = min(100, 100*float64(b.CatchUpEvents)/float64(v.StoredEvents))
 	}
-	progress = fmt.Sprintf("%s of %s events, %s streams", count(b.CatchUpEvents), count(v.StoredEvents), count(b.CatchUpStreams))
+	progress = fmt.Sprintf("%s of %s events, %s %s", count(b.CatchUpEvents), count(v.StoredEvents),
+		count(b.CatchUpStreams), plural(b.CatchUpStreams, "stream", "streams"))
 	if b.CatchUpStarted == nil || b.CatchUpEvents == 0 {
 		return pct, progress, "", ""
 	}
@@ -94,7 +97,11 @@ func catchUp(b worker.BuildStatus, v worker.Versions, now time.Time) (pct float6
 	}
 	perSec := float64(b.CatchUpEvents) / elapsed
 	left := max(v.StoredEvents-b.CatchUpEvents, 0)
-	return pct, progress, fmt.Sprintf("%s events/s", count(int64(perSec))), duration(time.Duration(float64(left)/perSec) * time.Second)
+	r := count(int64(perSec))
+	if perSec < 10 {
+		r = strconv.FormatFloat(perSec, 'f', 1, 64)
+	}
+	return pct, progress, r + " events/s", duration(time.Duration(float64(left)/perSec) * time.Second)
 }
 
 // health is the verdict that tells idle from stuck (as perspectives status says it).

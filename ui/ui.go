@@ -193,6 +193,7 @@ type layout struct {
 	ReadOnly bool
 	CSRF     string
 	Flash    *flash
+	Refresh  int // seconds between automatic reloads (0: none), from ?refresh=
 	Now      time.Time
 	Page     any
 }
@@ -212,6 +213,9 @@ func (h *handler) render(w http.ResponseWriter, r *http.Request, status int, tmp
 	l := layout{
 		Title: title, Prefix: h.opts.Prefix, Nav: tmpl, ReadOnly: h.opts.ReadOnly,
 		CSRF: h.csrfToken(time.Now()), Flash: h.takeFlash(w, r), Now: time.Now(), Page: data,
+	}
+	if status == http.StatusOK && tmpl != "skip" {
+		l.Refresh = refreshOf(r)
 	}
 	var b strings.Builder
 	if err := t.ExecuteTemplate(&b, "layout", l); err != nil {
