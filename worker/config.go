@@ -230,15 +230,15 @@ func (cfg Config) validate() error {
 	case cfg.CatchUpPageSize < 1 || cfg.CatchUpPageSize > MaxCatchUpPageSize:
 		return invalid("CatchUpPageSize must be between 1 and %d, got %d", MaxCatchUpPageSize, cfg.CatchUpPageSize)
 	}
-	if err := cfg.FailurePolicy.validate(); err != nil {
-		return invalid("FailurePolicy.%v", err)
+	if p := cfg.FailurePolicy.problem(); p != "" {
+		return invalid("FailurePolicy.%s", p)
 	}
 	for _, name := range slices.Sorted(maps.Keys(cfg.FailurePolicies)) {
 		if !names[name] {
 			return invalid("FailurePolicies[%q]: no perspective of that name is in Perspectives", name)
 		}
-		if err := cfg.FailurePolicies[name].validate(); err != nil {
-			return invalid("FailurePolicies[%q].%v", name, err)
+		if p := cfg.FailurePolicies[name].problem(); p != "" {
+			return invalid("FailurePolicies[%q].%s", name, p)
 		}
 	}
 	return nil

@@ -44,11 +44,13 @@ func (p FailurePolicy) withDefaults() FailurePolicy {
 	return p
 }
 
-func (p FailurePolicy) validate() error {
+// problem says what is wrong with p, its defaults filled in ("": nothing), beginning with
+// the field's name.
+func (p FailurePolicy) problem() string {
 	if p.Attempts < 1 || p.Attempts > MaxFailureAttempts {
-		return fmt.Errorf("Attempts must be between 1 and %d, got %d", MaxFailureAttempts, p.Attempts)
+		return fmt.Sprintf("Attempts must be between 1 and %d, got %d", MaxFailureAttempts, p.Attempts)
 	}
-	return nil
+	return ""
 }
 
 // action is what a failure of event (uuid.Nil: not one event's) does to a pair that had
