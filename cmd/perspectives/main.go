@@ -44,6 +44,7 @@ func commands() []command {
 		{"failed", "list failing and parked pairs (their event, attempts, error), and with --skipped the skipped events", runFailed},
 		{"retry", "retry a perspective's failing and parked pairs now (or one stream's)", runRetry},
 		{"skip", "skip a pair's failing event (recorded: who, when), then apply the events after it", runSkip},
+		{"ui", "serve the operators' web dashboard (default on 127.0.0.1:8080)", runUI},
 		{demoWorkerCommand, "(internal) one demo worker instance", runDemoWorker},
 	}
 }
