@@ -126,8 +126,9 @@ func count(n int64) string {
 	return b.String()
 }
 
-// short is the first 8 hex digits of a UUID (the full one goes in a title).
-func short(id uuid.UUID) string { return id.String()[:8] }
+// short is the last 12 hex digits of a UUID (the full one goes in a title): the random
+// part of a UUIDv7, whose first digits are its time and alike for IDs made close together.
+func short(id uuid.UUID) string { return "…" + id.String()[24:] }
 
 // stamp is t in UTC to the second.
 func stamp(t time.Time) string {

@@ -60,6 +60,8 @@ func TestPagesRenderEscaped(t *testing.T) {
 		require.NotContains(t, r.body, "<script", path)
 		require.Contains(t, r.body, `href="/ops/perspectives/failed"`, "links carry the prefix")
 	}
+	require.Contains(t, s.get(t, "/failed?refresh=30").body, `<meta http-equiv="refresh" content="30">`, "auto-refresh")
+	require.NotContains(t, s.get(t, "/failed?refresh=1").body, `http-equiv="refresh"`, "only the periods offered")
 	r := s.get(t, "")
 	require.Equal(t, http.StatusMovedPermanently, r.status)
 	require.Equal(t, "/ops/perspectives/", r.location)
