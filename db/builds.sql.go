@@ -290,7 +290,8 @@ SELECT b.build_key, b.perspective_name, b.version, b.build, b.state,
        COALESCE((extract(epoch FROM clock_timestamp() - q.oldest) * 1000000)::bigint, 0)::bigint AS oldest_queued_micros,
        COALESCE(f.failing, 0)::bigint AS failing,
        COALESCE(f.parked, 0)::bigint AS parked,
-       COALESCE(l.live, 0)::bigint AS live_instances
+       COALESCE(l.live, 0)::bigint AS live_instances,
+       COALESCE(l.rate, 0)::float8 AS events_per_second
 FROM wh_perspective_builds b
 LEFT JOIN (
     SELECT perspective_name, count(*) AS depth, min(enqueued_at) AS oldest
@@ -312,7 +313,9 @@ LEFT JOIN (
 ) f ON f.perspective_name = b.build_key
 LEFT JOIN (
     -- Counted once for all builds, for the same reason.
-    SELECT i.perspectives[k] AS perspective_name, i.versions[k] AS version, count(*) AS live
+    -- (rate: the events they applied per second over their last heartbeat interval)
+    SELECT i.perspectives[k] AS perspective_name, i.versions[k] AS version, count(*) AS live,
+           sum(COALESCE(i.rates[k], 0)) AS rate
     FROM wh_instances i, generate_subscripts(i.perspectives, 1) AS k
     WHERE i.last_seen_at >= now() - 3 * i.heartbeat_interval
     GROUP BY 1, 2
@@ -341,6 +344,7 @@ type BuildsStatusRow struct {
 	Failing            int64
 	Parked             int64
 	LiveInstances      int64
+	EventsPerSecond    float64
 }
 
 // Every build with its catch-up progress and queue (the versions command, the metrics),
@@ -377,6 +381,7 @@ func (q *Queries) BuildsStatus(ctx context.Context) ([]BuildsStatusRow, error) {
 			&i.Failing,
 			&i.Parked,
 			&i.LiveInstances,
+			&i.EventsPerSecond,
 		); err != nil {
 			return nil, err
 		}

@@ -14,16 +14,17 @@ import (
 
 const instanceBeat = `-- name: InstanceBeat :exec
 
-INSERT INTO wh_instances (instance_id, host, pid, heartbeat_interval, perspectives, versions)
+INSERT INTO wh_instances (instance_id, host, pid, heartbeat_interval, perspectives, versions, rates)
 VALUES ($1, $2, $3, make_interval(secs => $4::float8),
-        $5::text[], $6::integer[])
+        $5::text[], $6::integer[], $7::float8[])
 ON CONFLICT (instance_id) DO UPDATE
 SET last_seen_at = now(),
     host = EXCLUDED.host,
     pid = EXCLUDED.pid,
     heartbeat_interval = EXCLUDED.heartbeat_interval,
     perspectives = EXCLUDED.perspectives,
-    versions = EXCLUDED.versions
+    versions = EXCLUDED.versions,
+    rates = EXCLUDED.rates
 `
 
 type InstanceBeatParams struct {
@@ -33,6 +34,7 @@ type InstanceBeatParams struct {
 	HeartbeatSeconds float64
 	Perspectives     []string
 	Versions         []int32
+	Rates            []float64
 }
 
 // Worker instances' heartbeats (wh_instances, schema/000004_operations.up.sql). Liveness is
@@ -47,6 +49,7 @@ func (q *Queries) InstanceBeat(ctx context.Context, arg InstanceBeatParams) erro
 		arg.HeartbeatSeconds,
 		arg.Perspectives,
 		arg.Versions,
+		arg.Rates,
 	)
 	return err
 }
@@ -79,7 +82,7 @@ func (q *Queries) InstancesForget(ctx context.Context, forgetSeconds float64) (i
 const instancesList = `-- name: InstancesList :many
 SELECT instance_id, host, pid, started_at, last_seen_at,
        (extract(epoch FROM heartbeat_interval) * 1000000)::bigint AS heartbeat_micros,
-       perspectives, versions,
+       perspectives, versions, rates,
        (last_seen_at >= now() - 3 * heartbeat_interval)::bool AS alive,
        (extract(epoch FROM now() - last_seen_at) * 1000000)::bigint AS seen_ago_micros
 FROM wh_instances
@@ -95,6 +98,7 @@ type InstancesListRow struct {
 	HeartbeatMicros int64
 	Perspectives    []string
 	Versions        []int32
+	Rates           []float64
 	Alive           bool
 	SeenAgoMicros   int64
 }
@@ -119,6 +123,7 @@ func (q *Queries) InstancesList(ctx context.Context) ([]InstancesListRow, error)
 			&i.HeartbeatMicros,
 			&i.Perspectives,
 			&i.Versions,
+			&i.Rates,
 			&i.Alive,
 			&i.SeenAgoMicros,
 		); err != nil {

@@ -28,6 +28,7 @@ type WhInstance struct {
 	HeartbeatInterval pgtype.Interval
 	Perspectives      []string
 	Versions          []int32
+	Rates             []float64
 }
 
 type WhPerspective struct {

@@ -4,16 +4,17 @@
 
 -- name: InstanceBeat :exec
 -- Records an instance as running now: inserts its row (started now) or refreshes it.
-INSERT INTO wh_instances (instance_id, host, pid, heartbeat_interval, perspectives, versions)
+INSERT INTO wh_instances (instance_id, host, pid, heartbeat_interval, perspectives, versions, rates)
 VALUES (@instance_id, @host, @pid, make_interval(secs => @heartbeat_seconds::float8),
-        @perspectives::text[], @versions::integer[])
+        @perspectives::text[], @versions::integer[], @rates::float8[])
 ON CONFLICT (instance_id) DO UPDATE
 SET last_seen_at = now(),
     host = EXCLUDED.host,
     pid = EXCLUDED.pid,
     heartbeat_interval = EXCLUDED.heartbeat_interval,
     perspectives = EXCLUDED.perspectives,
-    versions = EXCLUDED.versions;
+    versions = EXCLUDED.versions,
+    rates = EXCLUDED.rates;
 
 -- name: InstanceDelete :exec
 -- Removes an instance's row at its clean stop.
@@ -30,7 +31,7 @@ WHERE last_seen_at < now() - make_interval(secs => @forget_seconds::float8);
 -- seen, both on the database clock.
 SELECT instance_id, host, pid, started_at, last_seen_at,
        (extract(epoch FROM heartbeat_interval) * 1000000)::bigint AS heartbeat_micros,
-       perspectives, versions,
+       perspectives, versions, rates,
        (last_seen_at >= now() - 3 * heartbeat_interval)::bool AS alive,
        (extract(epoch FROM now() - last_seen_at) * 1000000)::bigint AS seen_ago_micros
 FROM wh_instances

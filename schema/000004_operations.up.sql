@@ -44,7 +44,10 @@ CREATE TABLE wh_instances (
     last_seen_at       timestamptz NOT NULL DEFAULT now(),
     heartbeat_interval interval    NOT NULL,
     perspectives       text[]      NOT NULL, -- the perspectives it runs, name and version, in
-    versions           integer[]   NOT NULL  -- two parallel arrays
+    versions           integer[]   NOT NULL, -- two parallel arrays
+    -- Events it applied per second over its last heartbeat interval, per perspective
+    -- (parallel to perspectives): the throughput the dashboard and status show.
+    rates              float8[]    NOT NULL DEFAULT '{}'
 );
 
 -- Append (see 000003_append.up.sql) as before, but for a parked pair: its new rows take its

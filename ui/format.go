@@ -49,6 +49,7 @@ var funcs = template.FuncMap{
 	"stamp":          stamp,
 	"runs":           runs,
 	"pct":            func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) },
+	"rate":           rate,
 	"plural":         plural,
 	"isNil":          func(id uuid.UUID) bool { return id == uuid.Nil },
 	"until":          func(now, t time.Time) string { return duration(t.Sub(now)) },
@@ -152,4 +153,15 @@ func plural(n int64, one, many string) string {
 		return one
 	}
 	return many
+}
+
+// rate is a throughput in events per second, as the overview shows it.
+func rate(perSecond float64) string {
+	switch {
+	case perSecond <= 0:
+		return "0/s"
+	case perSecond < 10:
+		return strconv.FormatFloat(perSecond, 'f', 1, 64) + "/s"
+	}
+	return count(int64(perSecond+0.5)) + "/s"
 }

@@ -277,3 +277,19 @@ func TestForceReleaseClearsTheLock(t *testing.T) {
 	require.Equal(t, http.StatusSeeOther, r.status)
 	require.Contains(t, s.get(t, "/locks").body, "No lock was held on "+name)
 }
+
+// The overview shows each version's throughput: the rates its live instances reported with
+// their last heartbeat.
+func TestOverviewShowsThroughput(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	p := newParked(t, false)
+	_, err := testDB.Pool.Exec(ctx, `
+		INSERT INTO wh_instances (instance_id, host, pid, heartbeat_interval, perspectives, versions, rates)
+		VALUES ($1, 'rate-host', 1, interval '1 hour', ARRAY[$2::text], ARRAY[1], ARRAY[1234.4::float8])`, uuid.New(), p.name)
+	require.NoError(t, err)
+	s := newServer(t, ui.Options{})
+	body := s.get(t, "/").body
+	require.Contains(t, body, ">Throughput<")
+	require.Contains(t, body, "1\u202f234/s")
+}

@@ -270,6 +270,7 @@ func (w *Worker) reportApplied(ctx context.Context, rep pairReport) {
 	}
 	if rep.applied > 0 {
 		w.tel.eventsApplied.Add(ctx, int64(rep.applied), w.metricPair(k))
+		w.countApplied(k.Perspective, rep.applied)
 		if rep.err == nil {
 			w.log.Debug("events applied", w.logPair(k, slog.Int("events", rep.applied))...)
 		}

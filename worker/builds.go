@@ -256,6 +256,7 @@ func (w *Worker) catchUp(ctx context.Context, key string) (more, done bool, err 
 		w.tel.catchUpEvents.Add(ctx, int64(res.Events), set)
 		if res.Applied > 0 {
 			w.tel.eventsApplied.Add(ctx, int64(res.Applied), set)
+			w.countApplied(key, res.Applied)
 		}
 	}
 	if res.Done {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"os"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -29,6 +30,7 @@ type instanceRecord struct {
 	PID          int
 	Interval     time.Duration
 	Perspectives []PerspectiveVersion
+	Rates        []float64 // events applied per second over the last interval, per Perspectives[i]
 }
 
 // instanceRecorder is where heartbeats are written: the pgStore. A Store without it (a unit
@@ -50,6 +52,12 @@ type heartbeat struct {
 	row instanceRecord
 	log *slog.Logger
 
+	// applied counts the events applied per perspective (per row.Perspectives[i]) since the
+	// instance started; nil: none counted. Each write turns it into row.Rates.
+	applied func() []int64
+	last    []int64
+	lastAt  time.Time
+
 	failing bool // the last write failed (the first write, then the run goroutine's)
 
 	cancel context.CancelFunc
@@ -68,8 +76,8 @@ func newInstanceRecord(id uuid.UUID, interval time.Duration, perspectives []Pers
 // startHeartbeat records row at once (bounded by heartbeatTimeout), forgets long-gone
 // instances, and keeps recording row every row.Interval in the background; the loop is not
 // tied to ctx (stop ends it).
-func startHeartbeat(ctx context.Context, rec instanceRecorder, row instanceRecord, log *slog.Logger) *heartbeat {
-	h := &heartbeat{rec: rec, row: row, log: log, done: make(chan struct{})}
+func startHeartbeat(ctx context.Context, rec instanceRecorder, row instanceRecord, applied func() []int64, log *slog.Logger) *heartbeat {
+	h := &heartbeat{rec: rec, row: row, log: log, applied: applied, done: make(chan struct{})}
 	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	h.cancel = cancel
 	h.write(bg)
@@ -100,6 +108,7 @@ func (h *heartbeat) run(ctx context.Context) {
 
 // write records the row once, bounded by heartbeatTimeout.
 func (h *heartbeat) write(ctx context.Context) {
+	h.rates(time.Now())
 	wctx, cancel := context.WithTimeout(ctx, heartbeatTimeout)
 	err := h.rec.beat(wctx, h.row)
 	cancel()
@@ -120,6 +129,22 @@ func (h *heartbeat) write(ctx context.Context) {
 }
 
 // stop ends the heartbeats and deletes the instance's row (with a fresh short context).
+// rates sets row.Rates to the events applied per second since the last write (zero at the
+// first).
+func (h *heartbeat) rates(now time.Time) {
+	if h.applied == nil {
+		return
+	}
+	cur := h.applied()
+	rates := make([]float64, len(cur))
+	if secs := now.Sub(h.lastAt).Seconds(); h.last != nil && secs > 0 {
+		for i := range cur {
+			rates[i] = float64(cur[i]-h.last[i]) / secs
+		}
+	}
+	h.row.Rates, h.last, h.lastAt = rates, cur, now
+}
+
 func (h *heartbeat) stop() {
 	h.cancel()
 	<-h.done
@@ -136,6 +161,23 @@ func (w *Worker) running() []PerspectiveVersion {
 	out := make([]PerspectiveVersion, len(w.names))
 	for i, name := range w.names {
 		out[i] = PerspectiveVersion{Name: name, Version: versionOf(w.persp[name])}
+	}
+	return out
+}
+
+// countApplied adds n events applied to a pair of the build key to its perspective's count.
+func (w *Worker) countApplied(key string, n int) {
+	if i := slices.Index(w.names, w.buildOf(key).Perspective); i >= 0 && n > 0 {
+		w.applied[i].Add(int64(n))
+	}
+}
+
+// appliedCounts returns the events applied per perspective since the instance started, in
+// the order of w.running().
+func (w *Worker) appliedCounts() []int64 {
+	out := make([]int64, len(w.applied))
+	for i := range w.applied {
+		out[i] = w.applied[i].Load()
 	}
 	return out
 }

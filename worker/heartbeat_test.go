@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -99,7 +100,8 @@ func TestHeartbeatBeatsEveryIntervalSurvivesFailuresAndForgetsAtStop(t *testing.
 		row := newInstanceRecord(id, every, []PerspectiveVersion{{Name: "orders", Version: 2}})
 		start := time.Now()
 
-		h := startHeartbeat(context.Background(), rec, row, log)
+		var applied atomic.Int64 // events applied to orders
+		h := startHeartbeat(context.Background(), rec, row, func() []int64 { return []int64{applied.Load()} }, log)
 		stopped := false
 		defer func() {
 			if !stopped {
@@ -111,12 +113,21 @@ func TestHeartbeatBeatsEveryIntervalSurvivesFailuresAndForgetsAtStop(t *testing.
 		require.Equal(t, start, beats[0])
 		var written instanceRecord
 		rec.set(func(f *fakeInstances) { written = f.row })
+		require.Equal(t, []float64{0}, written.Rates, "no rate before a whole interval")
+		written.Rates = nil
 		require.Equal(t, row, written)
 		require.NotEmpty(t, written.Host)
 		require.Positive(t, written.PID)
 
-		time.Sleep(2 * every)
+		applied.Add(50) // 10 per second over the first interval
+		time.Sleep(every)
 		synctest.Wait()
+		rec.set(func(f *fakeInstances) { written = f.row })
+		require.Equal(t, []float64{10}, written.Rates, "the events applied per second over the last interval")
+		time.Sleep(every)
+		synctest.Wait()
+		rec.set(func(f *fakeInstances) { written = f.row })
+		require.Equal(t, []float64{0}, written.Rates, "none applied in the second interval")
 		beats, _, _, _ = rec.snapshot()
 		require.Equal(t, []time.Time{start, start.Add(every), start.Add(2 * every)}, beats, "one heartbeat per interval")
 

@@ -29,6 +29,9 @@ type Instance struct {
 	HeartbeatInterval time.Duration        // the interval it writes heartbeats at
 	Alive             bool                 // its last heartbeat is less than three intervals old (database clock)
 	Perspectives      []PerspectiveVersion // the perspectives it runs, each with its version
+	// Rates are the events it applied per second over its last heartbeat interval, per
+	// Perspectives[i].
+	Rates []float64
 }
 
 // Runs reports whether the instance runs that version of the perspective.
@@ -61,8 +64,9 @@ func (a *Admin) Instances(ctx context.Context) ([]Instance, error) {
 		out[i] = Instance{
 			ID: r.InstanceID, Host: r.Host, PID: int(r.Pid), Started: r.StartedAt, LastSeen: r.LastSeenAt,
 			SinceSeen: micros(r.SeenAgoMicros), HeartbeatInterval: micros(r.HeartbeatMicros), Alive: r.Alive,
-			Perspectives: ps,
+			Perspectives: ps, Rates: make([]float64, len(ps)),
 		}
+		copy(out[i].Rates, r.Rates)
 	}
 	return out, nil
 }
@@ -76,7 +80,7 @@ func (s *pgStore) beat(ctx context.Context, r instanceRecord) error {
 	}
 	return s.q.InstanceBeat(ctx, db.InstanceBeatParams{
 		InstanceID: r.ID, Host: r.Host, Pid: int32(r.PID), HeartbeatSeconds: r.Interval.Seconds(),
-		Perspectives: names, Versions: versions,
+		Perspectives: names, Versions: versions, Rates: append(make([]float64, 0, len(names)), r.Rates...),
 	})
 }
 

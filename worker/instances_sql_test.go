@@ -287,3 +287,48 @@ func TestBuildsStatusReadsOnlyCursorsThatAreNotOK(t *testing.T) {
 	require.Equal(t, int64(10), v.Builds[0].Parked)
 	require.Equal(t, int64(10), v.Builds[0].Failing)
 }
+
+// A build's throughput is the sum of the rates its live instances reported with their last
+// heartbeat; a gone instance's rate does not count. A worker's own heartbeat reports the
+// events it applied.
+func TestBuildStatusThroughputFromHeartbeats(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	a := newAdmin(t)
+	name := uniqueName("st_rate")
+	w, err := worker.New(testDB.Pool, worker.Config{Perspectives: []worker.Perspective{ledgerPerspective(name)}, Logger: quietLogger()})
+	require.NoError(t, err)
+	w.SetHeartbeatInterval(200 * time.Millisecond)
+	require.NoError(t, w.Start(ctx))
+	t.Cleanup(func() { require.NoError(t, w.Stop(context.Background())) })
+	stream := uuid.New()
+	require.NoError(t, worker.Append(ctx, testDB.Pool, events(stream, newIDs(t, 3))...))
+	waitModel(t, ctx, name, stream, 3)
+	eventually(t, 10*time.Second, "the worker's heartbeat reports its rate", func() bool {
+		return buildOf(t, a, name, 1).EventsPerSecond > 0
+	})
+	require.NoError(t, w.Stop(ctx)) // its row goes: only the rows below count
+
+	insert := func(rate float64, seenAgo string) {
+		t.Helper()
+		_, err := testDB.Pool.Exec(ctx, `
+			INSERT INTO wh_instances (instance_id, host, pid, last_seen_at, heartbeat_interval, perspectives, versions, rates)
+			VALUES ($1, 'h', 1, now() - $2::interval, interval '5 seconds', ARRAY[$3::text, 'other'], ARRAY[1, 1], ARRAY[$4::float8, 99])`,
+			uuid.New(), seenAgo, name, rate)
+		require.NoError(t, err)
+	}
+	insert(3.5, "1 second")
+	insert(1.5, "2 seconds")
+	insert(100, "1 minute") // gone
+	require.InDelta(t, 5.0, buildOf(t, a, name, 1).EventsPerSecond, 1e-9)
+	instances, err := a.Instances(ctx)
+	require.NoError(t, err)
+	var rates []float64
+	for _, in := range instances {
+		if in.Runs(name, 1) && in.Alive && in.Host == "h" {
+			require.Len(t, in.Rates, 2)
+			rates = append(rates, in.Rates[0])
+		}
+	}
+	require.ElementsMatch(t, []float64{3.5, 1.5}, rates)
+}

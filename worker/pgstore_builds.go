@@ -362,7 +362,7 @@ func (s *pgStore) Status(ctx context.Context) ([]BuildStatus, error) {
 				State: r.State, CatchUpDone: r.CatchupDone},
 			CatchUpStarted: r.CatchupStartedAt, CatchUpEvents: r.CatchupEvents, CatchUpStreams: r.CatchupStreams,
 			Queued: r.Queued, OldestQueued: micros(r.OldestQueuedMicros),
-			Failing: r.Failing, Parked: r.Parked, LiveInstances: r.LiveInstances,
+			Failing: r.Failing, Parked: r.Parked, LiveInstances: r.LiveInstances, EventsPerSecond: r.EventsPerSecond,
 		}
 	}
 	return out, nil

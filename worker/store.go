@@ -215,6 +215,9 @@ type BuildStatus struct {
 	Failing        int64         // pairs whose last attempt failed, retried with backoff (cursor status failed)
 	Parked         int64         // pairs parked after repeated failures, waiting for an operator (status parked)
 	LiveInstances  int64         // worker instances alive (heartbeats, database clock) that run the build's version
+	// EventsPerSecond is the throughput of those instances: the events they applied to the
+	// perspective per second over their last heartbeat interval, summed.
+	EventsPerSecond float64
 }
 
 // CatchUpRequest asks Store.CatchUp for one page.

@@ -44,6 +44,9 @@ type Worker struct {
 	// loop only (adopt); jobs read it. idle is the loop's: the perspectives of which this
 	// instance applies nothing (logged once each).
 	buildSet atomic.Pointer[buildSet]
+	// applied counts the events applied per perspective (w.names' order) since the instance
+	// started: the heartbeats' throughput.
+	applied []atomic.Int64
 	idle     map[string]bool
 
 	mu        sync.Mutex // guards the lifecycle fields below
@@ -101,6 +104,7 @@ func newWorker(store Store, cfg Config) (*Worker, error) {
 		beatEvery: HeartbeatInterval,
 	}
 	w.buildSet.Store(&buildSet{byKey: map[string]*build{}})
+	w.applied = make([]atomic.Int64, len(cfg.Perspectives))
 	var err error
 	if w.tel, err = newTelemetry(cfg.MeterProvider, cfg.TracerProvider); err != nil {
 		return nil, err
@@ -144,7 +148,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	w.gauges = gauges
 	if rec, ok := w.store.(instanceRecorder); ok {
-		w.beats = startHeartbeat(ctx, rec, newInstanceRecord(w.cfg.InstanceID, w.beatEvery, w.running()), w.log)
+		w.beats = startHeartbeat(ctx, rec, newInstanceRecord(w.cfg.InstanceID, w.beatEvery, w.running()), w.appliedCounts, w.log)
 	}
 	base := context.WithoutCancel(ctx)
 	opsCtx, cancelOps := context.WithCancel(base)

@@ -46,7 +46,7 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	var parked []string
 	var parkedPairs int64
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "PERSPECTIVE\tVERSION\tSTATE\tQUEUED\tOLDEST QUEUED\tFAILING\tPARKED\tINSTANCES\tHEALTH")
+	fmt.Fprintln(tw, "PERSPECTIVE\tVERSION\tSTATE\tQUEUED\tOLDEST QUEUED\tFAILING\tPARKED\tINSTANCES\tEVENTS/S\tHEALTH")
 	for _, b := range v.Builds {
 		byKey[b.Key] = b
 		if b.State == worker.BuildRetired {
@@ -56,8 +56,8 @@ func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		if b.Queued > 0 {
 			oldest = b.OldestQueued.Round(time.Millisecond).String() + " ago"
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t%d\t%d\t%d\t%s\n", b.Perspective, b.Version, b.State, b.Queued, oldest,
-			b.Failing, b.Parked, b.LiveInstances, health(b))
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\t%s\t%d\t%d\t%d\t%.1f\t%s\n", b.Perspective, b.Version, b.State, b.Queued, oldest,
+			b.Failing, b.Parked, b.LiveInstances, b.EventsPerSecond, health(b))
 		if b.Parked > 0 {
 			parkedPairs += b.Parked
 			parked = append(parked, fmt.Sprintf("%s version %d: %d", b.Perspective, b.Version, b.Parked))

@@ -68,7 +68,7 @@ func TestStatusTellsIdleFromStuckAndExitsNonZeroWhenParked(t *testing.T) {
 	require.Contains(t, stdout, "INSTANCE")
 	inst := lineWith(t, stdout, w.InstanceID().String())
 	require.Regexp(t, `\s\d+\s.*\s[0-9.]+m?s ago\s+`+name+` v1\s+alive$`, inst, "pid, started, last seen ago, perspectives, alive")
-	require.Regexp(t, `(?m)^`+name+`\s+1\s+active\s+0\s+-\s+0\s+0\s+1\s+idle$`, stdout)
+	require.Regexp(t, `(?m)^`+name+`\s+1\s+active\s+0\s+-\s+0\s+0\s+1\s+[0-9.]+\s+idle$`, stdout)
 
 	// A parked pair: stuck, exit status 3 with a last line that says so.
 	_, err = d.Pool.Exec(ctx, `UPDATE wh_perspective_cursors SET status = 'parked', attempts = 8, last_error = 'boom' WHERE perspective_name = $1 AND stream_id = $2`, name, s1)
@@ -76,7 +76,7 @@ func TestStatusTellsIdleFromStuckAndExitsNonZeroWhenParked(t *testing.T) {
 	code, stdout, stderr = cli(t, "status", "--database-url", d.URL)
 	require.Equal(t, exitParked, code, "stdout:\n%s\nstderr:\n%s", stdout, stderr)
 	require.Equal(t, 3, code)
-	require.Regexp(t, `(?m)^`+name+`\s+1\s+active\s+0\s+-\s+0\s+1\s+1\s+stuck: 1 parked pair$`, stdout)
+	require.Regexp(t, `(?m)^`+name+`\s+1\s+active\s+0\s+-\s+0\s+1\s+1\s+[0-9.]+\s+stuck: 1 parked pair$`, stdout)
 	lines := strings.Split(strings.TrimSpace(stderr), "\n")
 	require.Equal(t, "perspectives status: 1 parked pair ("+name+" version 1: 1) wait for an operator: list them with perspectives failed, then retry or skip",
 		lines[len(lines)-1])
@@ -86,7 +86,7 @@ func TestStatusTellsIdleFromStuckAndExitsNonZeroWhenParked(t *testing.T) {
 	require.NoError(t, err)
 	code, stdout, stderr = cli(t, "status", "--database-url", d.URL)
 	require.Equal(t, 0, code, stderr)
-	require.Regexp(t, `(?m)^`+name+`\s+1\s+active\s+0\s+-\s+1\s+0\s+1\s+retrying 1 failing pair$`, stdout)
+	require.Regexp(t, `(?m)^`+name+`\s+1\s+active\s+0\s+-\s+1\s+0\s+1\s+[0-9.]+\s+retrying 1 failing pair$`, stdout)
 	require.Contains(t, lineWith(t, stdout, s1.String()), "boom", "the failed pairs' list")
 	_, err = d.Pool.Exec(ctx, `UPDATE wh_perspective_cursors SET status = 'ok' WHERE perspective_name = $1 AND stream_id = $2`, name, s1)
 	require.NoError(t, err)
@@ -102,7 +102,7 @@ func TestStatusTellsIdleFromStuckAndExitsNonZeroWhenParked(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	require.NotContains(t, stdout, w.InstanceID().String(), "deleted at Stop")
 	require.Regexp(t, `old-host\s+4242\s.*\s12m\d+s ago\s+`+name+` v1\s+gone$`, lineWith(t, stdout, killed.String()))
-	require.Regexp(t, `(?m)^`+name+`\s+1\s+active\s+1\s+[0-9.]+m?s ago\s+0\s+0\s+0\s+stuck: no live instance runs it$`, stdout)
+	require.Regexp(t, `(?m)^`+name+`\s+1\s+active\s+1\s+[0-9.]+m?s ago\s+0\s+0\s+0\s+0\.0\s+stuck: no live instance runs it$`, stdout)
 }
 
 func TestRebuildWithoutWorkerNamesItInPlainLines(t *testing.T) {
