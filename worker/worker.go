@@ -47,7 +47,7 @@ type Worker struct {
 	// applied counts the events applied per perspective (w.names' order) since the instance
 	// started: the heartbeats' throughput.
 	applied []atomic.Int64
-	idle     map[string]bool
+	idle    map[string]bool
 
 	mu        sync.Mutex // guards the lifecycle fields below
 	started   bool
