@@ -174,7 +174,7 @@ func (w *Worker) failure(b *build, st PairState, err error) Failure {
 	if ev == st.FailedEvent {
 		before = st.Failures
 	}
-	return Failure{Cause: failureText(err), Event: ev, Action: w.policy(b.persp.Name()).action(before, ev)}
+	return Failure{Cause: failureText(err), Event: ev, Action: w.policy(b.Perspective).action(before, ev)}
 }
 
 // applyGroup is the normal path: in one transaction it applies the queued events of
@@ -301,7 +301,7 @@ func (w *Worker) fail(ctx context.Context, k Pair, cause error, r *jobResult) {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
 	f := Failure{Cause: failureText(cause), Event: failedEvent(cause)}
-	policy := w.policy(w.buildOf(k.Perspective).persp.Name())
+	policy := w.policy(w.buildOf(k.Perspective).Perspective) // a build retired meanwhile: the default
 	action, err := w.store.MarkFailed(rctx, k, f, func(before int) FailureAction { return policy.action(before, f.Event) })
 	if err != nil {
 		w.log.Error("recording failure failed", append(attrs, slog.Any("record_error", err))...)
