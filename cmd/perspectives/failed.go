@@ -26,15 +26,11 @@ func runFailed(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	pool, err := connect(ctx, *dbURL)
+	pool, admin, err := connectAdmin(ctx, *dbURL)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	admin, err := worker.NewAdmin(pool, nil)
-	if err != nil {
-		return err
-	}
 	failed, err := admin.Failed(ctx, *name, *limit)
 	if err != nil {
 		return err

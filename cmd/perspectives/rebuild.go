@@ -16,6 +16,21 @@ import (
 	"github.com/perspectives-go/perspectives/worker"
 )
 
+// connectAdmin connects and returns the pool (which the caller closes) and an Admin that
+// takes no stream locks (for commands that only read, retry or skip).
+func connectAdmin(ctx context.Context, dbURL string) (*pgxpool.Pool, *worker.Admin, error) {
+	pool, err := connect(ctx, dbURL)
+	if err != nil {
+		return nil, nil, err
+	}
+	admin, err := worker.NewAdmin(pool, nil)
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
+	return pool, admin, nil
+}
+
 // openAdmin checks that a perspective was named, connects, and returns the pool (which the
 // caller closes) and an Admin with the Postgres locker on it.
 func openAdmin(ctx context.Context, dbURL, perspective string) (*pgxpool.Pool, *worker.Admin, error) {

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/perspectives-go/perspectives/ui"
-	"github.com/perspectives-go/perspectives/worker"
 )
 
 // uiTokenEnv is the environment variable --token defaults to.
@@ -43,15 +42,11 @@ func runUI(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			"Set --token or %s, or pass --insecure-listen when something else (a proxy with authentication, a firewall) guards it", *addr, uiTokenEnv)
 	}
 
-	pool, err := connect(ctx, *dbURL)
+	pool, admin, err := connectAdmin(ctx, *dbURL)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	admin, err := worker.NewAdmin(pool, nil)
-	if err != nil {
-		return err
-	}
 	if _, err := admin.Versions(ctx); err != nil { // a database without the schema is said so now, not on every page
 		return err
 	}
