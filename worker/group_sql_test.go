@@ -941,3 +941,65 @@ func TestClaimSQLStartsFromAPositionAndReturnsItsFirstGroup(t *testing.T) {
 	require.Empty(t, got)
 	require.Equal(t, gsPair{}, first, "an empty queue: no group passed")
 }
+
+// PairsMarkFailed's other actions: park makes the pair's rows wait (9999-12-31) with no
+// retry time on the cursor; skip records the event in wh_skipped_events, unqueues it, makes
+// the pair's other rows due now, clears its failure and bumps its version. A failure of
+// another event than the recorded one starts a new count.
+func TestGroupSQLPairsMarkFailedParksSkipsAndCountsPerEvent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := gsRegister(t, ctx, "gsql_park")
+	parked, skipped, moved := gsPair{uuid.New(), name}, gsPair{uuid.New(), name}, gsPair{uuid.New(), name}
+	pids := gsAppend(t, ctx, parked.Stream, 2)
+	sids := gsAppend(t, ctx, skipped.Stream, 3)
+	mids := gsAppend(t, ctx, moved.Stream, 2)
+	gsExec(t, ctx, testDB.Pool, `UPDATE wh_perspective_cursors SET attempts = 4, status = 'failed', failed_event_id = $3
+		WHERE stream_id = $1 AND perspective_name = $2`, skipped.Stream, name, sids[0])
+	gsExec(t, ctx, testDB.Pool, `UPDATE wh_perspective_cursors SET attempts = 4, status = 'failed', failed_event_id = $3
+		WHERE stream_id = $1 AND perspective_name = $2`, moved.Stream, name, mids[0])
+	var version int64
+	require.NoError(t, testDB.Pool.QueryRow(ctx, `SELECT version FROM wh_perspective_cursors
+		WHERE stream_id = $1 AND perspective_name = $2`, skipped.Stream, name).Scan(&version))
+
+	streams, names := gsArrays(parked, skipped, moved)
+	rows, err := pgq.New(testDB.Pool).PairsMarkFailed(ctx, db.PairsMarkFailedParams{
+		StreamIds: streams, PerspectiveNames: names, Errors: []string{"ep", "es", "em"},
+		EventIds: []uuid.UUID{pids[0], sids[0], mids[1]}, Actions: []string{"park", "skip", "retry"},
+		BaseSeconds: 10, MaxSeconds: 300, SkippedBy: "tester",
+	})
+	require.NoError(t, err)
+	require.Len(t, rows, 3)
+
+	c := gsReadCursor(t, ctx, parked)
+	require.Equal(t, "parked", c.Status)
+	require.EqualValues(t, 1, c.Attempts)
+	require.Nil(t, c.NextAttemptAt, "a parked pair's wait is on its rows, not its cursor")
+	due := gsDueTimes(t, ctx, parked)
+	require.Len(t, due, 1)
+	require.Equal(t, 9999, due[0].UTC().Year())
+
+	c = gsReadCursor(t, ctx, skipped)
+	require.Equal(t, "ok", c.Status)
+	require.Zero(t, c.Attempts)
+	require.Nil(t, c.LastError)
+	var by, reason, lastErr string
+	var attempts int
+	require.NoError(t, testDB.Pool.QueryRow(ctx, `SELECT skipped_by, reason, attempts, last_error FROM wh_skipped_events
+		WHERE stream_id = $1 AND perspective_name = $2 AND event_id = $3`, skipped.Stream, name, sids[0]).Scan(&by, &reason, &attempts, &lastErr))
+	require.Equal(t, []any{"tester", "policy", 5, "es"}, []any{by, reason, attempts, lastErr})
+	require.Equal(t, sids[1:], queued(t, ctx, name, skipped.Stream), "the skipped event is unqueued, the others stay")
+	var now time.Time
+	require.NoError(t, testDB.Pool.QueryRow(ctx, `SELECT now()`).Scan(&now))
+	for _, d := range gsDueTimes(t, ctx, skipped) {
+		require.False(t, d.After(now), "the rest is due now")
+	}
+	var after int64
+	require.NoError(t, testDB.Pool.QueryRow(ctx, `SELECT version FROM wh_perspective_cursors
+		WHERE stream_id = $1 AND perspective_name = $2`, skipped.Stream, name).Scan(&after))
+	require.Equal(t, version+1, after, "a rewind in flight that replayed the event is refused")
+
+	c = gsReadCursor(t, ctx, moved)
+	require.Equal(t, "failed", c.Status)
+	require.EqualValues(t, 1, c.Attempts, "another event's failure starts a new count")
+}
