@@ -60,6 +60,12 @@ func TestStatusTellsIdleFromStuckAndExitsNonZeroWhenParked(t *testing.T) {
 		_, ok2, _ := worker.LoadModel(ctx, d.Pool, name, s2)
 		return ok1 && ok2
 	}, 20*time.Second, 10*time.Millisecond)
+	admin, err := worker.NewAdmin(d.Pool, nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { // the models come from the queue; the catch-up ends apart
+		v, err := admin.Versions(ctx)
+		return err == nil && len(v.Builds) == 1 && v.Builds[0].CatchUpDone
+	}, 20*time.Second, 10*time.Millisecond)
 
 	// Idle: nothing queued, a live instance.
 	code, stdout, stderr := cli(t, "status", "--database-url", d.URL)
