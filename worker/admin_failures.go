@@ -45,9 +45,6 @@ type SkippedEvent struct {
 // MaxListed is the most rows Failed and Skipped return.
 const MaxListed = 10000
 
-// parkedUntil is the due time of a parked pair's cursor and queued rows.
-var parkedUntil = time.Date(9999, 12, 31, 0, 0, 0, 0, time.UTC)
-
 // Failed returns the failing and parked pairs of the perspective (of every perspective when
 // perspectiveName is empty), of its versions that are not retired: parked first, then the
 // oldest failure first; at most limit (1 to MaxListed).
@@ -67,7 +64,7 @@ func (a *Admin) Failed(ctx context.Context, perspectiveName string, limit int) (
 			Parked: r.Status == "parked", Event: r.FailedEventID.UUID, EventType: deref(r.FailedEventType),
 			Attempts: int(r.Attempts), LastError: r.LastError, Since: r.FailedSince,
 		}
-		if r.NextAttemptAt != nil && !r.NextAttemptAt.Equal(parkedUntil) {
+		if r.NextAttemptAt != nil { // only a pair backing off has one (a parked pair's wait is on its rows)
 			out[i].NextAttempt = *r.NextAttemptAt
 		}
 	}

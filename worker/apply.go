@@ -166,14 +166,10 @@ type pairReport struct {
 }
 
 // failure is err, a failure of the pair st of b, to record, with what b's failure policy
-// makes of it: a count of failures in a row is of one event (another event's failure starts
-// a new one, as PairsMarkFailed counts).
+// makes of it.
 func (w *Worker) failure(b *build, st PairState, err error) Failure {
 	ev := failedEvent(err)
-	before := 0
-	if ev == st.FailedEvent {
-		before = st.Failures
-	}
+	before := failuresOf(ev, st.FailedEvent, st.Failures)
 	return Failure{Cause: failureText(err), Event: ev, Action: w.policy(b.Perspective).action(before, ev)}
 }
 

@@ -53,6 +53,17 @@ func (p FailurePolicy) problem() string {
 	return ""
 }
 
+// failuresOf is how many times event (uuid.Nil: a failure that is not one event's) has
+// failed in a row so far, given the failure a pair has recorded: its event and count. A
+// count is of one event: another event's failure starts a new one (as PairsMarkFailed
+// counts).
+func failuresOf(event, recorded uuid.UUID, attempts int) int {
+	if event == recorded {
+		return attempts
+	}
+	return 0
+}
+
 // action is what a failure of event (uuid.Nil: not one event's) does to a pair that had
 // failed before times in a row before it.
 func (p FailurePolicy) action(before int, event uuid.UUID) FailureAction {

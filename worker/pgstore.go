@@ -233,11 +233,7 @@ func (s *pgStore) MarkFailed(ctx context.Context, p Pair, f Failure, decide func
 		if err != nil {
 			return fmt.Errorf("lock cursor: %w", err)
 		}
-		before := 0 // the failures of f.Event so far (a count is of one event: see PairsMarkFailed)
-		if cur.FailedEventID.UUID == f.Event {
-			before = int(cur.Attempts)
-		}
-		f.Action = decide(before)
+		f.Action = decide(failuresOf(f.Event, cur.FailedEventID.UUID, int(cur.Attempts)))
 		var arg db.PairsMarkFailedParams
 		addFailure(&arg, p, f)
 		return s.markFailed(ctx, q, arg)
