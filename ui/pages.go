@@ -104,20 +104,21 @@ func catchUp(b worker.BuildStatus, v worker.Versions, now time.Time) (pct float6
 	return pct, progress, r + " events/s", duration(time.Duration(float64(left)/perSec) * time.Second)
 }
 
-// health is the verdict that tells idle from stuck (as perspectives status says it).
+// health is the verdict that tells idle from stuck (BuildStatus.Health), in words and the
+// level of its badge.
 func health(b worker.BuildStatus) (string, string) {
-	switch {
-	case b.Parked > 0:
+	switch b.Health() {
+	case worker.HealthStuckParked:
 		return fmt.Sprintf("stuck: %d parked", b.Parked), "bad"
-	case b.LiveInstances == 0 && (b.Queued > 0 || !b.CatchUpDone):
+	case worker.HealthStuckNoInstance:
 		return "stuck: no live instance runs it", "bad"
-	case b.Failing > 0:
+	case worker.HealthRetrying:
 		return fmt.Sprintf("retrying %d failing", b.Failing), "warn"
-	case !b.CatchUpDone:
+	case worker.HealthCatchingUp:
 		return "catching up", "info"
-	case b.Queued > 0:
+	case worker.HealthApplying:
 		return "applying", "info"
-	case b.LiveInstances == 0:
+	case worker.HealthIdleNoInstance:
 		return "idle (no live instance)", "muted"
 	default:
 		return "idle", "ok"

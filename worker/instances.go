@@ -91,3 +91,38 @@ func (s *pgStore) forget(ctx context.Context, id uuid.UUID) error {
 func (s *pgStore) forgetGone(ctx context.Context, after time.Duration) (int64, error) {
 	return s.q.InstancesForget(ctx, after.Seconds())
 }
+
+// Health is the verdict on a build that tells idle from stuck (perspectives status and the
+// dashboard say it in words).
+type Health int
+
+// The verdicts, from the most to the least urgent of a build's states; BuildStatus.Health
+// gives the first that holds.
+const (
+	HealthStuckParked     Health = iota // pairs are parked: an operator must retry or skip
+	HealthStuckNoInstance               // events queued, or a catch-up to do, and no live instance runs its version
+	HealthRetrying                      // pairs are failing, retried with backoff
+	HealthCatchingUp                    // its catch-up from the store is under way
+	HealthApplying                      // events are queued, and live instances apply them
+	HealthIdleNoInstance                // nothing to do, and no live instance runs its version
+	HealthIdle                          // nothing to do
+)
+
+// Health says whether the build is idle, busy or stuck.
+func (b BuildStatus) Health() Health {
+	switch {
+	case b.Parked > 0:
+		return HealthStuckParked
+	case b.LiveInstances == 0 && (b.Queued > 0 || !b.CatchUpDone):
+		return HealthStuckNoInstance
+	case b.Failing > 0:
+		return HealthRetrying
+	case !b.CatchUpDone:
+		return HealthCatchingUp
+	case b.Queued > 0:
+		return HealthApplying
+	case b.LiveInstances == 0:
+		return HealthIdleNoInstance
+	}
+	return HealthIdle
+}

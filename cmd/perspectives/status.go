@@ -125,21 +125,21 @@ func printInstances(w io.Writer, instances []worker.Instance) error {
 	return tw.Flush()
 }
 
-// health is the verdict on a build that tells idle from stuck: a parked pair, or work (a
-// queue, a catch-up) with no live instance to do it, is stuck.
+// health is the verdict that tells idle from stuck (BuildStatus.Health), in words: a parked
+// pair, or work (a queue, a catch-up) with no live instance to do it, is stuck.
 func health(b worker.BuildStatus) string {
-	switch {
-	case b.Parked > 0:
+	switch b.Health() {
+	case worker.HealthStuckParked:
 		return fmt.Sprintf("stuck: %d parked %s", b.Parked, plural(b.Parked, "pair", "pairs"))
-	case b.LiveInstances == 0 && (b.Queued > 0 || !b.CatchUpDone):
+	case worker.HealthStuckNoInstance:
 		return "stuck: no live instance runs it"
-	case b.Failing > 0:
+	case worker.HealthRetrying:
 		return fmt.Sprintf("retrying %d failing %s", b.Failing, plural(b.Failing, "pair", "pairs"))
-	case !b.CatchUpDone:
+	case worker.HealthCatchingUp:
 		return "catching up"
-	case b.Queued > 0:
+	case worker.HealthApplying:
 		return "applying"
-	case b.LiveInstances == 0:
+	case worker.HealthIdleNoInstance:
 		return "idle (no live instance)"
 	default:
 		return "idle"
