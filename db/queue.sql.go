@@ -81,28 +81,48 @@ func (q *Queries) QueueDepth(ctx context.Context) ([]QueueDepthRow, error) {
 }
 
 const queueDuePairs = `-- name: QueueDuePairs :many
-WITH RECURSIVE due AS (
+WITH RECURSIVE peers AS (
+    SELECT count(*)::int AS n,
+           (count(*) FILTER (WHERE i.instance_id < $1::uuid))::int AS rank,
+           -- the window: pair_limit claimable pairs per instance sharing the streams
+           (greatest(count(*), 1) * $2::int)::int AS claim_window
+    FROM wh_instances me
+    JOIN wh_instances i
+      ON i.perspectives = me.perspectives AND i.versions = me.versions
+     AND i.last_seen_at >= now() - 3 * i.heartbeat_interval
+    WHERE me.instance_id = $1::uuid
+), due AS (
     -- The start: before every row, or before the position from_at/from_stream (which the
     -- caller knows no due row precedes: the first group its last claim passed), so that the
     -- claim does not step through the dead index entries of the rows applied since.
-    SELECT COALESCE($2::timestamptz, '-infinity'::timestamptz) AS next_attempt_at,
-           COALESCE($3::uuid, '00000000-0000-0000-0000-000000000000'::uuid) AS stream_id,
+    SELECT COALESCE($3::timestamptz, '-infinity'::timestamptz) AS next_attempt_at,
+           COALESCE($4::uuid, '00000000-0000-0000-0000-000000000000'::uuid) AS stream_id,
            ''::text AS perspective_name,
            '{}'::text[] AS returned, -- pairs returned so far, as 'stream_id/perspective_name'
            false AS ok,
-           0 AS steps
+           false AS own,
+           0 AS oks,   -- claimable pairs found so far
+           0 AS owned, -- of them, of streams this instance owns
+           0 AS steps,
+           (SELECT p.n FROM peers p) AS peer_count, -- the instances the streams are shared among (0: no row here)
+           (SELECT p.rank FROM peers p) AS peer_rank, -- this instance's place among them
+           (SELECT p.claim_window FROM peers p) AS claim_window
     UNION ALL
     SELECT n.next_attempt_at, n.stream_id, n.perspective_name,
            CASE WHEN n.ok THEN d.returned || n.pair ELSE d.returned END,
            n.ok,
-           d.steps + 1
+           n.own,
+           d.oks + n.ok::int,
+           d.owned + (n.ok AND n.own)::int,
+           d.steps + 1,
+           d.peer_count, d.peer_rank, d.claim_window
     FROM due d
     CROSS JOIN LATERAL (
         SELECT g.next_attempt_at, g.stream_id, g.perspective_name, g.pair,
                (g.next_attempt_at <= now()
                 AND g.pair <> ALL (d.returned)
                 -- pairs to skip (in work here, or just found held by another transaction)
-                AND g.pair <> ALL (COALESCE($4::text[], '{}')) -- NULL: none
+                AND g.pair <> ALL (COALESCE($5::text[], '{}')) -- NULL: none
                 -- pairs an apply transaction holds (its claim mark, see PairsLockForApply):
                 -- tested by taking and at once releasing the shared side
                 AND CASE WHEN pg_try_advisory_lock_shared(hashtext(g.stream_id::text), hashtext(g.perspective_name))
@@ -112,7 +132,7 @@ WITH RECURSIVE due AS (
                     SELECT 1 FROM wh_perspective_cursors c
                     WHERE c.stream_id = g.stream_id
                       AND c.perspective_name = g.perspective_name
-                      AND ((c.stream_lock_instance_id <> $5::uuid AND c.stream_lock_expiry > clock_timestamp())
+                      AND ((c.stream_lock_instance_id <> $1::uuid AND c.stream_lock_expiry > clock_timestamp())
                            OR c.next_attempt_at > now())
                 )
                 -- a build's pairs wait until its catch-up has passed their stream
@@ -121,7 +141,8 @@ WITH RECURSIVE due AS (
                     WHERE b.build_key = g.perspective_name
                       AND NOT b.catchup_done
                       AND (b.catchup_stream_id IS NULL OR g.stream_id >= b.catchup_stream_id)
-                )) AS ok
+                )) AS ok,
+               (d.peer_count <= 1 OR (hashtext(g.stream_id::text)::bigint & 2147483647) % d.peer_count = d.peer_rank) AS own
         FROM (
             SELECT q.next_attempt_at, q.stream_id, q.perspective_name,
                    q.stream_id::text || '/' || q.perspective_name AS pair
@@ -134,20 +155,20 @@ WITH RECURSIVE due AS (
     ) n
     -- The first group not yet due ends the scan (the groups after it are not due either).
     WHERE d.steps < $7::int AND d.next_attempt_at <= now()
+      AND d.owned < $2::int AND d.oks < d.claim_window
 )
 SELECT due.stream_id::uuid AS stream_id, due.perspective_name::text AS perspective_name,
-       due.next_attempt_at::timestamptz AS next_attempt_at, due.ok::bool AS ok
+       due.next_attempt_at::timestamptz AS next_attempt_at, due.ok::bool AS ok, due.own::bool AS own
 FROM due
 WHERE due.ok OR (due.steps = 1 AND due.next_attempt_at <= now())
-LIMIT $1+ 1
 `
 
 type QueueDuePairsParams struct {
+	InstanceID       uuid.UUID
 	PairLimit        int32
 	FromAt           *time.Time
 	FromStream       uuid.NullUUID
 	BusyPairs        []string
-	InstanceID       uuid.UUID
 	PerspectiveNames []string
 	MaxSteps         int32
 }
@@ -157,6 +178,7 @@ type QueueDuePairsRow struct {
 	PerspectiveName string
 	NextAttemptAt   time.Time
 	Ok              bool
+	Own             bool
 }
 
 // The pairs with due queue rows, oldest row first, of the builds this instance runs
@@ -179,16 +201,25 @@ type QueueDuePairsRow struct {
 // milliseconds per claim on a queue of a few thousand rows. So the perspectives are a
 // filter (IS TRUE keeps the comparison out of the index condition) and the due time is
 // judged per group: the first group not due ends the scan.
+// Several instances running the same builds (the same perspectives and versions, alive by
+// their heartbeats in wh_instances) would all find the same oldest pairs and collide on their
+// cursor rows. So each prefers the streams its rank among them owns (hashtext of the stream
+// modulo their number): the scan goes on until it has found pair_limit pairs of its own, or
+// pair_limit claimable pairs per instance (its window), and the caller takes its own first,
+// then the others in order. Any other instance's pairs are still claimed, whenever they fill
+// a claim: a pair waits behind at most a window's worth of others, whether its owner is busy,
+// gone (its heartbeat lapses after three intervals) or does not run it. An instance without a
+// row (no heartbeat yet, or a store's tests) owns every stream.
 // The pairs, in order, and first the first group passed (steps = 1) whether claimable or not,
 // if it is due: the caller's next start. (A first group not due, a pair backing off or
 // parked, is no start: rows queued later, due now, sort before it.)
 func (q *Queries) QueueDuePairs(ctx context.Context, arg QueueDuePairsParams) ([]QueueDuePairsRow, error) {
 	rows, err := q.db.Query(ctx, queueDuePairs,
+		arg.InstanceID,
 		arg.PairLimit,
 		arg.FromAt,
 		arg.FromStream,
 		arg.BusyPairs,
-		arg.InstanceID,
 		arg.PerspectiveNames,
 		arg.MaxSteps,
 	)
@@ -204,6 +235,7 @@ func (q *Queries) QueueDuePairs(ctx context.Context, arg QueueDuePairsParams) ([
 			&i.PerspectiveName,
 			&i.NextAttemptAt,
 			&i.Ok,
+			&i.Own,
 		); err != nil {
 			return nil, err
 		}

@@ -19,7 +19,26 @@
 -- milliseconds per claim on a queue of a few thousand rows. So the perspectives are a
 -- filter (IS TRUE keeps the comparison out of the index condition) and the due time is
 -- judged per group: the first group not due ends the scan.
-WITH RECURSIVE due AS (
+-- Several instances running the same builds (the same perspectives and versions, alive by
+-- their heartbeats in wh_instances) would all find the same oldest pairs and collide on their
+-- cursor rows. So each prefers the streams its rank among them owns (hashtext of the stream
+-- modulo their number): the scan goes on until it has found pair_limit pairs of its own, or
+-- pair_limit claimable pairs per instance (its window), and the caller takes its own first,
+-- then the others in order. Any other instance's pairs are still claimed, whenever they fill
+-- a claim: a pair waits behind at most a window's worth of others, whether its owner is busy,
+-- gone (its heartbeat lapses after three intervals) or does not run it. An instance without a
+-- row (no heartbeat yet, or a store's tests) owns every stream.
+WITH RECURSIVE peers AS (
+    SELECT count(*)::int AS n,
+           (count(*) FILTER (WHERE i.instance_id < @instance_id::uuid))::int AS rank,
+           -- the window: pair_limit claimable pairs per instance sharing the streams
+           (greatest(count(*), 1) * @pair_limit::int)::int AS claim_window
+    FROM wh_instances me
+    JOIN wh_instances i
+      ON i.perspectives = me.perspectives AND i.versions = me.versions
+     AND i.last_seen_at >= now() - 3 * i.heartbeat_interval
+    WHERE me.instance_id = @instance_id::uuid
+), due AS (
     -- The start: before every row, or before the position from_at/from_stream (which the
     -- caller knows no due row precedes: the first group its last claim passed), so that the
     -- claim does not step through the dead index entries of the rows applied since.
@@ -28,12 +47,22 @@ WITH RECURSIVE due AS (
            ''::text AS perspective_name,
            '{}'::text[] AS returned, -- pairs returned so far, as 'stream_id/perspective_name'
            false AS ok,
-           0 AS steps
+           false AS own,
+           0 AS oks,   -- claimable pairs found so far
+           0 AS owned, -- of them, of streams this instance owns
+           0 AS steps,
+           (SELECT p.n FROM peers p) AS peer_count, -- the instances the streams are shared among (0: no row here)
+           (SELECT p.rank FROM peers p) AS peer_rank, -- this instance's place among them
+           (SELECT p.claim_window FROM peers p) AS claim_window
     UNION ALL
     SELECT n.next_attempt_at, n.stream_id, n.perspective_name,
            CASE WHEN n.ok THEN d.returned || n.pair ELSE d.returned END,
            n.ok,
-           d.steps + 1
+           n.own,
+           d.oks + n.ok::int,
+           d.owned + (n.ok AND n.own)::int,
+           d.steps + 1,
+           d.peer_count, d.peer_rank, d.claim_window
     FROM due d
     CROSS JOIN LATERAL (
         SELECT g.next_attempt_at, g.stream_id, g.perspective_name, g.pair,
@@ -59,7 +88,8 @@ WITH RECURSIVE due AS (
                     WHERE b.build_key = g.perspective_name
                       AND NOT b.catchup_done
                       AND (b.catchup_stream_id IS NULL OR g.stream_id >= b.catchup_stream_id)
-                )) AS ok
+                )) AS ok,
+               (d.peer_count <= 1 OR (hashtext(g.stream_id::text)::bigint & 2147483647) % d.peer_count = d.peer_rank) AS own
         FROM (
             SELECT q.next_attempt_at, q.stream_id, q.perspective_name,
                    q.stream_id::text || '/' || q.perspective_name AS pair
@@ -72,15 +102,15 @@ WITH RECURSIVE due AS (
     ) n
     -- The first group not yet due ends the scan (the groups after it are not due either).
     WHERE d.steps < @max_steps::int AND d.next_attempt_at <= now()
+      AND d.owned < @pair_limit::int AND d.oks < d.claim_window
 )
 -- The pairs, in order, and first the first group passed (steps = 1) whether claimable or not,
 -- if it is due: the caller's next start. (A first group not due, a pair backing off or
 -- parked, is no start: rows queued later, due now, sort before it.)
 SELECT due.stream_id::uuid AS stream_id, due.perspective_name::text AS perspective_name,
-       due.next_attempt_at::timestamptz AS next_attempt_at, due.ok::bool AS ok
+       due.next_attempt_at::timestamptz AS next_attempt_at, due.ok::bool AS ok, due.own::bool AS own
 FROM due
-WHERE due.ok OR (due.steps = 1 AND due.next_attempt_at <= now())
-LIMIT @pair_limit + 1;
+WHERE due.ok OR (due.steps = 1 AND due.next_attempt_at <= now());
 
 -- name: QueueIDsForPair :many
 -- The queued event IDs of one pair, in order. The pair is compared with a subquery's values,

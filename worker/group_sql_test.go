@@ -1003,3 +1003,107 @@ func TestGroupSQLPairsMarkFailedParksSkipsAndCountsPerEvent(t *testing.T) {
 	require.Equal(t, "failed", c.Status)
 	require.EqualValues(t, 1, c.Attempts, "another event's failure starts a new count")
 }
+
+// Instances running the same builds (the same perspectives and versions, alive by their
+// heartbeats) prefer the streams their rank owns (hashtext of the stream modulo their number),
+// so that they do not all claim the same oldest pairs: a claim scans until it has its limit of
+// its own pairs or a window of limit claimable pairs per instance, and takes its own first,
+// then the others in order. Instances of other builds, and one gone (its heartbeat three
+// intervals old), do not count; an instance without a row owns every stream.
+func TestClaimSQLInstancesPreferTheStreamsTheyOwn(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := gsRegister(t, ctx, "claim_own")
+	streams := make([]uuid.UUID, 40)
+	for i := range streams {
+		streams[i] = uuid.New()
+		gsAppend(t, ctx, streams[i], 1) // one Append each: claimed in this order
+	}
+	gsSeal(t, ctx, []string{name}, streams...)
+
+	ids := gsStreamsDescending(4) // any four instance IDs, ranked by the database's order
+	slices.SortFunc(ids, func(a, b uuid.UUID) int { return bytes.Compare(a[:], b[:]) })
+	a, b, other, gone := ids[0], ids[1], ids[2], ids[3]
+	beat := func(id uuid.UUID, perspective string, seenAgo string) {
+		gsExec(t, ctx, testDB.Pool, `INSERT INTO wh_instances
+			(instance_id, host, pid, heartbeat_interval, perspectives, versions, last_seen_at)
+			VALUES ($1, 'test', 1, interval '5 seconds', ARRAY[$2::text], ARRAY[1], now() - $3::interval)`,
+			id, perspective, seenAgo)
+		t.Cleanup(func() { gsExec(t, context.Background(), testDB.Pool, `DELETE FROM wh_instances WHERE instance_id = $1`, id) })
+	}
+	beat(a, name, "0 seconds")
+	beat(b, name, "1 second")
+	beat(other, name+"_other", "0 seconds") // other builds: not a peer
+	beat(gone, name, "16 seconds")          // three heartbeats missed: gone
+
+	// Which of a and b owns each stream, as the claim computes it.
+	owner := map[uuid.UUID]uuid.UUID{}
+	for _, s := range streams {
+		var rank int
+		require.NoError(t, testDB.Pool.QueryRow(ctx,
+			`SELECT ((hashtext($1::text)::bigint & 2147483647) % 2)::int`, s.String()).Scan(&rank))
+		owner[s] = ids[rank]
+	}
+	// What a claim of limit pairs by me must return: the scan passes the streams in order,
+	// stops at limit own pairs or 2×limit pairs, then own pairs first, then the others.
+	expect := func(me uuid.UUID, limit int) []worker.Pair {
+		var own, others []worker.Pair
+		for _, s := range streams {
+			if len(own) == limit || len(own)+len(others) == 2*limit {
+				break
+			}
+			p := worker.Pair{Stream: s, Perspective: name}
+			if owner[s] == me {
+				own = append(own, p)
+			} else {
+				others = append(others, p)
+			}
+		}
+		return append(own, others[:min(len(others), limit-len(own))]...)
+	}
+	ownCount := func(pairs []worker.Pair, me uuid.UUID) int {
+		n := 0
+		for _, p := range pairs {
+			if owner[p.Stream] == me {
+				n++
+			}
+		}
+		return n
+	}
+	store := worker.NewPGStore(testDB.Pool, time.Second, time.Second)
+	claim := func(me uuid.UUID, limit int) []worker.Pair {
+		c, err := store.Claim(ctx, worker.ClaimRequest{Instance: me, Perspectives: []string{name}, Limit: limit, MaxSteps: 1000})
+		require.NoError(t, err)
+		return c.Pairs
+	}
+	for _, limit := range []int{1, 5, 15, 30} {
+		gotA, gotB := claim(a, limit), claim(b, limit)
+		require.Equal(t, expect(a, limit), gotA, "a, limit %d", limit)
+		require.Equal(t, expect(b, limit), gotB, "b, limit %d", limit)
+		// They share only the pairs one took to fill its claim.
+		for _, p := range gsIntersect(gotA, gotB) {
+			require.True(t, slices.Index(gotA, p) >= ownCount(gotA, a) || slices.Index(gotB, p) >= ownCount(gotB, b),
+				"limit %d: %v claimed by both as their own", limit, p)
+		}
+	}
+	// Each instance's own pairs come first: a claim with room for all returns every stream.
+	all := claim(a, 40)
+	require.Len(t, all, 40)
+	// An instance without a row owns every stream: the claim's plain order.
+	want := make([]worker.Pair, 10)
+	for i := range want {
+		want[i] = worker.Pair{Stream: streams[i], Perspective: name}
+	}
+	require.Equal(t, want, claim(uuid.New(), 10))
+}
+
+// gsIntersect is the pairs in both x and y.
+func gsIntersect(x, y []worker.Pair) []worker.Pair {
+	var out []worker.Pair
+	for _, p := range x {
+		if slices.Contains(y, p) {
+			out = append(out, p)
+		}
+	}
+	return out
+}

@@ -79,15 +79,23 @@ func (s *pgStore) Claim(ctx context.Context, req ClaimRequest) (Claimed, error) 
 	if err != nil {
 		return Claimed{}, err
 	}
+	// The streams this instance owns first, then the others, each in the claim's order (see
+	// QueueDuePairs).
 	var c Claimed
+	var others []Pair
 	for i, r := range rows {
 		if i == 0 {
 			c.First = QueuePosition{At: r.NextAttemptAt, Stream: r.StreamID}
 		}
-		if r.Ok && len(c.Pairs) < req.Limit {
-			c.Pairs = append(c.Pairs, Pair{Stream: r.StreamID, Perspective: r.PerspectiveName})
+		switch p := (Pair{Stream: r.StreamID, Perspective: r.PerspectiveName}); {
+		case !r.Ok:
+		case r.Own && len(c.Pairs) < req.Limit:
+			c.Pairs = append(c.Pairs, p)
+		case !r.Own:
+			others = append(others, p)
 		}
 	}
+	c.Pairs = append(c.Pairs, others[:min(len(others), req.Limit-len(c.Pairs))]...)
 	return c, nil
 }
 
