@@ -2,11 +2,13 @@ package worker_test
 
 // Many instances (issue 15, item 5): the same backlog drained by one worker process and by
 // four, each a process of its own (this test binary run again as a worker), on a database
-// created for the run. Reported: the time to drain and events/s for 1 and 4 processes and
-// their ratio, the claims (QueueDuePairs statements) per applied event of each and their
-// ratio, and the smallest and largest share of the events one of the four applied. On a
-// 2-core machine four processes cannot apply more than one: the figure that matters is that
-// they do not apply less, nor waste claims colliding.
+// created for the run. Reported per variant (instancesVariants): events/s and its ratio to
+// one default process, the claims (QueueDuePairs statements) per applied event and their
+// ratio, the CPU time the whole machine spent during the drain (database and workers) and its
+// ratio, and the smallest and largest share of the events one process applied. On a 2-core
+// machine four processes cannot apply more than one: the figure that matters is that they do
+// not apply less, nor waste claims colliding. One process with as many slots as the four
+// (x1c16) tells the cost of more instances from that of more concurrent transactions.
 
 import (
 	"bufio"
@@ -62,6 +64,8 @@ func benchWorkerProcess(dbURL string) error {
 	if err != nil {
 		return err
 	}
+	// A connection per slot, the loop's claim and the heartbeat (the default pool has 4).
+	cfg.MaxConns = max(cfg.MaxConns, int32(concurrency)+2)
 	tracer := newStmtTracer() // counts the claims and apply transactions
 	cfg.ConnConfig.Tracer = tracer
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
@@ -158,9 +162,10 @@ func (p *benchProcess) expect(b *testing.B, prefix string) string {
 }
 
 // drainProcesses drains the database's backlog with n worker processes of the given
-// Concurrency (0: the default) and returns the time it took and each process's claims and
-// applied events.
-func drainProcesses(b *testing.B, pool *pgxpool.Pool, dbURL string, n, concurrency int) (time.Duration, []int64, []int64) {
+// Concurrency (0: the default) and returns the time it took, the CPU time the whole machine
+// spent meanwhile (the database's and the workers'), and each process's claims and applied
+// events.
+func drainProcesses(b *testing.B, pool *pgxpool.Pool, dbURL string, n, concurrency int) (time.Duration, float64, []int64, []int64) {
 	b.Helper()
 	ps := make([]*benchProcess, n)
 	for i := range ps {
@@ -170,6 +175,7 @@ func drainProcesses(b *testing.B, pool *pgxpool.Pool, dbURL string, n, concurren
 		p.expect(b, "ready")
 	}
 	start := time.Now()
+	cpu0 := machineCPU(b)
 	for _, p := range ps {
 		_, err := io.WriteString(p.stdin, "go\n")
 		require.NoError(b, err)
@@ -180,6 +186,7 @@ func drainProcesses(b *testing.B, pool *pgxpool.Pool, dbURL string, n, concurren
 		return !queued
 	})
 	el := time.Since(start)
+	cpu := machineCPU(b) - cpu0
 	claims, applied := make([]int64, n), make([]int64, n)
 	for i, p := range ps {
 		require.NoError(b, p.stdin.Close())
@@ -189,7 +196,7 @@ func drainProcesses(b *testing.B, pool *pgxpool.Pool, dbURL string, n, concurren
 		b.Logf("process %d of %d: %s", i+1, n, line)
 		require.NoError(b, p.cmd.Wait())
 	}
-	return el, claims, applied
+	return el, cpu, claims, applied
 }
 
 // instancesVariants are the ways BenchmarkInstances drains the backlog; the first is the
@@ -201,6 +208,9 @@ var instancesVariants = []struct {
 	{"x1", 1, 0},   // one process, default Concurrency (4)
 	{"x4", 4, 0},   // four processes, default Concurrency each (16 slots on 2 cores)
 	{"x4c1", 4, 1}, // four processes, Concurrency 1 each (as many slots as x1)
+	// one process with as many slots as x4: what 16 transactions cost on this machine,
+	// whatever the number of instances
+	{"x1c16", 1, 16},
 }
 
 // BenchmarkInstances reports the drain of 2,000 streams × 25 events by one worker process
@@ -246,17 +256,17 @@ func BenchmarkInstances(b *testing.B) {
 			}
 			return s
 		}
-		var base struct{ rate, cpe float64 }
+		var base struct{ rate, cpe, cpu float64 }
 		for i, v := range instancesVariants {
 			if i > 0 {
 				restore()
 			}
-			el, claims, applied := drainProcesses(b, d.Pool, d.URL, v.processes, v.concurrency)
+			el, cpu, claims, applied := drainProcesses(b, d.Pool, d.URL, v.processes, v.concurrency)
 			require.EqualValues(b, instancesEvents, sum(applied), "%s: every event applied once", v.name)
-			b.Logf("%s: %s claims %v applied %v", v.name, el, claims, applied)
+			b.Logf("%s: %s, machine CPU %.2f s, claims %v applied %v", v.name, el, cpu, claims, applied)
 			rate, cpe := instancesEvents/el.Seconds(), float64(sum(claims))/instancesEvents
 			if i == 0 {
-				base.rate, base.cpe = rate, cpe
+				base.rate, base.cpe, base.cpu = rate, cpe, cpu
 			}
 			lo, hi := applied[0], applied[0]
 			for _, a := range applied {
@@ -271,16 +281,37 @@ func BenchmarkInstances(b *testing.B) {
 			r["claims/event"] = append(r["claims/event"], cpe)
 			r["throughput/x1"] = append(r["throughput/x1"], rate/base.rate)
 			r["claims/event/x1"] = append(r["claims/event/x1"], cpe/base.cpe)
+			r["cpu/x1"] = append(r["cpu/x1"], cpu/base.cpu)
 			r["min-share-%"] = append(r["min-share-%"], 100*float64(lo)/instancesEvents)
 			r["max-share-%"] = append(r["max-share-%"], 100*float64(hi)/instancesEvents)
 		}
 	}
-	for _, v := range instancesVariants {
-		for _, unit := range []string{"events/s", "claims/event", "throughput/x1", "claims/event/x1", "min-share-%", "max-share-%"} {
-			if v.processes == 1 && unit != "events/s" && unit != "claims/event" {
+	for i, v := range instancesVariants {
+		for _, unit := range []string{"events/s", "claims/event", "throughput/x1", "claims/event/x1", "cpu/x1", "min-share-%", "max-share-%"} {
+			if (i == 0 && unit != "events/s" && unit != "claims/event") || (v.processes == 1 && strings.HasSuffix(unit, "share-%")) {
 				continue
 			}
 			b.ReportMetric(medianOf(results[v.name][unit]), v.name+"-"+unit)
 		}
 	}
+}
+
+// machineCPU is the CPU time the machine has spent busy since it booted, in seconds: the
+// first line of /proc/stat, all but idle and iowait, in USER_HZ (100 per second on Linux).
+func machineCPU(b *testing.B) float64 {
+	b.Helper()
+	data, err := os.ReadFile("/proc/stat")
+	require.NoError(b, err)
+	line, _, _ := strings.Cut(string(data), "\n")
+	fields := strings.Fields(line)
+	require.Greater(b, len(fields), 5, "/proc/stat: %q", line)
+	var busy float64
+	for i, x := range fields[1:] {
+		v, err := strconv.ParseFloat(x, 64)
+		require.NoError(b, err)
+		if i != 3 && i != 4 { // idle, iowait
+			busy += v
+		}
+	}
+	return busy / 100
 }
