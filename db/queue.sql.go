@@ -91,12 +91,14 @@ WITH RECURSIVE peers AS (
       ON i.perspectives = me.perspectives AND i.versions = me.versions
      AND i.last_seen_at >= now() - 3 * i.heartbeat_interval
     WHERE me.instance_id = $1::uuid
+), busy AS (
+    SELECT unnest(COALESCE($3::text[], '{}')) AS pair -- NULL: none
 ), due AS (
     -- The start: before every row, or before the position from_at/from_stream (which the
     -- caller knows no due row precedes: the first group its last claim passed), so that the
     -- claim does not step through the dead index entries of the rows applied since.
-    SELECT COALESCE($3::timestamptz, '-infinity'::timestamptz) AS next_attempt_at,
-           COALESCE($4::uuid, '00000000-0000-0000-0000-000000000000'::uuid) AS stream_id,
+    SELECT COALESCE($4::timestamptz, '-infinity'::timestamptz) AS next_attempt_at,
+           COALESCE($5::uuid, '00000000-0000-0000-0000-000000000000'::uuid) AS stream_id,
            ''::text AS perspective_name,
            '{}'::text[] AS returned, -- pairs returned so far, as 'stream_id/perspective_name'
            false AS ok,
@@ -122,7 +124,8 @@ WITH RECURSIVE peers AS (
                (g.next_attempt_at <= now()
                 AND g.pair <> ALL (d.returned)
                 -- pairs to skip (in work here, or just found held by another transaction)
-                AND g.pair <> ALL (COALESCE($5::text[], '{}')) -- NULL: none
+                -- (a hashed subplan: one lookup, however many pairs are in flight)
+                AND g.pair NOT IN (SELECT b.pair FROM busy b)
                 -- pairs an apply transaction holds (its claim mark, see PairsLockForApply):
                 -- tested by taking and at once releasing the shared side
                 AND CASE WHEN pg_try_advisory_lock_shared(hashtext(g.stream_id::text), hashtext(g.perspective_name))
@@ -166,9 +169,9 @@ WHERE due.ok OR (due.steps = 1 AND due.next_attempt_at <= now())
 type QueueDuePairsParams struct {
 	InstanceID       uuid.UUID
 	PairLimit        int32
+	BusyPairs        []string
 	FromAt           *time.Time
 	FromStream       uuid.NullUUID
-	BusyPairs        []string
 	PerspectiveNames []string
 	MaxSteps         int32
 }
@@ -217,9 +220,9 @@ func (q *Queries) QueueDuePairs(ctx context.Context, arg QueueDuePairsParams) ([
 	rows, err := q.db.Query(ctx, queueDuePairs,
 		arg.InstanceID,
 		arg.PairLimit,
+		arg.BusyPairs,
 		arg.FromAt,
 		arg.FromStream,
-		arg.BusyPairs,
 		arg.PerspectiveNames,
 		arg.MaxSteps,
 	)

@@ -38,6 +38,8 @@ WITH RECURSIVE peers AS (
       ON i.perspectives = me.perspectives AND i.versions = me.versions
      AND i.last_seen_at >= now() - 3 * i.heartbeat_interval
     WHERE me.instance_id = @instance_id::uuid
+), busy AS (
+    SELECT unnest(COALESCE(@busy_pairs::text[], '{}')) AS pair -- NULL: none
 ), due AS (
     -- The start: before every row, or before the position from_at/from_stream (which the
     -- caller knows no due row precedes: the first group its last claim passed), so that the
@@ -69,7 +71,8 @@ WITH RECURSIVE peers AS (
                (g.next_attempt_at <= now()
                 AND g.pair <> ALL (d.returned)
                 -- pairs to skip (in work here, or just found held by another transaction)
-                AND g.pair <> ALL (COALESCE(@busy_pairs::text[], '{}')) -- NULL: none
+                -- (a hashed subplan: one lookup, however many pairs are in flight)
+                AND g.pair NOT IN (SELECT b.pair FROM busy b)
                 -- pairs an apply transaction holds (its claim mark, see PairsLockForApply):
                 -- tested by taking and at once releasing the shared side
                 AND CASE WHEN pg_try_advisory_lock_shared(hashtext(g.stream_id::text), hashtext(g.perspective_name))

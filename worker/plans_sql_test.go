@@ -558,3 +558,61 @@ func TestPlansSQLHoldWithoutStatistics(t *testing.T) {
 		require.NoError(t, tx.Rollback(ctx))
 	}
 }
+
+// The group path's pair lookups with one build, its cursors analyzed: every cursor then
+// matches the build's key, and PairsLockForApply, planned as a join of the pairs with the
+// cursors, was estimated at one row after its retired-build check and scanned every cursor
+// for each pair (31 ms for 50 pairs of 2,000 cursors, the worker's largest cost in
+// BenchmarkInstances). Each pair must be a probe of the cursors' key.
+func TestPlansSQLGroupLookupsWithOneBuild(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	d, err := pgtest.Create(ctx, "plans_one")
+	require.NoError(t, err)
+	defer d.Close()
+	cfg, err := pgx.ParseConfig(d.DirectURL)
+	require.NoError(t, err)
+	cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	require.NoError(t, err)
+	defer conn.Close(context.Background())
+
+	const build = "one"
+	planExec(t, ctx, conn, `INSERT INTO wh_perspectives (perspective_name) VALUES ($1)`, build)
+	planExec(t, ctx, conn, `INSERT INTO wh_perspective_builds (build_key, perspective_name, version, build, state, catchup_done)
+		VALUES ($1, $1, 1, 1, 'active', true)`, build)
+	planExec(t, ctx, conn, `INSERT INTO wh_perspective_cursors (stream_id, perspective_name, last_event_id)
+		SELECT gen_random_uuid(), $1, gen_random_uuid() FROM generate_series(1, 2000)`, build)
+	planExec(t, ctx, conn, `INSERT INTO wh_perspective_models (stream_id, perspective_name, model, last_event_id)
+		SELECT stream_id, perspective_name, '{}', last_event_id FROM wh_perspective_cursors`)
+	planExec(t, ctx, conn, `INSERT INTO wh_perspective_snapshots (stream_id, perspective_name, snapshot_event_id, model)
+		SELECT stream_id, perspective_name, last_event_id, '{}' FROM wh_perspective_cursors`)
+	planExec(t, ctx, conn, "ANALYZE")
+	rows, err := conn.Query(ctx, `SELECT stream_id FROM wh_perspective_cursors LIMIT 50`)
+	require.NoError(t, err)
+	streams, err := pgx.CollectRows(rows, pgx.RowTo[uuid.UUID])
+	require.NoError(t, err)
+	names := slices.Repeat([]string{build}, len(streams))
+
+	for _, s := range []planStatement{{
+		name: "PairsLockForApply",
+		call: planRecord(t, func(q *db.Queries) error {
+			_, err := q.PairsLockForApply(ctx, db.PairsLockForApplyParams{StreamIds: streams, PerspectiveNames: names})
+			return err
+		}),
+		other: map[string][]string{
+			"wh_perspective_cursors":   planPairIndexes,
+			"wh_perspective_snapshots": {"wh_perspective_snapshots_pkey"},
+		},
+	}, {
+		name: "ModelsGet",
+		call: planRecord(t, func(q *db.Queries) error {
+			_, err := q.ModelsGet(ctx, db.ModelsGetParams{StreamIds: streams, PerspectiveNames: names})
+			return err
+		}),
+		other: map[string][]string{"wh_perspective_models": {"wh_perspective_models_pkey"}},
+	}} {
+		planCheck(t, ctx, conn, s)
+	}
+}
