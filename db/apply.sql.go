@@ -177,18 +177,11 @@ WITH input AS (
     FROM input i
     WHERE c.stream_id = i.stream_id AND c.perspective_name = i.perspective_name
 ), applied AS (
-    DELETE FROM wh_perspective_events q
-    USING (
-        SELECT unnest($6::uuid[]) AS stream_id,
-               unnest($7::text[]) AS perspective_name,
-               unnest($8::uuid[]) AS event_id
-    ) d
-    WHERE q.stream_id = d.stream_id
-      AND q.perspective_name = d.perspective_name
-      AND q.event_id = d.event_id
-    RETURNING 1
+    -- by primary-key probes, whatever the statistics say (see wh_delete_applied, migration 5)
+    SELECT wh_delete_applied($6::uuid[], $7::text[],
+                             $8::uuid[]) AS deleted
 )
-SELECT (SELECT count(*) FROM applied)::bigint AS deleted
+SELECT (SELECT a.deleted FROM applied a)::bigint AS deleted
 FROM (SELECT pg_notify('wh_applied', '')) notified
 `
 

@@ -201,12 +201,14 @@ type Querier interface {
 	// Several instances running the same builds (the same perspectives and versions, alive by
 	// their heartbeats in wh_instances) would all find the same oldest pairs and collide on their
 	// cursor rows. So each prefers the streams its rank among them owns (hashtext of the stream
-	// modulo their number): the scan goes on until it has found pair_limit pairs of its own, or
-	// pair_limit claimable pairs per instance (its window), and the caller takes its own first,
-	// then the others in order. Any other instance's pairs are still claimed, whenever they fill
-	// a claim: a pair waits behind at most a window's worth of others, whether its owner is busy,
-	// gone (its heartbeat lapses after three intervals) or does not run it. An instance without a
-	// row (no heartbeat yet, or a store's tests) owns every stream.
+	// modulo their number): the scan goes on until it has found pair_limit pairs of its own,
+	// keeping on the way the first pair_limit claimable pairs of the others' streams (the
+	// others' groups after those cost it the index probe only), and the caller takes its own
+	// first, then the others in order. So the others' oldest pairs fill every claim that does not
+	// find enough of its own: an instance that is busy, or stopped (its row is deleted), or
+	// killed (its row lapses after three heartbeats, when the streams are shared out again) holds
+	// up only the streams it owns, and only while every other instance has its fill of its own.
+	// An instance without a row (no heartbeat yet, or a store's tests) owns every stream.
 	// The pairs, in order, and first the first group passed (steps = 1) whether claimable or not,
 	// if it is due: the caller's next start. (A first group not due, a pair backing off or
 	// parked, is no start: rows queued later, due now, sort before it.)

@@ -84,8 +84,7 @@ const queueDuePairs = `-- name: QueueDuePairs :many
 WITH RECURSIVE peers AS (
     SELECT count(*)::int AS n,
            (count(*) FILTER (WHERE i.instance_id < $1::uuid))::int AS rank,
-           -- the window: pair_limit claimable pairs per instance sharing the streams
-           (greatest(count(*), 1) * $2::int)::int AS claim_window
+           $2::int AS pair_limit
     FROM wh_instances me
     JOIN wh_instances i
       ON i.perspectives = me.perspectives AND i.versions = me.versions
@@ -108,7 +107,7 @@ WITH RECURSIVE peers AS (
            0 AS steps,
            (SELECT p.n FROM peers p) AS peer_count, -- the instances the streams are shared among (0: no row here)
            (SELECT p.rank FROM peers p) AS peer_rank, -- this instance's place among them
-           (SELECT p.claim_window FROM peers p) AS claim_window
+           (SELECT p.pair_limit FROM peers p) AS pair_limit
     UNION ALL
     SELECT n.next_attempt_at, n.stream_id, n.perspective_name,
            CASE WHEN n.ok THEN d.returned || n.pair ELSE d.returned END,
@@ -117,12 +116,14 @@ WITH RECURSIVE peers AS (
            d.oks + n.ok::int,
            d.owned + (n.ok AND n.own)::int,
            d.steps + 1,
-           d.peer_count, d.peer_rank, d.claim_window
+           d.peer_count, d.peer_rank, d.pair_limit
     FROM due d
     CROSS JOIN LATERAL (
         SELECT g.next_attempt_at, g.stream_id, g.perspective_name, g.pair,
                (g.next_attempt_at <= now()
-                AND g.pair <> ALL (d.returned)
+                -- another instance's pair, once there are enough of them to fill the claim,
+                -- is passed at the cost of the probe that found it
+                AND (g.own OR d.oks - d.owned < d.pair_limit)
                 -- pairs to skip (in work here, or just found held by another transaction)
                 -- (a hashed subplan: one lookup, however many pairs are in flight)
                 AND g.pair NOT IN (SELECT b.pair FROM busy b)
@@ -144,11 +145,14 @@ WITH RECURSIVE peers AS (
                     WHERE b.build_key = g.perspective_name
                       AND NOT b.catchup_done
                       AND (b.catchup_stream_id IS NULL OR g.stream_id >= b.catchup_stream_id)
-                )) AS ok,
-               (d.peer_count <= 1 OR (hashtext(g.stream_id::text)::bigint & 2147483647) % d.peer_count = d.peer_rank) AS own
+                )
+                -- each pair once (last: only the pairs that pass the rest are looked up)
+                AND g.pair <> ALL (d.returned)) AS ok,
+               g.own
         FROM (
             SELECT q.next_attempt_at, q.stream_id, q.perspective_name,
-                   q.stream_id::text || '/' || q.perspective_name AS pair
+                   q.stream_id::text || '/' || q.perspective_name AS pair,
+                   (d.peer_count <= 1 OR (hashtext(q.stream_id::text)::bigint & 2147483647) % d.peer_count = d.peer_rank) AS own
             FROM wh_perspective_events q
             WHERE (q.next_attempt_at, q.stream_id, q.perspective_name) > (d.next_attempt_at, d.stream_id, d.perspective_name)
               AND (q.perspective_name = ANY($6::text[])) IS TRUE
@@ -158,7 +162,7 @@ WITH RECURSIVE peers AS (
     ) n
     -- The first group not yet due ends the scan (the groups after it are not due either).
     WHERE d.steps < $7::int AND d.next_attempt_at <= now()
-      AND d.owned < $2::int AND d.oks < d.claim_window
+      AND d.owned < d.pair_limit
 )
 SELECT due.stream_id::uuid AS stream_id, due.perspective_name::text AS perspective_name,
        due.next_attempt_at::timestamptz AS next_attempt_at, due.ok::bool AS ok, due.own::bool AS own
@@ -207,12 +211,14 @@ type QueueDuePairsRow struct {
 // Several instances running the same builds (the same perspectives and versions, alive by
 // their heartbeats in wh_instances) would all find the same oldest pairs and collide on their
 // cursor rows. So each prefers the streams its rank among them owns (hashtext of the stream
-// modulo their number): the scan goes on until it has found pair_limit pairs of its own, or
-// pair_limit claimable pairs per instance (its window), and the caller takes its own first,
-// then the others in order. Any other instance's pairs are still claimed, whenever they fill
-// a claim: a pair waits behind at most a window's worth of others, whether its owner is busy,
-// gone (its heartbeat lapses after three intervals) or does not run it. An instance without a
-// row (no heartbeat yet, or a store's tests) owns every stream.
+// modulo their number): the scan goes on until it has found pair_limit pairs of its own,
+// keeping on the way the first pair_limit claimable pairs of the others' streams (the
+// others' groups after those cost it the index probe only), and the caller takes its own
+// first, then the others in order. So the others' oldest pairs fill every claim that does not
+// find enough of its own: an instance that is busy, or stopped (its row is deleted), or
+// killed (its row lapses after three heartbeats, when the streams are shared out again) holds
+// up only the streams it owns, and only while every other instance has its fill of its own.
+// An instance without a row (no heartbeat yet, or a store's tests) owns every stream.
 // The pairs, in order, and first the first group passed (steps = 1) whether claimable or not,
 // if it is due: the caller's next start. (A first group not due, a pair backing off or
 // parked, is no start: rows queued later, due now, sort before it.)

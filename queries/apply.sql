@@ -141,20 +141,13 @@ WITH input AS (
     FROM input i
     WHERE c.stream_id = i.stream_id AND c.perspective_name = i.perspective_name
 ), applied AS (
-    DELETE FROM wh_perspective_events q
-    USING (
-        SELECT unnest(@applied_stream_ids::uuid[]) AS stream_id,
-               unnest(@applied_perspective_names::text[]) AS perspective_name,
-               unnest(@applied_event_ids::uuid[]) AS event_id
-    ) d
-    WHERE q.stream_id = d.stream_id
-      AND q.perspective_name = d.perspective_name
-      AND q.event_id = d.event_id
-    RETURNING 1
+    -- by primary-key probes, whatever the statistics say (see wh_delete_applied, migration 5)
+    SELECT wh_delete_applied(@applied_stream_ids::uuid[], @applied_perspective_names::text[],
+                             @applied_event_ids::uuid[]) AS deleted
 )
 -- The notification is in a one-row FROM, so it is sent even when no queue row was deleted
 -- (a catch-up page applies events that were never queued).
-SELECT (SELECT count(*) FROM applied)::bigint AS deleted
+SELECT (SELECT a.deleted FROM applied a)::bigint AS deleted
 FROM (SELECT pg_notify('wh_applied', '')) notified;
 
 -- name: PairsMarkFailed :many

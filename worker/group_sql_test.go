@@ -1007,8 +1007,7 @@ func TestGroupSQLPairsMarkFailedParksSkipsAndCountsPerEvent(t *testing.T) {
 // Instances running the same builds (the same perspectives and versions, alive by their
 // heartbeats) prefer the streams their rank owns (hashtext of the stream modulo their number),
 // so that they do not all claim the same oldest pairs: a claim scans until it has its limit of
-// its own pairs or a window of limit claimable pairs per instance, and takes its own first,
-// then the others in order. Instances of other builds, and one gone (its heartbeat three
+// its own pairs, and takes its own first, then the others in order. Instances of other builds, and one gone (its heartbeat three
 // intervals old), do not count; an instance without a row owns every stream.
 func TestClaimSQLInstancesPreferTheStreamsTheyOwn(t *testing.T) {
 	t.Parallel()
@@ -1044,12 +1043,12 @@ func TestClaimSQLInstancesPreferTheStreamsTheyOwn(t *testing.T) {
 			`SELECT ((hashtext($1::text)::bigint & 2147483647) % 2)::int`, s.String()).Scan(&rank))
 		owner[s] = ids[rank]
 	}
-	// What a claim of limit pairs by me must return: the scan passes the streams in order,
-	// stops at limit own pairs or 2×limit pairs, then own pairs first, then the others.
+	// What a claim of limit pairs by me must return: the scan passes the streams in order
+	// and stops at limit own pairs; then own pairs first, then the others in order.
 	expect := func(me uuid.UUID, limit int) []worker.Pair {
 		var own, others []worker.Pair
 		for _, s := range streams {
-			if len(own) == limit || len(own)+len(others) == 2*limit {
+			if len(own) == limit {
 				break
 			}
 			p := worker.Pair{Stream: s, Perspective: name}

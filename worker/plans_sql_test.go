@@ -59,10 +59,12 @@ var planPairIndexes = []string{"wh_perspective_cursors_pkey", "wh_perspective_cu
 // The tables the loads write: autovacuum is off for them, so their statistics are the test's.
 var planTables = []string{planQueue, "wh_event_store", "wh_perspective_cursors", "wh_perspective_models", "wh_perspective_snapshots"}
 
-// planCall is a statement with its arguments, as the generated code sends them.
+// planCall is a statement with its arguments, as the generated code sends them, and the
+// settings it is planned under (a function's SET clauses: "name=value").
 type planCall struct {
-	sql  string
-	args []any
+	sql      string
+	args     []any
+	settings []string
 }
 
 var errPlanRecorded = errors.New("recorded, not run")
@@ -133,6 +135,13 @@ func planExplain(ctx context.Context, conn *pgx.Conn, mode string, c planCall) (
 func planExplainAs(ctx context.Context, conn *pgx.Conn, format, mode string, c planCall) (string, error) {
 	if _, err := conn.Exec(ctx, "SET plan_cache_mode = "+mode); err != nil {
 		return "", fmt.Errorf("set plan_cache_mode: %w", err)
+	}
+	for _, kv := range c.settings {
+		name, value, _ := strings.Cut(kv, "=")
+		if _, err := conn.Exec(ctx, "SELECT set_config($1, $2, false)", name, value); err != nil {
+			return "", fmt.Errorf("set %s: %w", kv, err)
+		}
+		defer func() { _, _ = conn.Exec(context.WithoutCancel(ctx), "RESET "+pgx.Identifier{name}.Sanitize()) }()
 	}
 	if _, err := conn.Exec(ctx, "PREPARE plan_check AS "+c.sql); err != nil {
 		return "", fmt.Errorf("prepare: %w", err)
@@ -406,6 +415,35 @@ func planStatements(t *testing.T, ctx context.Context, conn *pgx.Conn, hot uuid.
 		appendStreams[i], appendTypes[i], appendData[i] = hot, "planned", "{}"
 	}
 
+	// The statement of wh_delete_applied, with its arguments as $1 to $3 and planned under
+	// the function's settings, deleting 2,000 queued rows of many pairs: as a join of their
+	// keys with the queue, hashing the whole queue is then cheaper than 2,000 probes by the
+	// planner's estimates.
+	var deleteSQL string
+	var deleteSettings []string
+	require.NoError(t, conn.QueryRow(ctx, `SELECT prosrc, COALESCE(proconfig, '{}') FROM pg_proc WHERE proname = 'wh_delete_applied'`).
+		Scan(&deleteSQL, &deleteSettings))
+	require.NotEmpty(t, deleteSettings, "wh_delete_applied: its SET clauses")
+	for i, arg := range []string{"stream_ids", "perspective_names", "event_ids"} {
+		cast := []string{"uuid[]", "text[]", "uuid[]"}[i]
+		from := "unnest(" + arg + ")"
+		require.Equal(t, 1, strings.Count(deleteSQL, from), "wh_delete_applied: %s", from)
+		deleteSQL = strings.Replace(deleteSQL, from, fmt.Sprintf("unnest($%d::%s)", i+1, cast), 1)
+	}
+	var delStreams, delIDs []uuid.UUID
+	var delNames []string
+	rows, err = conn.Query(ctx, `SELECT stream_id, perspective_name, event_id FROM wh_perspective_events
+		ORDER BY stream_id, perspective_name, event_id LIMIT 2000`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var s, e uuid.UUID
+		var n string
+		require.NoError(t, rows.Scan(&s, &n, &e))
+		delStreams, delNames, delIDs = append(delStreams, s), append(delNames, n), append(delIDs, e)
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, delIDs, 2000)
+
 	pairCond := []string{"(stream_id = ", "(perspective_name = "}
 	return []planStatement{{
 		name: "QueueDuePairs",
@@ -459,8 +497,11 @@ func planStatements(t *testing.T, ctx context.Context, conn *pgx.Conn, hot uuid.
 			})
 			return err
 		}),
-		queue: planQueuePKey, cond: append(slices.Clip(pairCond), "(event_id = "),
 		other: map[string][]string{"wh_perspective_cursors": planPairIndexes},
+	}, {
+		name: "wh_delete_applied",
+		call: planCall{sql: deleteSQL, args: pgq.Args([]any{delStreams, delNames, delIDs}), settings: deleteSettings},
+		queue: planQueuePKey, cond: append(slices.Clip(pairCond), "(event_id = "),
 	}, {
 		name:  "wh_append",
 		call:  planCall{sql: appendSQL, args: pgq.Args([]any{appendIDs, appendStreams, appendTypes, appendData, appendAt})},

@@ -1,0 +1,1 @@
+DROP FUNCTION IF EXISTS wh_delete_applied(uuid[], text[], uuid[]);
