@@ -10,15 +10,18 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 const instanceBeat = `-- name: InstanceBeat :exec
 
-INSERT INTO wh_instances (instance_id, host, pid, heartbeat_interval, perspectives, versions, rates)
+INSERT INTO wh_instances (instance_id, host, pid, heartbeat_interval, perspectives, versions, rates, claimed_at)
 VALUES ($1, $2, $3, make_interval(secs => $4::float8),
-        $5::text[], $6::integer[], $7::float8[])
+        $5::text[], $6::integer[], $7::float8[],
+        now() - make_interval(secs => $8::float8))
 ON CONFLICT (instance_id) DO UPDATE
 SET last_seen_at = now(),
+    claimed_at = EXCLUDED.claimed_at,
     host = EXCLUDED.host,
     pid = EXCLUDED.pid,
     heartbeat_interval = EXCLUDED.heartbeat_interval,
@@ -28,19 +31,21 @@ SET last_seen_at = now(),
 `
 
 type InstanceBeatParams struct {
-	InstanceID       uuid.UUID
-	Host             string
-	Pid              int32
-	HeartbeatSeconds float64
-	Perspectives     []string
-	Versions         []int32
-	Rates            []float64
+	InstanceID        uuid.UUID
+	Host              string
+	Pid               int32
+	HeartbeatSeconds  float64
+	Perspectives      []string
+	Versions          []int32
+	Rates             []float64
+	ClaimedAgoSeconds pgtype.Float8
 }
 
 // Worker instances' heartbeats (wh_instances, schema/000004_operations.up.sql). Liveness is
 // judged on the database clock: an instance is alive while its row is younger than three
 // of its heartbeat intervals.
-// Records an instance as running now: inserts its row (started now) or refreshes it.
+// Records an instance as running now: inserts its row (started now) or refreshes it, with
+// when it last claimed work (claimed_ago_seconds before now; NULL: it has stopped claiming).
 func (q *Queries) InstanceBeat(ctx context.Context, arg InstanceBeatParams) error {
 	_, err := q.db.Exec(ctx, instanceBeat,
 		arg.InstanceID,
@@ -50,6 +55,7 @@ func (q *Queries) InstanceBeat(ctx context.Context, arg InstanceBeatParams) erro
 		arg.Perspectives,
 		arg.Versions,
 		arg.Rates,
+		arg.ClaimedAgoSeconds,
 	)
 	return err
 }

@@ -98,7 +98,8 @@ type Querier interface {
 	// Worker instances' heartbeats (wh_instances, schema/000004_operations.up.sql). Liveness is
 	// judged on the database clock: an instance is alive while its row is younger than three
 	// of its heartbeat intervals.
-	// Records an instance as running now: inserts its row (started now) or refreshes it.
+	// Records an instance as running now: inserts its row (started now) or refreshes it, with
+	// when it last claimed work (claimed_ago_seconds before now; NULL: it has stopped claiming).
 	InstanceBeat(ctx context.Context, arg InstanceBeatParams) error
 	// Removes an instance's row at its clean stop.
 	InstanceDelete(ctx context.Context, instanceID uuid.UUID) error
@@ -181,8 +182,9 @@ type Querier interface {
 	// The pairs with due queue rows, oldest row first, of the builds this instance runs
 	// (perspective_names holds their build keys), skipping the pairs listed in busy_pairs, pairs
 	// another instance has locked, pairs backing off after a failure, and pairs whose build's
-	// catch-up has not passed their stream yet; at most pair_limit pairs, each once (and the
-	// first group's position, see below).
+	// catch-up has not passed their stream yet; each once, each flagged own or not (see the
+	// sharing of streams below): up to pair_limit of its own and pair_limit of the others' (the
+	// caller takes its own first), and the first group's position (see below).
 	// A loose index scan: each step is one probe of the due index for the first row after the
 	// previous step's (next_attempt_at, stream, perspective) group, so a step passes a whole
 	// group (all the rows one Append queued for a pair) at once, and the cost grows with the
@@ -199,15 +201,17 @@ type Querier interface {
 	// filter (IS TRUE keeps the comparison out of the index condition) and the due time is
 	// judged per group: the first group not due ends the scan.
 	// Several instances running the same builds (the same perspectives and versions, alive by
-	// their heartbeats in wh_instances) would all find the same oldest pairs and collide on their
-	// cursor rows. So each prefers the streams its rank among them owns (hashtext of the stream
+	// their heartbeats in wh_instances, and claiming: claimed_at) would all find the same oldest
+	// pairs and collide on their cursor rows. So each prefers the streams its rank among them owns (hashtext of the stream
 	// modulo their number): the scan goes on until it has found pair_limit pairs of its own,
 	// keeping on the way the first pair_limit claimable pairs of the others' streams (the
 	// others' groups after those cost it the index probe only), and the caller takes its own
 	// first, then the others in order. So the others' oldest pairs fill every claim that does not
-	// find enough of its own: an instance that is busy, or stopped (its row is deleted), or
-	// killed (its row lapses after three heartbeats, when the streams are shared out again) holds
-	// up only the streams it owns, and only while every other instance has its fill of its own.
+	// find enough of its own: an instance that is busy holds up only the streams it owns, and
+	// only while every other instance has its fill of its own; one that is stopping (it says so
+	// at once), killed (its heartbeats stop) or has not claimed for three heartbeat intervals
+	// (its slots all taken: a perspective's Apply that hangs) drops out, and the streams are
+	// shared out among the others.
 	// An instance without a row (no heartbeat yet, or a store's tests) owns every stream.
 	// The pairs, in order, and first the first group passed (steps = 1) whether claimable or not,
 	// if it is due: the caller's next start. (A first group not due, a pair backing off or

@@ -84,20 +84,22 @@ const queueDuePairs = `-- name: QueueDuePairs :many
 WITH RECURSIVE peers AS (
     SELECT count(*)::int AS n,
            (count(*) FILTER (WHERE i.instance_id < $1::uuid))::int AS rank,
-           $2::int AS pair_limit
+           $2::int AS pair_limit,
+           $3::int AS max_steps
     FROM wh_instances me
     JOIN wh_instances i
       ON i.perspectives = me.perspectives AND i.versions = me.versions
      AND i.last_seen_at >= now() - 3 * i.heartbeat_interval
+     AND i.claimed_at >= now() - 3 * i.heartbeat_interval
     WHERE me.instance_id = $1::uuid
 ), busy AS (
-    SELECT unnest(COALESCE($3::text[], '{}')) AS pair -- NULL: none
+    SELECT unnest(COALESCE($4::text[], '{}')) AS pair -- NULL: none
 ), due AS (
     -- The start: before every row, or before the position from_at/from_stream (which the
     -- caller knows no due row precedes: the first group its last claim passed), so that the
     -- claim does not step through the dead index entries of the rows applied since.
-    SELECT COALESCE($4::timestamptz, '-infinity'::timestamptz) AS next_attempt_at,
-           COALESCE($5::uuid, '00000000-0000-0000-0000-000000000000'::uuid) AS stream_id,
+    SELECT COALESCE($5::timestamptz, '-infinity'::timestamptz) AS next_attempt_at,
+           COALESCE($6::uuid, '00000000-0000-0000-0000-000000000000'::uuid) AS stream_id,
            ''::text AS perspective_name,
            '{}'::text[] AS returned, -- pairs returned so far, as 'stream_id/perspective_name'
            false AS ok,
@@ -107,7 +109,10 @@ WITH RECURSIVE peers AS (
            0 AS steps,
            (SELECT p.n FROM peers p) AS peer_count, -- the instances the streams are shared among (0: no row here)
            (SELECT p.rank FROM peers p) AS peer_rank, -- this instance's place among them
-           (SELECT p.pair_limit FROM peers p) AS pair_limit
+           (SELECT p.pair_limit FROM peers p) AS pair_limit,
+           -- finding pair_limit pairs of its own takes about n times the groups: the bound on
+           -- the groups passed grows by pair_limit per other instance
+           (SELECT p.max_steps + greatest(p.n - 1, 0) * p.pair_limit FROM peers p) AS max_steps
     UNION ALL
     SELECT n.next_attempt_at, n.stream_id, n.perspective_name,
            CASE WHEN n.ok THEN d.returned || n.pair ELSE d.returned END,
@@ -116,7 +121,7 @@ WITH RECURSIVE peers AS (
            d.oks + n.ok::int,
            d.owned + (n.ok AND n.own)::int,
            d.steps + 1,
-           d.peer_count, d.peer_rank, d.pair_limit
+           d.peer_count, d.peer_rank, d.pair_limit, d.max_steps
     FROM due d
     CROSS JOIN LATERAL (
         SELECT g.next_attempt_at, g.stream_id, g.perspective_name, g.pair,
@@ -129,8 +134,8 @@ WITH RECURSIVE peers AS (
                 AND g.pair NOT IN (SELECT b.pair FROM busy b)
                 -- pairs an apply transaction holds (its claim mark, see PairsLockForApply):
                 -- tested by taking and at once releasing the shared side
-                AND CASE WHEN pg_try_advisory_lock_shared(hashtext(g.stream_id::text), hashtext(g.perspective_name))
-                         THEN pg_advisory_unlock_shared(hashtext(g.stream_id::text), hashtext(g.perspective_name))
+                AND CASE WHEN pg_try_advisory_lock_shared(g.stream_hash, hashtext(g.perspective_name))
+                         THEN pg_advisory_unlock_shared(g.stream_hash, hashtext(g.perspective_name))
                          ELSE false END
                 AND NOT EXISTS (
                     SELECT 1 FROM wh_perspective_cursors c
@@ -150,18 +155,23 @@ WITH RECURSIVE peers AS (
                 AND g.pair <> ALL (d.returned)) AS ok,
                g.own
         FROM (
-            SELECT q.next_attempt_at, q.stream_id, q.perspective_name,
-                   q.stream_id::text || '/' || q.perspective_name AS pair,
-                   (d.peer_count <= 1 OR (hashtext(q.stream_id::text)::bigint & 2147483647) % d.peer_count = d.peer_rank) AS own
-            FROM wh_perspective_events q
-            WHERE (q.next_attempt_at, q.stream_id, q.perspective_name) > (d.next_attempt_at, d.stream_id, d.perspective_name)
-              AND (q.perspective_name = ANY($6::text[])) IS TRUE
-            ORDER BY q.next_attempt_at, q.stream_id, q.perspective_name, q.event_id
-            LIMIT 1
+            SELECT x.next_attempt_at, x.stream_id, x.perspective_name, x.pair, x.stream_hash,
+                   -- a stream this instance owns (all of them when it shares them with none)
+                   (d.peer_count <= 1 OR (x.stream_hash::bigint & 2147483647) % d.peer_count = d.peer_rank) AS own
+            FROM (
+                SELECT q.next_attempt_at, q.stream_id, q.perspective_name,
+                       q.stream_id::text || '/' || q.perspective_name AS pair,
+                       hashtext(q.stream_id::text) AS stream_hash
+                FROM wh_perspective_events q
+                WHERE (q.next_attempt_at, q.stream_id, q.perspective_name) > (d.next_attempt_at, d.stream_id, d.perspective_name)
+                  AND (q.perspective_name = ANY($7::text[])) IS TRUE
+                ORDER BY q.next_attempt_at, q.stream_id, q.perspective_name, q.event_id
+                LIMIT 1
+            ) x
         ) g
     ) n
     -- The first group not yet due ends the scan (the groups after it are not due either).
-    WHERE d.steps < $7::int AND d.next_attempt_at <= now()
+    WHERE d.steps < d.max_steps AND d.next_attempt_at <= now()
       AND d.owned < d.pair_limit
 )
 SELECT due.stream_id::uuid AS stream_id, due.perspective_name::text AS perspective_name,
@@ -173,11 +183,11 @@ WHERE due.ok OR (due.steps = 1 AND due.next_attempt_at <= now())
 type QueueDuePairsParams struct {
 	InstanceID       uuid.UUID
 	PairLimit        int32
+	MaxSteps         int32
 	BusyPairs        []string
 	FromAt           *time.Time
 	FromStream       uuid.NullUUID
 	PerspectiveNames []string
-	MaxSteps         int32
 }
 
 type QueueDuePairsRow struct {
@@ -191,8 +201,9 @@ type QueueDuePairsRow struct {
 // The pairs with due queue rows, oldest row first, of the builds this instance runs
 // (perspective_names holds their build keys), skipping the pairs listed in busy_pairs, pairs
 // another instance has locked, pairs backing off after a failure, and pairs whose build's
-// catch-up has not passed their stream yet; at most pair_limit pairs, each once (and the
-// first group's position, see below).
+// catch-up has not passed their stream yet; each once, each flagged own or not (see the
+// sharing of streams below): up to pair_limit of its own and pair_limit of the others' (the
+// caller takes its own first), and the first group's position (see below).
 // A loose index scan: each step is one probe of the due index for the first row after the
 // previous step's (next_attempt_at, stream, perspective) group, so a step passes a whole
 // group (all the rows one Append queued for a pair) at once, and the cost grows with the
@@ -209,15 +220,17 @@ type QueueDuePairsRow struct {
 // filter (IS TRUE keeps the comparison out of the index condition) and the due time is
 // judged per group: the first group not due ends the scan.
 // Several instances running the same builds (the same perspectives and versions, alive by
-// their heartbeats in wh_instances) would all find the same oldest pairs and collide on their
-// cursor rows. So each prefers the streams its rank among them owns (hashtext of the stream
+// their heartbeats in wh_instances, and claiming: claimed_at) would all find the same oldest
+// pairs and collide on their cursor rows. So each prefers the streams its rank among them owns (hashtext of the stream
 // modulo their number): the scan goes on until it has found pair_limit pairs of its own,
 // keeping on the way the first pair_limit claimable pairs of the others' streams (the
 // others' groups after those cost it the index probe only), and the caller takes its own
 // first, then the others in order. So the others' oldest pairs fill every claim that does not
-// find enough of its own: an instance that is busy, or stopped (its row is deleted), or
-// killed (its row lapses after three heartbeats, when the streams are shared out again) holds
-// up only the streams it owns, and only while every other instance has its fill of its own.
+// find enough of its own: an instance that is busy holds up only the streams it owns, and
+// only while every other instance has its fill of its own; one that is stopping (it says so
+// at once), killed (its heartbeats stop) or has not claimed for three heartbeat intervals
+// (its slots all taken: a perspective's Apply that hangs) drops out, and the streams are
+// shared out among the others.
 // An instance without a row (no heartbeat yet, or a store's tests) owns every stream.
 // The pairs, in order, and first the first group passed (steps = 1) whether claimable or not,
 // if it is due: the caller's next start. (A first group not due, a pair backing off or
@@ -226,11 +239,11 @@ func (q *Queries) QueueDuePairs(ctx context.Context, arg QueueDuePairsParams) ([
 	rows, err := q.db.Query(ctx, queueDuePairs,
 		arg.InstanceID,
 		arg.PairLimit,
+		arg.MaxSteps,
 		arg.BusyPairs,
 		arg.FromAt,
 		arg.FromStream,
 		arg.PerspectiveNames,
-		arg.MaxSteps,
 	)
 	if err != nil {
 		return nil, err

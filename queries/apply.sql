@@ -141,7 +141,8 @@ WITH input AS (
     FROM input i
     WHERE c.stream_id = i.stream_id AND c.perspective_name = i.perspective_name
 ), applied AS (
-    -- by primary-key probes, whatever the statistics say (see wh_delete_applied, migration 5)
+    -- by primary-key probes, whatever the statistics say (see wh_delete_applied, migration 5);
+    -- a SELECT in a WITH runs only when referenced: the final SELECT reads it
     SELECT wh_delete_applied(@applied_stream_ids::uuid[], @applied_perspective_names::text[],
                              @applied_event_ids::uuid[]) AS deleted
 )

@@ -3,12 +3,15 @@
 -- of its heartbeat intervals.
 
 -- name: InstanceBeat :exec
--- Records an instance as running now: inserts its row (started now) or refreshes it.
-INSERT INTO wh_instances (instance_id, host, pid, heartbeat_interval, perspectives, versions, rates)
+-- Records an instance as running now: inserts its row (started now) or refreshes it, with
+-- when it last claimed work (claimed_ago_seconds before now; NULL: it has stopped claiming).
+INSERT INTO wh_instances (instance_id, host, pid, heartbeat_interval, perspectives, versions, rates, claimed_at)
 VALUES (@instance_id, @host, @pid, make_interval(secs => @heartbeat_seconds::float8),
-        @perspectives::text[], @versions::integer[], @rates::float8[])
+        @perspectives::text[], @versions::integer[], @rates::float8[],
+        now() - make_interval(secs => sqlc.narg(claimed_ago_seconds)::float8))
 ON CONFLICT (instance_id) DO UPDATE
 SET last_seen_at = now(),
+    claimed_at = EXCLUDED.claimed_at,
     host = EXCLUDED.host,
     pid = EXCLUDED.pid,
     heartbeat_interval = EXCLUDED.heartbeat_interval,

@@ -2,8 +2,9 @@
 -- The pairs with due queue rows, oldest row first, of the builds this instance runs
 -- (perspective_names holds their build keys), skipping the pairs listed in busy_pairs, pairs
 -- another instance has locked, pairs backing off after a failure, and pairs whose build's
--- catch-up has not passed their stream yet; at most pair_limit pairs, each once (and the
--- first group's position, see below).
+-- catch-up has not passed their stream yet; each once, each flagged own or not (see the
+-- sharing of streams below): up to pair_limit of its own and pair_limit of the others' (the
+-- caller takes its own first), and the first group's position (see below).
 -- A loose index scan: each step is one probe of the due index for the first row after the
 -- previous step's (next_attempt_at, stream, perspective) group, so a step passes a whole
 -- group (all the rows one Append queued for a pair) at once, and the cost grows with the
@@ -20,24 +21,28 @@
 -- filter (IS TRUE keeps the comparison out of the index condition) and the due time is
 -- judged per group: the first group not due ends the scan.
 -- Several instances running the same builds (the same perspectives and versions, alive by
--- their heartbeats in wh_instances) would all find the same oldest pairs and collide on their
--- cursor rows. So each prefers the streams its rank among them owns (hashtext of the stream
+-- their heartbeats in wh_instances, and claiming: claimed_at) would all find the same oldest
+-- pairs and collide on their cursor rows. So each prefers the streams its rank among them owns (hashtext of the stream
 -- modulo their number): the scan goes on until it has found pair_limit pairs of its own,
 -- keeping on the way the first pair_limit claimable pairs of the others' streams (the
 -- others' groups after those cost it the index probe only), and the caller takes its own
 -- first, then the others in order. So the others' oldest pairs fill every claim that does not
--- find enough of its own: an instance that is busy, or stopped (its row is deleted), or
--- killed (its row lapses after three heartbeats, when the streams are shared out again) holds
--- up only the streams it owns, and only while every other instance has its fill of its own.
+-- find enough of its own: an instance that is busy holds up only the streams it owns, and
+-- only while every other instance has its fill of its own; one that is stopping (it says so
+-- at once), killed (its heartbeats stop) or has not claimed for three heartbeat intervals
+-- (its slots all taken: a perspective's Apply that hangs) drops out, and the streams are
+-- shared out among the others.
 -- An instance without a row (no heartbeat yet, or a store's tests) owns every stream.
 WITH RECURSIVE peers AS (
     SELECT count(*)::int AS n,
            (count(*) FILTER (WHERE i.instance_id < @instance_id::uuid))::int AS rank,
-           @pair_limit::int AS pair_limit
+           @pair_limit::int AS pair_limit,
+           @max_steps::int AS max_steps
     FROM wh_instances me
     JOIN wh_instances i
       ON i.perspectives = me.perspectives AND i.versions = me.versions
      AND i.last_seen_at >= now() - 3 * i.heartbeat_interval
+     AND i.claimed_at >= now() - 3 * i.heartbeat_interval
     WHERE me.instance_id = @instance_id::uuid
 ), busy AS (
     SELECT unnest(COALESCE(@busy_pairs::text[], '{}')) AS pair -- NULL: none
@@ -56,7 +61,10 @@ WITH RECURSIVE peers AS (
            0 AS steps,
            (SELECT p.n FROM peers p) AS peer_count, -- the instances the streams are shared among (0: no row here)
            (SELECT p.rank FROM peers p) AS peer_rank, -- this instance's place among them
-           (SELECT p.pair_limit FROM peers p) AS pair_limit
+           (SELECT p.pair_limit FROM peers p) AS pair_limit,
+           -- finding pair_limit pairs of its own takes about n times the groups: the bound on
+           -- the groups passed grows by pair_limit per other instance
+           (SELECT p.max_steps + greatest(p.n - 1, 0) * p.pair_limit FROM peers p) AS max_steps
     UNION ALL
     SELECT n.next_attempt_at, n.stream_id, n.perspective_name,
            CASE WHEN n.ok THEN d.returned || n.pair ELSE d.returned END,
@@ -65,7 +73,7 @@ WITH RECURSIVE peers AS (
            d.oks + n.ok::int,
            d.owned + (n.ok AND n.own)::int,
            d.steps + 1,
-           d.peer_count, d.peer_rank, d.pair_limit
+           d.peer_count, d.peer_rank, d.pair_limit, d.max_steps
     FROM due d
     CROSS JOIN LATERAL (
         SELECT g.next_attempt_at, g.stream_id, g.perspective_name, g.pair,
@@ -78,8 +86,8 @@ WITH RECURSIVE peers AS (
                 AND g.pair NOT IN (SELECT b.pair FROM busy b)
                 -- pairs an apply transaction holds (its claim mark, see PairsLockForApply):
                 -- tested by taking and at once releasing the shared side
-                AND CASE WHEN pg_try_advisory_lock_shared(hashtext(g.stream_id::text), hashtext(g.perspective_name))
-                         THEN pg_advisory_unlock_shared(hashtext(g.stream_id::text), hashtext(g.perspective_name))
+                AND CASE WHEN pg_try_advisory_lock_shared(g.stream_hash, hashtext(g.perspective_name))
+                         THEN pg_advisory_unlock_shared(g.stream_hash, hashtext(g.perspective_name))
                          ELSE false END
                 AND NOT EXISTS (
                     SELECT 1 FROM wh_perspective_cursors c
@@ -99,18 +107,23 @@ WITH RECURSIVE peers AS (
                 AND g.pair <> ALL (d.returned)) AS ok,
                g.own
         FROM (
-            SELECT q.next_attempt_at, q.stream_id, q.perspective_name,
-                   q.stream_id::text || '/' || q.perspective_name AS pair,
-                   (d.peer_count <= 1 OR (hashtext(q.stream_id::text)::bigint & 2147483647) % d.peer_count = d.peer_rank) AS own
-            FROM wh_perspective_events q
-            WHERE (q.next_attempt_at, q.stream_id, q.perspective_name) > (d.next_attempt_at, d.stream_id, d.perspective_name)
-              AND (q.perspective_name = ANY(@perspective_names::text[])) IS TRUE
-            ORDER BY q.next_attempt_at, q.stream_id, q.perspective_name, q.event_id
-            LIMIT 1
+            SELECT x.next_attempt_at, x.stream_id, x.perspective_name, x.pair, x.stream_hash,
+                   -- a stream this instance owns (all of them when it shares them with none)
+                   (d.peer_count <= 1 OR (x.stream_hash::bigint & 2147483647) % d.peer_count = d.peer_rank) AS own
+            FROM (
+                SELECT q.next_attempt_at, q.stream_id, q.perspective_name,
+                       q.stream_id::text || '/' || q.perspective_name AS pair,
+                       hashtext(q.stream_id::text) AS stream_hash
+                FROM wh_perspective_events q
+                WHERE (q.next_attempt_at, q.stream_id, q.perspective_name) > (d.next_attempt_at, d.stream_id, d.perspective_name)
+                  AND (q.perspective_name = ANY(@perspective_names::text[])) IS TRUE
+                ORDER BY q.next_attempt_at, q.stream_id, q.perspective_name, q.event_id
+                LIMIT 1
+            ) x
         ) g
     ) n
     -- The first group not yet due ends the scan (the groups after it are not due either).
-    WHERE d.steps < @max_steps::int AND d.next_attempt_at <= now()
+    WHERE d.steps < d.max_steps AND d.next_attempt_at <= now()
       AND d.owned < d.pair_limit
 )
 -- The pairs, in order, and first the first group passed (steps = 1) whether claimable or not,

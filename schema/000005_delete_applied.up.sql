@@ -29,3 +29,10 @@ AS $$
     )
     SELECT count(*) FROM deleted
 $$;
+
+-- When an instance last claimed work, on the database clock (NULL: it has stopped claiming).
+-- The claim shares the streams out among the instances that run the same builds and are
+-- claiming (QueueDuePairs): one whose slots are all taken for three heartbeat intervals (a
+-- perspective's Apply that hangs, long operations), or that is stopping, drops out and its
+-- streams are shared among the others.
+ALTER TABLE wh_instances ADD COLUMN claimed_at timestamptz;

@@ -12,6 +12,7 @@ package worker_test
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -65,7 +66,7 @@ func benchWorkerProcess(dbURL string) error {
 		return err
 	}
 	// A connection per slot, the loop's claim and the heartbeat (the default pool has 4).
-	cfg.MaxConns = max(cfg.MaxConns, int32(concurrency)+2)
+	cfg.MaxConns = max(cfg.MaxConns, int32(cmp.Or(concurrency, worker.DefaultConcurrency))+2)
 	tracer := newStmtTracer() // counts the claims and apply transactions
 	cfg.ConnConfig.Tracer = tracer
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
@@ -309,7 +310,7 @@ func machineCPU(b *testing.B) float64 {
 	for i, x := range fields[1:] {
 		v, err := strconv.ParseFloat(x, 64)
 		require.NoError(b, err)
-		if i != 3 && i != 4 { // idle, iowait
+		if i != 3 && i != 4 && i != 8 && i != 9 { // idle, iowait; guest and guest_nice are in user and nice already
 			busy += v
 		}
 	}

@@ -1004,44 +1004,63 @@ func TestGroupSQLPairsMarkFailedParksSkipsAndCountsPerEvent(t *testing.T) {
 	require.EqualValues(t, 1, c.Attempts, "another event's failure starts a new count")
 }
 
-// Instances running the same builds (the same perspectives and versions, alive by their
-// heartbeats) prefer the streams their rank owns (hashtext of the stream modulo their number),
-// so that they do not all claim the same oldest pairs: a claim scans until it has its limit of
-// its own pairs, and takes its own first, then the others in order. Instances of other builds, and one gone (its heartbeat three
-// intervals old), do not count; an instance without a row owns every stream.
+// The claim's share of the streams (see QueueDuePairs): own pairs first, then the others in
+// order. Instances of other builds, one gone (its heartbeat three intervals old), one that has
+// not claimed for three intervals (its slots all taken) and one stopping do not count; an
+// instance without a row owns every stream.
 func TestClaimSQLInstancesPreferTheStreamsTheyOwn(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	name := gsRegister(t, ctx, "claim_own")
-	streams := make([]uuid.UUID, 40)
-	for i := range streams {
-		streams[i] = uuid.New()
-		gsAppend(t, ctx, streams[i], 1) // one Append each: claimed in this order
+	// 40 streams, the first 6 of them owned by the second of two instances (rank 1), so that
+	// the first one's claims pass more of the other's pairs than they keep.
+	rankOf := func(s uuid.UUID) int {
+		var rank int
+		require.NoError(t, testDB.Pool.QueryRow(ctx,
+			`SELECT ((hashtext($1::text)::bigint & 2147483647) % 2)::int`, s.String()).Scan(&rank))
+		return rank
+	}
+	var first, rest []uuid.UUID
+	for len(first)+len(rest) < 40 {
+		s := uuid.New()
+		if rankOf(s) == 1 && len(first) < 6 {
+			first = append(first, s)
+		} else if len(rest) < 34 {
+			rest = append(rest, s)
+		}
+	}
+	streams := append(first, rest...)
+	for _, s := range streams {
+		gsAppend(t, ctx, s, 1) // one Append each: claimed in this order
 	}
 	gsSeal(t, ctx, []string{name}, streams...)
 
-	ids := gsStreamsDescending(4) // any four instance IDs, ranked by the database's order
+	ids := gsStreamsDescending(6) // any six instance IDs, ranked by the database's order
 	slices.SortFunc(ids, func(a, b uuid.UUID) int { return bytes.Compare(a[:], b[:]) })
-	a, b, other, gone := ids[0], ids[1], ids[2], ids[3]
-	beat := func(id uuid.UUID, perspective string, seenAgo string) {
+	a, b, other, gone, stuck, stopping := ids[0], ids[1], ids[2], ids[3], ids[4], ids[5]
+	// beat records an instance seen seenAgo ago that last claimed claimedAgo ago ("": it has
+	// stopped claiming).
+	beat := func(id uuid.UUID, perspective, seenAgo, claimedAgo string) {
 		gsExec(t, ctx, testDB.Pool, `INSERT INTO wh_instances
-			(instance_id, host, pid, heartbeat_interval, perspectives, versions, last_seen_at)
-			VALUES ($1, 'test', 1, interval '5 seconds', ARRAY[$2::text], ARRAY[1], now() - $3::interval)`,
-			id, perspective, seenAgo)
-		t.Cleanup(func() { gsExec(t, context.Background(), testDB.Pool, `DELETE FROM wh_instances WHERE instance_id = $1`, id) })
+			(instance_id, host, pid, heartbeat_interval, perspectives, versions, last_seen_at, claimed_at)
+			VALUES ($1, 'test', 1, interval '5 seconds', ARRAY[$2::text], ARRAY[1], now() - $3::interval,
+			        now() - NULLIF($4, '')::interval)`,
+			id, perspective, seenAgo, claimedAgo)
+		t.Cleanup(func() {
+			gsExec(t, context.Background(), testDB.Pool, `DELETE FROM wh_instances WHERE instance_id = $1`, id)
+		})
 	}
-	beat(a, name, "0 seconds")
-	beat(b, name, "1 second")
-	beat(other, name+"_other", "0 seconds") // other builds: not a peer
-	beat(gone, name, "16 seconds")          // three heartbeats missed: gone
+	beat(a, name, "0 seconds", "0 seconds")
+	beat(b, name, "1 second", "3 seconds")
+	beat(other, name+"_other", "0 seconds", "0 seconds") // other builds: not a peer
+	beat(gone, name, "16 seconds", "16 seconds")         // three heartbeats missed: gone
+	beat(stuck, name, "0 seconds", "16 seconds")         // alive, but no claim for three intervals
+	beat(stopping, name, "0 seconds", "")                // stopping: claims no more
 
 	// Which of a and b owns each stream, as the claim computes it.
 	owner := map[uuid.UUID]uuid.UUID{}
 	for _, s := range streams {
-		var rank int
-		require.NoError(t, testDB.Pool.QueryRow(ctx,
-			`SELECT ((hashtext($1::text)::bigint & 2147483647) % 2)::int`, s.String()).Scan(&rank))
-		owner[s] = ids[rank]
+		owner[s] = ids[rankOf(s)]
 	}
 	// What a claim of limit pairs by me must return: the scan passes the streams in order
 	// and stops at limit own pairs; then own pairs first, then the others in order.
@@ -1084,6 +1103,32 @@ func TestClaimSQLInstancesPreferTheStreamsTheyOwn(t *testing.T) {
 			require.True(t, slices.Index(gotA, p) >= ownCount(gotA, a) || slices.Index(gotB, p) >= ownCount(gotB, b),
 				"limit %d: %v claimed by both as their own", limit, p)
 		}
+	}
+	// The statement itself keeps at most limit of the others' pairs, however far it scans.
+	for _, limit := range []int{1, 5} {
+		rows, err := pgq.New(testDB.Pool).QueueDuePairs(ctx, db.QueueDuePairsParams{
+			PerspectiveNames: []string{name}, InstanceID: a, PairLimit: int32(limit), MaxSteps: 1000,
+		})
+		require.NoError(t, err)
+		others := 0
+		for _, r := range rows {
+			if r.Ok && !r.Own {
+				others++
+			}
+		}
+		passed, own := 0, 0 // the others' streams the scan passes before its limit of own
+		for _, st := range streams {
+			if own == limit {
+				break
+			}
+			if owner[st] == a {
+				own++
+			} else {
+				passed++
+			}
+		}
+		require.Greater(t, passed, limit, "limit %d: the claim passes more of the others' pairs than it keeps", limit)
+		require.Equal(t, limit, others, "limit %d: the others' pairs the claim keeps", limit)
 	}
 	// Each instance's own pairs come first: a claim with room for all returns every stream.
 	all := claim(a, 40)

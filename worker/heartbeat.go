@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -31,6 +32,11 @@ type instanceRecord struct {
 	Interval     time.Duration
 	Perspectives []PerspectiveVersion
 	Rates        []float64 // events applied per second over the last interval, per Perspectives[i]
+	// When it last claimed work, as long before the write (Claiming false: it has stopped
+	// claiming, or never claims). Claims share the streams out among the instances that are
+	// claiming (QueueDuePairs).
+	Claiming   bool
+	ClaimedAgo time.Duration
 }
 
 // instanceRecorder is where heartbeats are written: the pgStore. A Store without it (a unit
@@ -57,8 +63,12 @@ type heartbeat struct {
 	applied func() []int64
 	last    []int64
 	lastAt  time.Time
+	// claimed is when the instance last claimed work (zero: it is not claiming); nil: the
+	// row never says it claims.
+	claimed func() time.Time
 
-	failing bool // the last write failed (the first write, then the run goroutine's)
+	mu      sync.Mutex // one write at a time (the run goroutine's, beatNow's)
+	failing bool       // the last write failed
 
 	cancel context.CancelFunc
 	done   chan struct{}
@@ -76,8 +86,8 @@ func newInstanceRecord(id uuid.UUID, interval time.Duration, perspectives []Pers
 // startHeartbeat records row at once (bounded by heartbeatTimeout), forgets long-gone
 // instances, and keeps recording row every row.Interval in the background; the loop is not
 // tied to ctx (stop ends it).
-func startHeartbeat(ctx context.Context, rec instanceRecorder, row instanceRecord, applied func() []int64, log *slog.Logger) *heartbeat {
-	h := &heartbeat{rec: rec, row: row, log: log, applied: applied, done: make(chan struct{})}
+func startHeartbeat(ctx context.Context, rec instanceRecorder, row instanceRecord, applied func() []int64, claimed func() time.Time, log *slog.Logger) *heartbeat {
+	h := &heartbeat{rec: rec, row: row, log: log, applied: applied, claimed: claimed, done: make(chan struct{})}
 	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	h.cancel = cancel
 	h.write(bg)
@@ -106,9 +116,24 @@ func (h *heartbeat) run(ctx context.Context) {
 	}
 }
 
+// beatNow records the row at once (as the worker stops claiming), bounded by
+// heartbeatTimeout.
+func (h *heartbeat) beatNow() {
+	h.write(context.Background())
+}
+
 // write records the row once, bounded by heartbeatTimeout.
 func (h *heartbeat) write(ctx context.Context) {
-	h.rates(time.Now())
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	now := time.Now()
+	h.rates(now)
+	h.row.Claiming, h.row.ClaimedAgo = false, 0
+	if h.claimed != nil {
+		if at := h.claimed(); !at.IsZero() {
+			h.row.Claiming, h.row.ClaimedAgo = true, max(now.Sub(at), 0)
+		}
+	}
 	wctx, cancel := context.WithTimeout(ctx, heartbeatTimeout)
 	err := h.rec.beat(wctx, h.row)
 	cancel()
@@ -128,7 +153,6 @@ func (h *heartbeat) write(ctx context.Context) {
 	}
 }
 
-// stop ends the heartbeats and deletes the instance's row (with a fresh short context).
 // rates sets row.Rates to the events applied per second since the last write (zero at the
 // first).
 func (h *heartbeat) rates(now time.Time) {
@@ -145,6 +169,7 @@ func (h *heartbeat) rates(now time.Time) {
 	h.row.Rates, h.last, h.lastAt = rates, cur, now
 }
 
+// stop ends the heartbeats and deletes the instance's row (with a fresh short context).
 func (h *heartbeat) stop() {
 	h.cancel()
 	<-h.done

@@ -101,7 +101,7 @@ func TestHeartbeatBeatsEveryIntervalSurvivesFailuresAndForgetsAtStop(t *testing.
 		start := time.Now()
 
 		var applied atomic.Int64 // events applied to orders
-		h := startHeartbeat(context.Background(), rec, row, func() []int64 { return []int64{applied.Load()} }, log)
+		h := startHeartbeat(context.Background(), rec, row, func() []int64 { return []int64{applied.Load()} }, nil, log)
 		stopped := false
 		defer func() {
 			if !stopped {

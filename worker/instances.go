@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"fmt"
+	"github.com/jackc/pgx/v5/pgtype"
 	"time"
 
 	"github.com/google/uuid"
@@ -81,6 +82,7 @@ func (s *pgStore) beat(ctx context.Context, r instanceRecord) error {
 	return s.q.InstanceBeat(ctx, db.InstanceBeatParams{
 		InstanceID: r.ID, Host: r.Host, Pid: int32(r.PID), HeartbeatSeconds: r.Interval.Seconds(),
 		Perspectives: names, Versions: versions, Rates: append(make([]float64, 0, len(names)), r.Rates...),
+		ClaimedAgoSeconds: pgtype.Float8{Float64: r.ClaimedAgo.Seconds(), Valid: r.Claiming},
 	})
 }
 

@@ -2,7 +2,7 @@ package worker_test
 
 // Plans that hold without statistics (issue 15 item 2). The claim (QueueDuePairs), the
 // per-pair reads (QueueEventsForPairs, QueueIDsForPair), the DELETE of applied rows
-// (PairsApplyCommit) and the queue probe of wh_append must read the queue,
+// (wh_delete_applied, which PairsApplyCommit calls) and the queue probe of wh_append must read the queue,
 // wh_perspective_events, through index probes only, whatever its statistics say: a claim on a
 // bulk-loaded, never-analyzed queue was once a bitmap heap scan and a sort of ~18,000 rows,
 // 1.8–2.5 s instead of ~1.6 ms. The bounded reads (the claim's steps, a pair's first events,
@@ -445,7 +445,7 @@ func planStatements(t *testing.T, ctx context.Context, conn *pgx.Conn, hot uuid.
 	require.Len(t, delIDs, 2000)
 
 	pairCond := []string{"(stream_id = ", "(perspective_name = "}
-	return []planStatement{{
+	statements := []planStatement{{
 		name: "QueueDuePairs",
 		call: planRecord(t, func(q *db.Queries) error {
 			_, err := q.QueueDuePairs(ctx, db.QueueDuePairsParams{
@@ -499,8 +499,8 @@ func planStatements(t *testing.T, ctx context.Context, conn *pgx.Conn, hot uuid.
 		}),
 		other: map[string][]string{"wh_perspective_cursors": planPairIndexes},
 	}, {
-		name: "wh_delete_applied",
-		call: planCall{sql: deleteSQL, args: pgq.Args([]any{delStreams, delNames, delIDs}), settings: deleteSettings},
+		name:  "wh_delete_applied",
+		call:  planCall{sql: deleteSQL, args: pgq.Args([]any{delStreams, delNames, delIDs}), settings: deleteSettings},
 		queue: planQueuePKey, cond: append(slices.Clip(pairCond), "(event_id = "),
 	}, {
 		name:  "wh_append",
@@ -508,6 +508,11 @@ func planStatements(t *testing.T, ctx context.Context, conn *pgx.Conn, hot uuid.
 		queue: planQueuePKey, cond: pairCond, limit: true,
 		other: map[string][]string{"wh_perspective_cursors": planPairIndexes},
 	}}
+	// The apply commit deletes its rows through the function whose plan is checked here.
+	commit := slices.IndexFunc(statements, func(s planStatement) bool { return s.name == "PairsApplyCommit" })
+	require.GreaterOrEqual(t, commit, 0)
+	require.Contains(t, statements[commit].call.sql, "wh_delete_applied(")
+	return statements
 }
 
 func TestPlansSQLHoldWithoutStatistics(t *testing.T) {

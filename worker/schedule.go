@@ -345,13 +345,15 @@ func (w *Worker) claimAndStart(ctx context.Context, s *schedule, free int, start
 		// the pairs other instances are applying (passed over by their claim marks), so a
 		// claim stays cheap when many due groups cannot be claimed (a build's pairs waiting
 		// for its catch-up), yet one instance does not come back empty-handed, to wait a
-		// whole PollInterval, from behind the pairs the others hold.
+		// whole PollInterval, from behind the pairs the others hold. The statement adds
+		// Limit groups per other instance it shares the streams with (QueueDuePairs).
 		MaxSteps: len(skip) + 2*limit + claimPassHeld,
 		From:     from,
 	})
 	if err != nil {
 		return false, err
 	}
+	w.noteClaim()
 	s.claimed(claimed.First, full)
 	pairs := claimed.Pairs
 	for _, group := range splitGroups(pairs, free) {

@@ -37,8 +37,10 @@ type Store interface {
 	// Cleanup deletes the rows of up to batch pairs of a retired build of the perspectives,
 	// retired at least grace ago. It reports whether any such build has rows left.
 	Cleanup(ctx context.Context, perspectives []string, grace time.Duration, batch int) (more bool, err error)
-	// Claim returns up to req.Limit due pairs, each once, oldest due first, and the
-	// position of the first queued group it passed (the next claim's From).
+	// Claim returns up to req.Limit due pairs, each once: those of the streams this instance
+	// owns first (when other instances running the same builds share the streams out), each
+	// group oldest due first; and the position of the first queued group it passed (the
+	// next claim's From).
 	Claim(ctx context.Context, req ClaimRequest) (Claimed, error)
 	// Apply runs one transaction over pairs: it locks their cursor rows (skipping, and
 	// returning as busy, those another transaction holds), reads each locked pair's state

@@ -57,7 +57,10 @@ type Worker struct {
 	done      chan struct{}       // closed when the loop and the listener have returned
 	gauges    metric.Registration // queue gauges, while started
 	beats     *heartbeat          // this instance's heartbeats, while started (nil: the Store records none)
-	beatEvery time.Duration       // HeartbeatInterval (tests shorten it)
+	// lastClaim is when the loop last claimed (unix nanoseconds; claimsStopped: it claims no
+	// more), for the heartbeats: the claims share the streams out among the instances claiming.
+	lastClaim atomic.Int64
+	beatEvery time.Duration // HeartbeatInterval (tests shorten it)
 }
 
 // New validates cfg (including LockOptions) and returns a worker on pool. It does not
@@ -148,7 +151,8 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	w.gauges = gauges
 	if rec, ok := w.store.(instanceRecorder); ok {
-		w.beats = startHeartbeat(ctx, rec, newInstanceRecord(w.cfg.InstanceID, w.beatEvery, w.running()), w.appliedCounts, w.log)
+		w.lastClaim.Store(time.Now().UnixNano()) // about to claim
+		w.beats = startHeartbeat(ctx, rec, newInstanceRecord(w.cfg.InstanceID, w.beatEvery, w.running()), w.appliedCounts, w.claimedAt, w.log)
 	}
 	base := context.WithoutCancel(ctx)
 	opsCtx, cancelOps := context.WithCancel(base)
@@ -184,6 +188,12 @@ func (w *Worker) Stop(ctx context.Context) error {
 	w.stopLoop()
 	done := w.done
 	w.mu.Unlock()
+	// Say at once that it claims no more: the other instances share its streams out among
+	// themselves now, not when its row goes (after its operations end).
+	w.lastClaim.Store(claimsStopped)
+	if w.beats != nil {
+		w.beats.beatNow()
+	}
 
 	var err error
 	select {
@@ -206,6 +216,27 @@ func (w *Worker) Stop(ctx context.Context) error {
 	}
 	w.log.Info("perspective worker stopped")
 	return err
+}
+
+// claimsStopped is lastClaim once Stop has begun.
+const claimsStopped = -1
+
+// noteClaim records that the loop claimed now, unless Stop has begun.
+func (w *Worker) noteClaim() {
+	for {
+		old := w.lastClaim.Load()
+		if old == claimsStopped || w.lastClaim.CompareAndSwap(old, time.Now().UnixNano()) {
+			return
+		}
+	}
+}
+
+// claimedAt is when the loop last claimed (zero: it claims no more).
+func (w *Worker) claimedAt() time.Time {
+	if n := w.lastClaim.Load(); n > 0 {
+		return time.Unix(0, n)
+	}
+	return time.Time{}
 }
 
 // Notify wakes the loop at once, as when new events are known to be queued.

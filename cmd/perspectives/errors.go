@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -30,12 +31,16 @@ func recordTarget(ctx context.Context, dbURL string) {
 	}
 }
 
+// schemaCodes are the SQLSTATEs of a database without the perspectives schema, or with an
+// older one: an undefined table, function or column.
+var schemaCodes = []string{"42P01", "42883", "42703"}
+
 // errorLine is the one line run prints for a command's error: a database without the
-// perspectives schema is said so, with the command that creates it; anything else is the
-// error itself.
+// perspectives schema, or with an older one (a table, function or column of ours missing),
+// is said so, with the command that migrates it; anything else is the error itself.
 func errorLine(err error, t *target) string {
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "42P01" && strings.Contains(pgErr.Message, `"wh_`) {
+	if errors.As(err, &pgErr) && slices.Contains(schemaCodes, pgErr.Code) && strings.Contains(pgErr.Message, "wh_") {
 		migrate := "perspectives migrate"
 		if t != nil && t.url != "" {
 			migrate += " --database-url " + shellQuote(redact(t.url))

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	neturl "net/url"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/perspectives-go/perspectives/internal/pgtest"
@@ -332,3 +334,21 @@ func TestDemoSmall(t *testing.T) {
 }
 
 func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
+
+// A database migrated to an older version lacks a function or a column of ours: said so,
+// with the command that migrates it, as for a missing table; other errors of those codes
+// are left as they are.
+func TestOlderSchemaNamesMigrate(t *testing.T) {
+	tg := &target{url: "postgres://u:pw@db.example/app"}
+	for _, e := range []*pgconn.PgError{
+		{Code: "42883", Message: "function wh_delete_applied(uuid[], text[], uuid[]) does not exist"},
+		{Code: "42703", Message: `column "claimed_at" of relation "wh_instances" does not exist`},
+		{Code: "42P01", Message: `relation "wh_perspectives" does not exist`},
+	} {
+		line := errorLine(fmt.Errorf("status: %w", e), tg)
+		require.Contains(t, line, "the perspectives schema is missing from the database, or out of date ("+e.Message+")", e.Code)
+		require.Contains(t, line, "run: perspectives migrate --database-url 'postgres://u:xxxxx@db.example/app'", e.Code)
+	}
+	other := &pgconn.PgError{Code: "42883", Message: "function lower(integer) does not exist"}
+	require.Equal(t, "status: "+other.Error(), errorLine(fmt.Errorf("status: %w", other), tg))
+}
