@@ -119,7 +119,9 @@ func TestHeartbeatSaysWhenTheInstanceStopsClaiming(t *testing.T) {
 		Logger:       quietLogger(), PollInterval: 20 * time.Millisecond, ListenConnect: directListen(),
 	})
 	require.NoError(t, err)
-	const every = 2 * time.Second // long enough to tell Stop's own beat from the next periodic one
+	// Long enough to tell Stop's own beat from the next periodic one: Stop is called just
+	// after a periodic beat (the refresh below), and the row must change within every/2.
+	const every = 4 * time.Second
 	w.SetHeartbeatInterval(every)
 	require.NoError(t, w.Start(ctx))
 	stopped := make(chan error, 1)
@@ -170,7 +172,7 @@ func TestHeartbeatSaysWhenTheInstanceStopsClaiming(t *testing.T) {
 		t.Fatal("the operation did not start")
 	}
 	go func() { stopped <- w.Stop(ctx) }()
-	eventually(t, every/4, "the row says at once that the instance claims no more, while Stop waits", func() bool {
+	eventually(t, every/2, "the row says at once that the instance claims no more, while Stop waits", func() bool {
 		_, claiming, exists := claimedAgo()
 		return exists && !claiming
 	})
