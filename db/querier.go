@@ -21,8 +21,12 @@ type Querier interface {
 	// renews the lease; with done (no stored event after the position) ends the catch-up
 	// instead: the stream it was at counts as passed (unless it was passed whole already: its
 	// position is the highest UUID) and the lease is let go. Fenced: only while the caller
-	// holds an unexpired lease and the position is still the one it started from (0 rows and
-	// the page is rolled back).
+	// holds the lease and the position is still the one it started from (0 rows and the page is
+	// rolled back). Not on the lease's expiry: the page's transaction has held the build's row
+	// since it took the lease (BuildCatchUpAcquire), so no other instance could take it over
+	// meanwhile, however long the fold took; refusing a page that outlived its lease only made
+	// every instance fold the same page again, for ever, when a page takes longer than the lease
+	// (a slow perspective: TestReliabilityRandomizedModelCheck, LockTimeout 2 s).
 	BuildCatchUpAdvance(ctx context.Context, arg BuildCatchUpAdvanceParams) (int64, error)
 	// Deletes the rows of up to batch_size pairs of a retired build: queue rows, snapshots,
 	// model and cursor. Returns the number of pairs deleted (0: none left).

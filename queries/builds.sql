@@ -57,8 +57,12 @@ WHERE stream_id >= @first_stream_id AND stream_id <= @last_stream_id
 -- renews the lease; with done (no stored event after the position) ends the catch-up
 -- instead: the stream it was at counts as passed (unless it was passed whole already: its
 -- position is the highest UUID) and the lease is let go. Fenced: only while the caller
--- holds an unexpired lease and the position is still the one it started from (0 rows and
--- the page is rolled back).
+-- holds the lease and the position is still the one it started from (0 rows and the page is
+-- rolled back). Not on the lease's expiry: the page's transaction has held the build's row
+-- since it took the lease (BuildCatchUpAcquire), so no other instance could take it over
+-- meanwhile, however long the fold took; refusing a page that outlived its lease only made
+-- every instance fold the same page again, for ever, when a page takes longer than the lease
+-- (a slow perspective: TestReliabilityRandomizedModelCheck, LockTimeout 2 s).
 UPDATE wh_perspective_builds b
 SET catchup_stream_id = CASE WHEN a.done THEN b.catchup_stream_id ELSE a.stream_id END,
     catchup_event_id  = CASE WHEN a.done THEN b.catchup_event_id ELSE a.event_id END,
@@ -76,7 +80,6 @@ FROM (SELECT @done::bool AS done, sqlc.narg(stream_id)::uuid AS stream_id, sqlc.
 WHERE b.build_key = @build_key
   AND (a.done OR a.stream_id IS NOT NULL) -- a page always moves to a position
   AND b.catchup_holder = @instance_id::uuid
-  AND b.catchup_expiry > clock_timestamp()
   AND NOT b.catchup_done
   AND b.catchup_stream_id IS NOT DISTINCT FROM sqlc.narg(from_stream_id)::uuid
   AND b.catchup_event_id IS NOT DISTINCT FROM sqlc.narg(from_event_id)::uuid;
