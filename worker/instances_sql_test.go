@@ -314,13 +314,7 @@ func TestBuildsStatusReadsOnlyCursorsThatAreNotOK(t *testing.T) {
 	ctx := context.Background()
 	d := isolatedDB(t)
 	name := uniqueName("st_plan")
-	// One direct connection in the simple protocol, as in the plans test.
-	cfg, err := pgx.ParseConfig(d.DirectURL)
-	require.NoError(t, err)
-	cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
-	conn, err := pgx.ConnectConfig(ctx, cfg)
-	require.NoError(t, err)
-	defer conn.Close(context.Background())
+	conn := planConnect(t, ctx, d)
 	planExec(t, ctx, conn, `ALTER TABLE wh_perspective_cursors SET (autovacuum_enabled = false)`)
 	planExec(t, ctx, conn, `INSERT INTO wh_perspectives (perspective_name) VALUES ($1)`, name)
 	planExec(t, ctx, conn, `INSERT INTO wh_perspective_builds (build_key, perspective_name, version, build, state, catchup_done)

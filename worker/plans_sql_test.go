@@ -472,23 +472,6 @@ func planStatements(t *testing.T, ctx context.Context, conn *pgx.Conn, hot uuid.
 		}),
 		queue: planQueuePKey, cond: pairCond, whole: true,
 	}, {
-		name: "PairsLockForApply",
-		call: planRecord(t, func(q *db.Queries) error {
-			_, err := q.PairsLockForApply(ctx, db.PairsLockForApplyParams{StreamIds: streams, PerspectiveNames: names})
-			return err
-		}),
-		other: map[string][]string{
-			"wh_perspective_cursors":   planPairIndexes,
-			"wh_perspective_snapshots": {"wh_perspective_snapshots_pkey"},
-		},
-	}, {
-		name: "ModelsGet",
-		call: planRecord(t, func(q *db.Queries) error {
-			_, err := q.ModelsGet(ctx, db.ModelsGetParams{StreamIds: streams, PerspectiveNames: names})
-			return err
-		}),
-		other: map[string][]string{"wh_perspective_models": {"wh_perspective_models_pkey"}},
-	}, {
 		name: "PairsApplyCommit",
 		call: planRecord(t, func(q *db.Queries) error {
 			_, err := q.PairsApplyCommit(ctx, db.PairsApplyCommitParams{
@@ -508,6 +491,7 @@ func planStatements(t *testing.T, ctx context.Context, conn *pgx.Conn, hot uuid.
 		queue: planQueuePKey, cond: pairCond, limit: true,
 		other: map[string][]string{"wh_perspective_cursors": planPairIndexes},
 	}}
+	statements = append(statements, planGroupLookups(t, ctx, streams, names)...)
 	// The apply commit deletes its rows through the function whose plan is checked here.
 	commit := slices.IndexFunc(statements, func(s planStatement) bool { return s.name == "PairsApplyCommit" })
 	require.GreaterOrEqual(t, commit, 0)
@@ -522,14 +506,7 @@ func TestPlansSQLHoldWithoutStatistics(t *testing.T) {
 	d, err := pgtest.Create(ctx, "plans")
 	require.NoError(t, err)
 	defer d.Close()
-	// One direct connection (session settings and prepared statements must stay on it),
-	// in the simple protocol: nothing of pgx's own is prepared on it.
-	cfg, err := pgx.ParseConfig(d.DirectURL)
-	require.NoError(t, err)
-	cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
-	conn, err := pgx.ConnectConfig(ctx, cfg)
-	require.NoError(t, err)
-	defer conn.Close(context.Background())
+	conn := planConnect(t, ctx, d)
 
 	for _, table := range planTables {
 		planExec(t, ctx, conn, "ALTER TABLE "+table+" SET (autovacuum_enabled = false)")
@@ -617,12 +594,7 @@ func TestPlansSQLGroupLookupsWithOneBuild(t *testing.T) {
 	d, err := pgtest.Create(ctx, "plans_one")
 	require.NoError(t, err)
 	defer d.Close()
-	cfg, err := pgx.ParseConfig(d.DirectURL)
-	require.NoError(t, err)
-	cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
-	conn, err := pgx.ConnectConfig(ctx, cfg)
-	require.NoError(t, err)
-	defer conn.Close(context.Background())
+	conn := planConnect(t, ctx, d)
 
 	const build = "one"
 	planExec(t, ctx, conn, `INSERT INTO wh_perspectives (perspective_name) VALUES ($1)`, build)
@@ -641,7 +613,29 @@ func TestPlansSQLGroupLookupsWithOneBuild(t *testing.T) {
 	require.NoError(t, err)
 	names := slices.Repeat([]string{build}, len(streams))
 
-	for _, s := range []planStatement{{
+	for _, s := range planGroupLookups(t, ctx, streams, names) {
+		planCheck(t, ctx, conn, s)
+	}
+}
+
+// planConnect opens one direct connection to d, closed when the test ends (session settings
+// and prepared statements must stay on it), in the simple protocol: nothing of pgx's own is
+// prepared on it.
+func planConnect(t *testing.T, ctx context.Context, d *pgtest.DB) *pgx.Conn {
+	t.Helper()
+	cfg, err := pgx.ParseConfig(d.DirectURL)
+	require.NoError(t, err)
+	cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close(context.Background()) })
+	return conn
+}
+
+// planGroupLookups is the group path's pair lookups of the given pairs, each of which must
+// probe its table's key.
+func planGroupLookups(t *testing.T, ctx context.Context, streams []uuid.UUID, names []string) []planStatement {
+	return []planStatement{{
 		name: "PairsLockForApply",
 		call: planRecord(t, func(q *db.Queries) error {
 			_, err := q.PairsLockForApply(ctx, db.PairsLockForApplyParams{StreamIds: streams, PerspectiveNames: names})
@@ -658,7 +652,5 @@ func TestPlansSQLGroupLookupsWithOneBuild(t *testing.T) {
 			return err
 		}),
 		other: map[string][]string{"wh_perspective_models": {"wh_perspective_models_pkey"}},
-	}} {
-		planCheck(t, ctx, conn, s)
-	}
+	}}
 }

@@ -446,12 +446,7 @@ func TestWaitForFollowsPromotion(t *testing.T) {
 func TestWaitCheckReadsByIndexLookups(t *testing.T) {
 	t.Parallel()
 	ctx := waitCtx(t)
-	cfg, err := pgx.ParseConfig(testDB.DirectURL)
-	require.NoError(t, err)
-	cfg.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
-	conn, err := pgx.ConnectConfig(ctx, cfg)
-	require.NoError(t, err)
-	defer conn.Close(context.Background())
+	conn := planConnect(t, ctx, testDB)
 	for _, set := range []string{"SET enable_seqscan = off", "SET enable_bitmapscan = off"} {
 		_, err := conn.Exec(ctx, set)
 		require.NoError(t, err)
