@@ -122,18 +122,8 @@ func (p *parkedPair) failed(t testing.TB) *worker.FailedPair {
 	return nil
 }
 
-func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		<-tick.C
-	}
-}
+// eventually waits for cond (see pgtest.Eventually).
+var eventually = pgtest.Eventually
 
 // server is the dashboard under test and a browser-like client (cookies, no redirects
 // followed).

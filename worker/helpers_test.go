@@ -17,6 +17,7 @@ import (
 
 	"github.com/perspectives-go/perspectives/db"
 	"github.com/perspectives-go/perspectives/internal/pgq"
+	"github.com/perspectives-go/perspectives/internal/pgtest"
 	"github.com/perspectives-go/perspectives/worker"
 )
 
@@ -101,19 +102,8 @@ func queued(t testing.TB, ctx context.Context, name string, stream uuid.UUID) []
 	return ids
 }
 
-// eventually waits for cond, checking it on every tick, and fails after timeout.
-func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for %s", timeout, what)
-		}
-		<-tick.C
-	}
-}
+// eventually waits for cond (see pgtest.Eventually).
+var eventually = pgtest.Eventually
 
 // logCapture is a slog handler that keeps records for assertions.
 type logCapture struct {
