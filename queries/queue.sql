@@ -59,12 +59,13 @@ WITH RECURSIVE peers AS (
            0 AS oks,   -- claimable pairs found so far
            0 AS owned, -- of them, of streams this instance owns
            0 AS steps,
-           (SELECT p.n FROM peers p) AS peer_count, -- the instances the streams are shared among (0: no row here)
-           (SELECT p.rank FROM peers p) AS peer_rank, -- this instance's place among them
-           (SELECT p.pair_limit FROM peers p) AS pair_limit,
+           p.n AS peer_count, -- the instances the streams are shared among (0: no row here)
+           p.rank AS peer_rank, -- this instance's place among them
+           p.pair_limit,
            -- finding pair_limit pairs of its own takes about n times the groups: the bound on
            -- the groups passed grows by pair_limit per other instance
-           (SELECT p.max_steps + greatest(p.n - 1, 0) * p.pair_limit FROM peers p) AS max_steps
+           p.max_steps + greatest(p.n - 1, 0) * p.pair_limit AS max_steps
+    FROM peers p
     UNION ALL
     SELECT n.next_attempt_at, n.stream_id, n.perspective_name,
            CASE WHEN n.ok THEN d.returned || n.pair ELSE d.returned END,
