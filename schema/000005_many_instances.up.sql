@@ -1,3 +1,7 @@
+-- What many instances need of the schema: applied queue rows deleted by primary-key probes
+-- whatever the statistics say (wh_delete_applied), and when each instance last claimed, so
+-- that the claim shares the streams out among the instances claiming (claimed_at).
+--
 -- The deletion of applied queue rows, by their exact keys (PairsApplyCommit), in a function
 -- of its own so that its plan can be pinned to probes of the queue's primary key.
 --
