@@ -306,9 +306,10 @@ type stmtTracer struct {
 }
 
 type stmtStat struct {
-	n   int
-	d   time.Duration
-	max time.Duration
+	n    int
+	d    time.Duration
+	max  time.Duration
+	last time.Time // when the last one ended
 }
 
 type stmtTraceKey struct{}
@@ -343,7 +344,8 @@ func (t *stmtTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.Trace
 	if !ok {
 		return
 	}
-	d := time.Since(st.at)
+	end := time.Now()
+	d := end.Sub(st.at)
 	t.mu.Lock()
 	s := t.stats[st.name]
 	if s == nil {
@@ -353,6 +355,7 @@ func (t *stmtTracer) TraceQueryEnd(ctx context.Context, _ *pgx.Conn, _ pgx.Trace
 	s.n++
 	s.d += d
 	s.max = max(s.max, d)
+	s.last = end
 	t.mu.Unlock()
 }
 

@@ -20,12 +20,15 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -36,7 +39,8 @@ import (
 
 // benchWorkerEnv, set to a database URL, makes this test binary a worker process of
 // BenchmarkInstances (see TestMain): it prints "ready", starts its worker when a line
-// arrives on stdin, and when stdin closes stops it and prints "claims N applied M transactions K".
+// arrives on stdin, answers each further line with "claims N applied M transactions K" (the
+// counts since its last answer), and stops its worker when stdin closes.
 const benchWorkerEnv = "PERSPECTIVES_BENCH_WORKER_DB"
 
 // benchWorkerConcEnv is the Concurrency of a worker process (unset: the default).
@@ -44,7 +48,7 @@ const benchWorkerConcEnv = "PERSPECTIVES_BENCH_WORKER_CONCURRENCY"
 
 const (
 	instancesName      = "bench_instances"
-	instancesStreams   = 2000
+	instancesStreams   = 8000
 	instancesPerStream = 25
 	instancesEvents    = instancesStreams * instancesPerStream
 )
@@ -85,36 +89,49 @@ func benchWorkerProcess(dbURL string) error {
 		return err
 	}
 	fmt.Println("ready")
-	in := bufio.NewReader(os.Stdin)
-	if _, err := in.ReadString('\n'); err != nil {
-		return fmt.Errorf("waiting for the start: %w", err)
+	in := bufio.NewScanner(os.Stdin)
+	if !in.Scan() {
+		return fmt.Errorf("waiting for the start: %v", cmp.Or(in.Err(), io.EOF))
 	}
 	if err := w.Start(ctx); err != nil {
 		return err
 	}
-	_, _ = io.Copy(io.Discard, in) // until the parent closes stdin
-	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if err := w.Stop(sctx); err != nil {
-		return err
-	}
-	var rm metricdata.ResourceMetrics
-	if err := reader.Collect(ctx, &rm); err != nil {
-		return err
-	}
-	var applied int64
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if sum, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == "perspectives.events.applied" {
-				for _, dp := range sum.DataPoints {
-					applied += dp.Value
+	// Each further line asks for the counts since the last one; stdin's end stops the worker.
+	var reported int64
+	var used time.Duration // the process's CPU time at its last answer
+	for in.Scan() {
+		var rm metricdata.ResourceMetrics
+		if err := reader.Collect(ctx, &rm); err != nil {
+			return err
+		}
+		var applied int64
+		for _, sm := range rm.ScopeMetrics {
+			for _, m := range sm.Metrics {
+				if sum, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == "perspectives.events.applied" {
+					for _, dp := range sum.DataPoints {
+						applied += dp.Value
+					}
 				}
 			}
 		}
+		stats := tracer.take()
+		var ru syscall.Rusage
+		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+			return err
+		}
+		cpu := time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+		var lastCommit int64 // Unix nanoseconds; 0: none since the last answer
+		if c, ok := stats["PairsApplyCommit"]; ok {
+			lastCommit = c.last.UnixNano()
+		}
+		fmt.Printf("claims %d applied %d transactions %d cpu %d last %d\n",
+			stats["QueueDuePairs"].n, applied-reported, stats["PairsLockForApply"].n, cpu-used, lastCommit)
+		used = cpu
+		reported = applied
 	}
-	stats := tracer.take()
-	fmt.Printf("claims %d applied %d transactions %d\n", stats["QueueDuePairs"].n, applied, stats["PairsLockForApply"].n)
-	return nil
+	sctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	return w.Stop(sctx)
 }
 
 // benchProcess is a running worker process.
@@ -162,12 +179,35 @@ func (p *benchProcess) expect(b *testing.B, prefix string) string {
 	}
 }
 
-// drainProcesses drains the database's backlog with n worker processes of the given
-// Concurrency (0: the default) and returns the time it took, the CPU time the whole machine
-// spent meanwhile (the database's and the workers'), and each process's claims and applied
-// events.
-func drainProcesses(b *testing.B, pool *pgxpool.Pool, dbURL string, n, concurrency int) (time.Duration, float64, []int64, []int64) {
+// instancesRound is one drain of the backlog by a variant's processes: the time it took, the
+// CPU time the whole machine spent meanwhile (the database's and the workers'), and each
+// process's claims and applied events.
+type instancesRound struct {
+	el              time.Duration // to the end of the last apply commit statement
+	cpu             float64       // the machine's
+	workersCPU      float64       // the worker processes' (a part of cpu)
+	claims, applied []int64
+}
+
+// drainProcesses starts n worker processes of the given Concurrency (0: the default) and has
+// them drain the backlog twice. The cold round is the backlog restore has put in place before
+// they start: it includes each process's start-up (its connections, and every server backend's
+// first statements). The warm round is the same backlog restored again, in one transaction
+// with the wake-up notification, while the processes wait for work, as long-running instances do.
+func drainProcesses(b *testing.B, pool *pgxpool.Pool, dbURL string, n, concurrency int, restore func(pgx.Tx)) (cold, warm instancesRound) {
 	b.Helper()
+	ctx := context.Background()
+	inTx := func(extra string) (commit func()) {
+		tx, err := pool.Begin(ctx)
+		require.NoError(b, err)
+		restore(tx)
+		if extra != "" {
+			_, err = tx.Exec(ctx, extra)
+			require.NoError(b, err)
+		}
+		return func() { require.NoError(b, tx.Commit(ctx)) }
+	}
+	inTx("")()
 	ps := make([]*benchProcess, n)
 	for i := range ps {
 		ps[i] = startBenchProcess(b, dbURL, concurrency)
@@ -175,37 +215,66 @@ func drainProcesses(b *testing.B, pool *pgxpool.Pool, dbURL string, n, concurren
 	for _, p := range ps {
 		p.expect(b, "ready")
 	}
-	start := time.Now()
-	cpu0 := machineCPU(b)
-	for _, p := range ps {
-		_, err := io.WriteString(p.stdin, "go\n")
-		require.NoError(b, err)
+	round := func(start func()) instancesRound {
+		t0, cpu0 := time.Now(), machineCPU(b)
+		start()
+		benchWait(b, 5*time.Minute, 50*time.Millisecond, "the drain", func() bool {
+			var queued bool
+			require.NoError(b, pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM wh_perspective_events)`).Scan(&queued))
+			return !queued
+		})
+		// The drain's time runs to the end of its last apply commit statement, as the processes
+		// tell it: the queue is looked at only every 50 ms (the look reads every dead row the
+		// drain left, and would take a core's fifth if it ran all the time).
+		r := instancesRound{cpu: machineCPU(b) - cpu0, claims: make([]int64, n), applied: make([]int64, n)}
+		// A process counts an event applied right after its commit, which the empty queue may
+		// precede by a moment: ask until every event is counted.
+		for deadline := time.Now().Add(10 * time.Second); ; {
+			var total int64
+			for i, p := range ps {
+				_, err := io.WriteString(p.stdin, "count\n")
+				require.NoError(b, err)
+				var c, a, t, cpu, last int64
+				_, err = fmt.Sscanf(p.expect(b, "claims "), "claims %d applied %d transactions %d cpu %d last %d", &c, &a, &t, &cpu, &last)
+				require.NoError(b, err)
+				if last != 0 {
+					r.el = max(r.el, time.Unix(0, last).Sub(t0))
+				}
+				r.claims[i] += c
+				r.applied[i] += a
+				r.workersCPU += time.Duration(cpu).Seconds()
+				total += r.applied[i]
+			}
+			if total >= instancesEvents || time.Now().After(deadline) {
+				require.Positive(b, r.el, "no apply commit was seen")
+				return r
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
 	}
-	benchWait(b, 5*time.Minute, 2*time.Millisecond, "the drain", func() bool {
-		var queued bool
-		require.NoError(b, pool.QueryRow(context.Background(), `SELECT EXISTS (SELECT 1 FROM wh_perspective_events)`).Scan(&queued))
-		return !queued
+	cold = round(func() {
+		for _, p := range ps {
+			_, err := io.WriteString(p.stdin, "go\n")
+			require.NoError(b, err)
+		}
 	})
-	el := time.Since(start)
-	cpu := machineCPU(b) - cpu0
-	claims, applied := make([]int64, n), make([]int64, n)
-	for i, p := range ps {
+	commit := inTx(`SELECT pg_notify('wh_perspective_events', '')`)
+	warm = round(commit)
+	for _, p := range ps {
 		require.NoError(b, p.stdin.Close())
-		line := p.expect(b, "claims ")
-		_, err := fmt.Sscanf(line, "claims %d applied %d", &claims[i], &applied[i])
-		require.NoError(b, err)
-		b.Logf("process %d of %d: %s", i+1, n, line)
 		require.NoError(b, p.cmd.Wait())
 	}
-	return el, cpu, claims, applied
+	return cold, warm
+}
+
+type instancesVariant struct {
+	name                   string
+	processes, concurrency int
 }
 
 // instancesVariants are the ways BenchmarkInstances drains the backlog; the first is the
 // reference of the ratios.
-var instancesVariants = []struct {
-	name                   string
-	processes, concurrency int
-}{
+var instancesVariants = []instancesVariant{
 	{"x1", 1, 0},   // one process, default Concurrency (4)
 	{"x4", 4, 0},   // four processes, default Concurrency each (16 slots on 2 cores)
 	{"x4c1", 4, 1}, // four processes, Concurrency 1 each (as many slots as x1)
@@ -214,10 +283,20 @@ var instancesVariants = []struct {
 	{"x1c16", 1, 16},
 }
 
-// BenchmarkInstances reports the drain of 2,000 streams × 25 events by one worker process
+// BenchmarkInstances reports the drain of 8,000 streams × 25 events by one worker process
 // and by four, on the same backlog (restored between the variants).
+//
+// PERSPECTIVES_BENCH_INSTANCES=x4,x1c16 runs only the variants named (for profiling; the
+// first one named is then the reference of the ratios).
 func BenchmarkInstances(b *testing.B) {
 	ctx := context.Background()
+	variants := instancesVariants
+	if only := os.Getenv("PERSPECTIVES_BENCH_INSTANCES"); only != "" {
+		variants = slices.DeleteFunc(slices.Clone(variants), func(v instancesVariant) bool {
+			return !slices.Contains(strings.Split(only, ","), v.name)
+		})
+		require.NotEmpty(b, variants, "PERSPECTIVES_BENCH_INSTANCES=%s names no variant", only)
+	}
 	results := map[string]map[string][]float64{} // variant -> unit -> one value per run
 	for range b.N {
 		d := freshDB(b, "instances")
@@ -233,7 +312,7 @@ func BenchmarkInstances(b *testing.B) {
 				}
 			}
 		}
-		// Kept aside, to restore the same backlog for the second drain.
+		// Kept aside, to restore the same backlog for every drain.
 		for _, q := range []string{
 			`CREATE TABLE bench_queue AS SELECT * FROM wh_perspective_events`,
 			`ANALYZE`,
@@ -241,58 +320,65 @@ func BenchmarkInstances(b *testing.B) {
 			_, err := d.Pool.Exec(ctx, q)
 			require.NoError(b, err)
 		}
-		restore := func() {
+		restore := func(tx pgx.Tx) {
 			for _, q := range []string{
-				`TRUNCATE wh_perspective_models, wh_perspective_snapshots`,
+				`TRUNCATE wh_perspective_models, wh_perspective_snapshots, wh_perspective_events`,
 				`UPDATE wh_perspective_cursors SET last_event_id = NULL, version = version + 1, events_since_snapshot = 0`,
-				`INSERT INTO wh_perspective_events SELECT * FROM bench_queue`,
+				// Due now, in the order they were appended (their due times squeezed into the
+				// last millisecond): a worker that has claimed before starts its claims after
+				// the first group it last passed, so rows older than that would wait for its
+				// once-a-PollInterval claim from the oldest row.
+				`INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id, enqueued_at, next_attempt_at)
+				 SELECT q.stream_id, q.perspective_name, q.event_id, t, t
+				 FROM bench_queue q, (SELECT max(next_attempt_at) AS last FROM bench_queue) l,
+				      LATERAL (SELECT now() - (l.last - q.next_attempt_at) / 1000 AS t) at`,
 			} {
-				_, err := d.Pool.Exec(ctx, q)
+				_, err := tx.Exec(ctx, q)
 				require.NoError(b, err)
 			}
 		}
-		sum := func(xs []int64) (s int64) {
-			for _, x := range xs {
-				s += x
+		var base [2]struct{ rate, cpe, cpu float64 } // cold, warm
+		for i, v := range variants {
+			cold, warm := drainProcesses(b, d.Pool, d.URL, v.processes, v.concurrency, restore)
+			for k, r := range []instancesRound{cold, warm} {
+				var claims, applied int64
+				lo, hi := r.applied[0], r.applied[0]
+				for j, a := range r.applied {
+					claims, applied = claims+r.claims[j], applied+a
+					lo, hi = min(lo, a), max(hi, a)
+				}
+				prefix := v.name + []string{"-cold", ""}[k]
+				require.EqualValues(b, instancesEvents, applied, "%s: every event applied once", prefix)
+				b.Logf("%s: %s, machine CPU %.2f s (worker processes %.2f s), claims %v applied %v", prefix, r.el, r.cpu, r.workersCPU, r.claims, r.applied)
+				rate, cpe := instancesEvents/r.el.Seconds(), float64(claims)/instancesEvents
+				if i == 0 {
+					base[k].rate, base[k].cpe, base[k].cpu = rate, cpe, r.cpu
+				}
+				res := results[prefix]
+				if res == nil {
+					res = map[string][]float64{}
+					results[prefix] = res
+				}
+				res["events/s"] = append(res["events/s"], rate)
+				res["claims/event"] = append(res["claims/event"], cpe)
+				res["throughput/x1"] = append(res["throughput/x1"], rate/base[k].rate)
+				res["claims/event/x1"] = append(res["claims/event/x1"], cpe/base[k].cpe)
+				res["cpu/x1"] = append(res["cpu/x1"], r.cpu/base[k].cpu)
+				res["min-share-%"] = append(res["min-share-%"], 100*float64(lo)/instancesEvents)
+				res["max-share-%"] = append(res["max-share-%"], 100*float64(hi)/instancesEvents)
 			}
-			return s
-		}
-		var base struct{ rate, cpe, cpu float64 }
-		for i, v := range instancesVariants {
-			if i > 0 {
-				restore()
-			}
-			el, cpu, claims, applied := drainProcesses(b, d.Pool, d.URL, v.processes, v.concurrency)
-			require.EqualValues(b, instancesEvents, sum(applied), "%s: every event applied once", v.name)
-			b.Logf("%s: %s, machine CPU %.2f s, claims %v applied %v", v.name, el, cpu, claims, applied)
-			rate, cpe := instancesEvents/el.Seconds(), float64(sum(claims))/instancesEvents
-			if i == 0 {
-				base.rate, base.cpe, base.cpu = rate, cpe, cpu
-			}
-			lo, hi := applied[0], applied[0]
-			for _, a := range applied {
-				lo, hi = min(lo, a), max(hi, a)
-			}
-			r := results[v.name]
-			if r == nil {
-				r = map[string][]float64{}
-				results[v.name] = r
-			}
-			r["events/s"] = append(r["events/s"], rate)
-			r["claims/event"] = append(r["claims/event"], cpe)
-			r["throughput/x1"] = append(r["throughput/x1"], rate/base.rate)
-			r["claims/event/x1"] = append(r["claims/event/x1"], cpe/base.cpe)
-			r["cpu/x1"] = append(r["cpu/x1"], cpu/base.cpu)
-			r["min-share-%"] = append(r["min-share-%"], 100*float64(lo)/instancesEvents)
-			r["max-share-%"] = append(r["max-share-%"], 100*float64(hi)/instancesEvents)
 		}
 	}
-	for i, v := range instancesVariants {
-		for _, unit := range []string{"events/s", "claims/event", "throughput/x1", "claims/event/x1", "cpu/x1", "min-share-%", "max-share-%"} {
-			if (i == 0 && unit != "events/s" && unit != "claims/event") || (v.processes == 1 && strings.HasSuffix(unit, "share-%")) {
-				continue
+	for i, v := range variants {
+		for k, prefix := range []string{v.name + "-cold", v.name} {
+			for _, unit := range []string{"events/s", "claims/event", "throughput/x1", "claims/event/x1", "cpu/x1", "min-share-%", "max-share-%"} {
+				ratio := strings.Contains(unit, "/x1")
+				if (i == 0 && ratio) || (v.processes == 1 && strings.HasSuffix(unit, "share-%")) ||
+					(k == 0 && unit != "throughput/x1" && unit != "claims/event/x1" && !(i == 0 && unit == "events/s")) {
+					continue
+				}
+				b.ReportMetric(medianOf(results[prefix][unit]), prefix+"-"+unit)
 			}
-			b.ReportMetric(medianOf(results[v.name][unit]), v.name+"-"+unit)
 		}
 	}
 }
