@@ -63,7 +63,8 @@ const (
 	kindLock lockKind = iota
 	kindFloor
 	kindAdvisory
-	kindPooled // the locker's cycle on a pool through PgBouncer (BenchmarkLockCyclePooled)
+	kindPooled   // the locker's cycle through PgBouncer 1.18, pgx exec mode (BenchmarkLockCyclePooled)
+	kindPrepared // the same through a PgBouncer keeping prepared statements, pgx's default mode
 	numKinds
 )
 
@@ -94,9 +95,12 @@ func BenchmarkLockCycle(b *testing.B) {
 	}
 }
 
-// BenchmarkLockCyclePooled runs the locker's cycle through a PgBouncer of its own in
-// transaction mode (pgx exec mode), interleaved with the same cycle direct (pgx's default
-// mode) and the floor, and reports pooled/lock: what the pooler and the exec mode cost a
+// BenchmarkLockCyclePooled runs the locker's cycle through two PgBouncers of its own in
+// transaction mode, interleaved with the same cycle direct (pgx's default mode) and the
+// floor: Debian 12's PgBouncer 1.18 with pgx's exec mode (it cannot keep prepared
+// statements), reported as pooled/lock, and a PgBouncer >= 1.21 keeping them
+// (max_prepared_statements) with pgx's default mode, reported as prepared/lock
+// (scripts/pgbouncer.sh, PGBOUNCER_PREPARED). They are what each pooler and mode cost a
 // lock cycle.
 func BenchmarkLockCyclePooled(b *testing.B) {
 	for _, c := range []struct {
@@ -108,8 +112,11 @@ func BenchmarkLockCyclePooled(b *testing.B) {
 			pooled, err := pgxpool.New(context.Background(), pgtest.WithExecMode(pgtest.StartPooler(b, testDB.Name), "exec"))
 			require.NoError(b, err)
 			b.Cleanup(pooled.Close)
+			prepared, err := pgxpool.New(context.Background(), pgtest.StartPreparedPooler(b, testDB.Name))
+			require.NoError(b, err)
+			b.Cleanup(prepared.Close)
 			for range b.N {
-				benchLockCycle(b, testDB.Pool, pooled, c.conc, c.iters)
+				benchLockCycle(b, testDB.Pool, []*pgxpool.Pool{pooled, prepared}, c.conc, c.iters)
 			}
 		})
 	}
@@ -127,18 +134,23 @@ func asyncPool(b *testing.B) *pgxpool.Pool {
 	return pool
 }
 
-func benchLockCycle(b *testing.B, pool, pooled *pgxpool.Pool, conc, iters int) {
+// benchLockCycle times the cycles on pool, and through poolers when given: pooled[0] as
+// kindPooled, pooled[1] as kindPrepared.
+func benchLockCycle(b *testing.B, pool *pgxpool.Pool, pooled []*pgxpool.Pool, conc, iters int) {
 	ctx := context.Background()
 	name := uniquePerspective("bench-lock")
 	l, err := locker.NewPostgres(pool, locker.Options{})
 	require.NoError(b, err)
 	kinds := []lockKind{kindLock, kindFloor, kindAdvisory}
-	var lp *locker.Postgres
+	var lp [numKinds]*locker.Postgres // the lockers through the poolers, by kind
 	if pooled != nil {
 		// Through a transaction pooler session advisory locks do not hold: not measured.
-		kinds = []lockKind{kindLock, kindFloor, kindPooled}
-		lp, err = locker.NewPostgres(pooled, locker.Options{})
-		require.NoError(b, err)
+		kinds = []lockKind{kindLock, kindFloor}
+		for i, kind := range []lockKind{kindPooled, kindPrepared}[:len(pooled)] {
+			kinds = append(kinds, kind)
+			lp[kind], err = locker.NewPostgres(pooled[i], locker.Options{})
+			require.NoError(b, err)
+		}
 	}
 	timeout := locker.DefaultLockTimeout.Seconds()
 
@@ -192,10 +204,10 @@ func benchLockCycle(b *testing.B, pool, pooled *pgxpool.Pool, conc, iters int) {
 			t = now
 		}
 		switch kind {
-		case kindLock, kindPooled:
+		case kindLock, kindPooled, kindPrepared:
 			l := l
-			if kind == kindPooled {
-				l = lp
+			if lp[kind] != nil {
+				l = lp[kind]
 			}
 			ok, err := l.TryAcquire(ctx, s, name, inst, locker.ReasonRewind)
 			if err != nil {
@@ -314,6 +326,11 @@ func benchLockCycle(b *testing.B, pool, pooled *pgxpool.Pool, conc, iters int) {
 		p := cycleMedian(kindPooled)
 		b.ReportMetric(p, "pooled-ns/cycle")
 		b.ReportMetric(p/lock, "pooled/lock")
+		if len(pooled) > 1 {
+			p := cycleMedian(kindPrepared)
+			b.ReportMetric(p, "prepared-ns/cycle")
+			b.ReportMetric(p/lock, "prepared/lock")
+		}
 	} else {
 		adv := cycleMedian(kindAdvisory)
 		b.ReportMetric(adv, "advisory-ns/cycle")

@@ -11,6 +11,12 @@
 #
 # Every database of the server is reachable through it under its own name (a wildcard
 # entry), as the user of DATABASE_URL, without a password (the test cluster trusts local TCP).
+#
+# PGBOUNCER_PREPARED=1 starts a PgBouncer that keeps prepared statements in transaction mode
+# (max_prepared_statements, PgBouncer >= 1.21), for pgx's default query exec mode: the
+# installed one when it is new enough, else the package of Debian 13 (PgBouncer 1.24; Debian
+# 12 has 1.18), fetched from deb.debian.org into a cache directory with the C library it was
+# built for (Debian 12's is older) and run by that library's loader. Nothing is installed.
 set -euo pipefail
 URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}"
 
@@ -39,9 +45,54 @@ install() {
 
 bin() { command -v pgbouncer 2>/dev/null || echo /usr/sbin/pgbouncer; }
 
+# The version of the PgBouncer at $1 as one comparable number (1.21.0 -> 1021000), 0 if none.
+version_of() {
+  local v
+  v=$("$1" --version 2>/dev/null | awk 'NR == 1 { print $2 }') || true
+  [[ "$v" =~ ^([0-9]+)\.([0-9]+)(\.([0-9]+))? ]] || { echo 0; return; }
+  echo $(( BASH_REMATCH[1] * 1000000 + BASH_REMATCH[2] * 1000 + ${BASH_REMATCH[4]:-0} ))
+}
+
+# prepared_bin prints a command that runs a PgBouncer >= 1.21 (see the header).
+prepared_bin() {
+  local sys cache root deb f
+  sys=$(bin)
+  if [ -x "$sys" ] && [ "$(version_of "$sys")" -ge 1021000 ]; then echo "$sys"; return 0; fi
+  cache="${XDG_CACHE_HOME:-$HOME/.cache}/perspectives/pgbouncer-debian13"
+  if [ ! -x "$cache/pgbouncer" ]; then
+    echo "pgbouncer: fetching Debian 13's PgBouncer and C library into $cache" >&2
+    [ "$(uname -m)" = x86_64 ] || { echo "pgbouncer: Debian 13's package is fetched for x86_64 only; install PgBouncer >= 1.21" >&2; exit 1; }
+    rm -rf "$cache.tmp" && mkdir -p "$cache.tmp/deb" "$cache.tmp/root"
+    deb=http://deb.debian.org/debian
+    curl -fsS --retry 3 -o "$cache.tmp/Packages.xz" "$deb/dists/trixie/main/binary-amd64/Packages.xz"
+    for pkg in pgbouncer libc6 libcares2 libevent-2.1-7t64; do
+      f=$(xz -dc "$cache.tmp/Packages.xz" | awk -v p="$pkg" '$0 == "Package: " p { found = 1 } found && /^Filename: / { print $2; exit }')
+      [ -n "$f" ] || { echo "pgbouncer: no package $pkg in Debian 13's index" >&2; exit 1; }
+      curl -fsS --retry 3 -o "$cache.tmp/deb/$pkg.deb" "$deb/$f"
+      dpkg-deb -x "$cache.tmp/deb/$pkg.deb" "$cache.tmp/root"
+    done
+    root=$cache/root
+    printf '#!/bin/sh\nexec "%s" --library-path "%s" "%s" "$@"\n' \
+      "$root/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" \
+      "$root/usr/lib/x86_64-linux-gnu:/usr/lib/x86_64-linux-gnu:/lib/x86_64-linux-gnu" \
+      "$root/usr/sbin/pgbouncer" > "$cache.tmp/pgbouncer"
+    chmod 755 "$cache.tmp/pgbouncer"
+    rm -rf "$cache.tmp/deb" "$cache.tmp/Packages.xz" "$cache"
+    mv "$cache.tmp" "$cache"
+    chmod -R a+rX "$cache"
+  fi
+  echo "$cache/pgbouncer"
+}
+
 start() {
-  local dir=$1 listen=$2
-  install
+  local dir=$1 listen=$2 cmd extra=""
+  if [ "${PGBOUNCER_PREPARED:-}" = 1 ]; then
+    cmd=$(prepared_bin)
+    extra="max_prepared_statements = 200"
+  else
+    install
+    cmd=$(bin)
+  fi
   mkdir -p "$dir"
   echo "\"$user\" \"\"" > "$dir/users.txt"
   cat > "$dir/pgbouncer.ini" <<EOF
@@ -63,6 +114,7 @@ server_idle_timeout = 60
 ignore_startup_parameters = extra_float_digits
 logfile = $dir/pgbouncer.log
 pidfile = $dir/pgbouncer.pid
+$extra
 EOF
   local as=()
   if [ "$(id -u)" = 0 ]; then
@@ -70,10 +122,10 @@ EOF
     chown -R postgres "$dir"
     as=(-u postgres)
   fi
-  "$(bin)" -d "${as[@]}" "$dir/pgbouncer.ini"
+  "$cmd" -d "${as[@]}" "$dir/pgbouncer.ini"
   for _ in $(seq 1 50); do
     if pg_isready -q -h 127.0.0.1 -p "$listen" -d postgres -U "$user" -t 1 2>/dev/null; then
-      echo "pgbouncer: transaction mode on 127.0.0.1:$listen (pid $(cat "$dir/pgbouncer.pid"), dir $dir)" >&2
+      echo "pgbouncer: $("$cmd" --version | head -1), transaction mode${extra:+, $extra}, 127.0.0.1:$listen (pid $(cat "$dir/pgbouncer.pid"), dir $dir)" >&2
       return 0
     fi
     sleep 0.1

@@ -76,7 +76,10 @@ type drainVariant struct {
 	cfg       worker.Config
 	base      bool // the hand-written baseline instead of the worker
 	instances int  // workers draining together (0: one)
-	pooled    bool // on a pool through PgBouncer in transaction mode (pgx exec mode)
+	// on a pool through a PgBouncer of the benchmark's own in transaction mode: "exec"
+	// (Debian 12's 1.18, pgx exec mode) or "prepared" (>= 1.21 keeping prepared statements,
+	// pgx's default mode); "": direct
+	pooler string
 }
 
 var drainVariants = []drainVariant{
@@ -87,7 +90,8 @@ var drainVariants = []drainVariant{
 	{name: "c8", cfg: worker.Config{Concurrency: 8}},
 	{name: "b1000", cfg: worker.Config{BatchSize: 1000}},
 	{name: "x2", cfg: worker.Config{Concurrency: 2}, instances: 2}, // two instances, 2 slots each
-	{name: "pooled", cfg: worker.Config{}, pooled: true},           // defaults, through PgBouncer
+	{name: "pooled", cfg: worker.Config{}, pooler: "exec"},         // defaults, through PgBouncer 1.18
+	{name: "prepared", cfg: worker.Config{}, pooler: "prepared"},   // defaults, through PgBouncer >= 1.21
 }
 
 var drainRound int
@@ -95,7 +99,9 @@ var drainRound int
 // BenchmarkWorkerDrain measures events applied per second by one instance draining a
 // backlog of 1000 streams × 50 events (queue rows and cursor rows in place, perspective
 // registered; the worker only drains), for the default configuration, Concurrency 1, 2 and
-// 8, BatchSize 1000, and the hand-written baseline. Each iteration is one round of every
+// 8, BatchSize 1000, two instances, through each of two PgBouncers (pooled: 1.18 with pgx's
+// exec mode; prepared: one keeping prepared statements, pgx's default mode), and the
+// hand-written baseline. Each iteration is one round of every
 // variant; the figures are events/s per variant and worker/baseline, and where the time
 // goes: statements and commits per stream, streams per claim (QueueDuePairs), statements in
 // flight on average (time inside statements / wall time), and the CPU cores used by the
@@ -125,7 +131,7 @@ func BenchmarkWorkerDrain(b *testing.B) {
 		}
 		fig[v][k] = append(fig[v][k], x)
 	}
-	var pooled *pgxpool.Pool // through a PgBouncer of the benchmark's own, started on first use
+	pooled := map[string]*pgxpool.Pool{} // through PgBouncers of the benchmark's own, started on first use
 	for range b.N {
 		for j := range variants {
 			v := variants[(drainRound+j)%len(variants)]
@@ -136,17 +142,21 @@ func BenchmarkWorkerDrain(b *testing.B) {
 			switch {
 			case v.base:
 				el = drainBaseline(b, ctx, pool)
-			case v.pooled:
-				if pooled == nil {
-					var err error
-					cfg, err := pgxpool.ParseConfig(pgtest.WithExecMode(pgtest.StartPooler(b, testDB.Name), "exec"))
+			case v.pooler != "":
+				if pooled[v.pooler] == nil {
+					u := pgtest.WithExecMode(pgtest.StartPooler(b, testDB.Name), "exec")
+					if v.pooler == "prepared" {
+						u = pgtest.StartPreparedPooler(b, testDB.Name)
+					}
+					cfg, err := pgxpool.ParseConfig(u)
 					require.NoError(b, err)
 					cfg.MaxConns = testDB.Pool.Config().MaxConns // as the direct pool
-					pooled, err = pgxpool.NewWithConfig(ctx, cfg)
+					p, err := pgxpool.NewWithConfig(ctx, cfg)
 					require.NoError(b, err)
-					b.Cleanup(pooled.Close)
+					b.Cleanup(p.Close)
+					pooled[v.pooler] = p
 				}
-				el = drainWorker(b, ctx, pooled, v.cfg, 1)
+				el = drainWorker(b, ctx, pooled[v.pooler], v.cfg, 1)
 			default:
 				el = drainWorker(b, ctx, pool, v.cfg, max(v.instances, 1))
 			}
@@ -183,9 +193,11 @@ func BenchmarkWorkerDrain(b *testing.B) {
 	if len(fig["worker"]) > 0 && len(fig["baseline"]) > 0 {
 		b.ReportMetric(medianOf(fig["worker"]["events/s"])/medianOf(fig["baseline"]["events/s"]), "worker/baseline")
 	}
-	if len(fig["worker"]) > 0 && len(fig["pooled"]) > 0 {
-		// The drain's time through the pooler over its time direct (default configuration).
-		b.ReportMetric(medianOf(fig["worker"]["events/s"])/medianOf(fig["pooled"]["events/s"]), "pooled/direct-time")
+	// The drain's time through each pooler over its time direct (default configuration).
+	for _, name := range []string{"pooled", "prepared"} {
+		if len(fig["worker"]) > 0 && len(fig[name]) > 0 {
+			b.ReportMetric(medianOf(fig["worker"]["events/s"])/medianOf(fig[name]["events/s"]), name+"/direct-time")
+		}
 	}
 }
 

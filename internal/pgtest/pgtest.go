@@ -203,17 +203,31 @@ func (d *DB) Truncate(ctx context.Context, t testing.TB) {
 // ends.
 func StartPooler(t testing.TB, name string) string {
 	t.Helper()
+	return startPooler(t, name)
+}
+
+// StartPreparedPooler is StartPooler with a PgBouncer that keeps prepared statements in
+// transaction mode (>= 1.21, max_prepared_statements: see scripts/pgbouncer.sh), which
+// pgx's default query exec mode works through.
+func StartPreparedPooler(t testing.TB, name string) string {
+	t.Helper()
+	return startPooler(t, name, "PGBOUNCER_PREPARED=1")
+}
+
+// startPooler starts scripts/pgbouncer.sh with env added to its environment.
+func startPooler(t testing.TB, name string, env ...string) string {
+	t.Helper()
 	port := freePort(t)
 	dir, err := os.MkdirTemp("", "pgbouncer-")
 	if err != nil {
 		t.Fatalf("pgtest: %v", err)
 	}
-	if out, err := runScript("pgbouncer.sh", "start", dir, strconv.Itoa(port)); err != nil {
+	if out, err := runScript("pgbouncer.sh", env, "start", dir, strconv.Itoa(port)); err != nil {
 		_ = os.RemoveAll(dir)
 		t.Fatalf("pgtest: start PgBouncer: %v\n%s", err, out)
 	}
 	t.Cleanup(func() {
-		if out, err := runScript("pgbouncer.sh", "stop", dir); err != nil {
+		if out, err := runScript("pgbouncer.sh", nil, "stop", dir); err != nil {
 			t.Errorf("pgtest: stop PgBouncer: %v\n%s", err, out)
 		}
 	})
@@ -294,7 +308,7 @@ func newCluster(t testing.TB) *Cluster {
 
 func clusterScript(t testing.TB, args ...string) {
 	t.Helper()
-	if out, err := runScript("pgcluster.sh", args...); err != nil {
+	if out, err := runScript("pgcluster.sh", nil, args...); err != nil {
 		t.Fatalf("pgtest: pgcluster.sh %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
 }
@@ -311,11 +325,11 @@ func freePort(t testing.TB) int {
 }
 
 // runScript runs the project's scripts/<name> with args, with DATABASE_URL set to the
-// server's, and returns its combined output.
-func runScript(name string, args ...string) ([]byte, error) {
+// server's and env (NAME=value) added to its environment, and returns its combined output.
+func runScript(name string, env []string, args ...string) ([]byte, error) {
 	_, file, _, _ := runtime.Caller(0)
 	script := filepath.Join(filepath.Dir(file), "..", "..", "scripts", name)
 	cmd := exec.Command("bash", append([]string{script}, args...)...)
-	cmd.Env = append(os.Environ(), "DATABASE_URL="+ServerURL())
+	cmd.Env = append(append(os.Environ(), "DATABASE_URL="+ServerURL()), env...)
 	return cmd.CombinedOutput()
 }
