@@ -31,7 +31,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/perspectives-go/perspectives/worker"
@@ -78,10 +77,10 @@ func benchWorkerProcess(dbURL string) error {
 		return err
 	}
 	defer pool.Close()
-	reader := sdkmetric.NewManualReader()
+	m := newBenchMetrics() // without the queue gauges, which would query the queue at every count
 	w, err := worker.New(pool, worker.Config{
 		Perspectives:  []worker.Perspective{sumPerspective(instancesName)},
-		MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)),
+		MeterProvider: m.mp,
 		Logger:        slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		Concurrency:   concurrency,
 	})
@@ -101,13 +100,13 @@ func benchWorkerProcess(dbURL string) error {
 	var used time.Duration // the process's CPU time at its last answer
 	for in.Scan() {
 		var rm metricdata.ResourceMetrics
-		if err := reader.Collect(ctx, &rm); err != nil {
+		if err := m.reader.Collect(ctx, &rm); err != nil {
 			return err
 		}
 		var applied int64
 		for _, sm := range rm.ScopeMetrics {
-			for _, m := range sm.Metrics {
-				if sum, ok := m.Data.(metricdata.Sum[int64]); ok && m.Name == "perspectives.events.applied" {
+			for _, mt := range sm.Metrics {
+				if sum, ok := mt.Data.(metricdata.Sum[int64]); ok && mt.Name == "perspectives.events.applied" {
 					for _, dp := range sum.DataPoints {
 						applied += dp.Value
 					}
