@@ -77,7 +77,7 @@ func benchWorkerProcess(dbURL string) error {
 		return err
 	}
 	defer pool.Close()
-	m := newBenchMetrics() // without the queue gauges, which would query the queue at every count
+	m := newBenchMetrics() // without the gauges, which would query the queue at every count
 	w, err := worker.New(pool, worker.Config{
 		Perspectives:  []worker.Perspective{sumPerspective(instancesName)},
 		MeterProvider: m.mp,
