@@ -9,6 +9,9 @@ package worker_test
 // machine four processes cannot apply more than one: the figure that matters is that they do
 // not apply less, nor waste claims colliding. One process with as many slots as the four
 // (x1c16) tells the cost of more instances from that of more concurrent transactions.
+// Each variant drains twice (drainProcesses): cold, the processes just started, and warm,
+// the processes waiting for work as long-running instances do. The figures without a round
+// in their name are the warm round's; "-cold-" ones the cold round's.
 
 import (
 	"bufio"

@@ -133,14 +133,16 @@ func autovacuumQueue(b *testing.B, dbURL string) (stop func() int) {
 	ctx, cancel := context.WithCancel(context.Background())
 	conn, err := pgx.Connect(ctx, dbURL)
 	require.NoError(b, err)
-	var done sync.WaitGroup
-	var mu sync.Mutex
-	n := 0
-	done.Add(1)
+	var (
+		done    = make(chan struct{})
+		n       int   // vacuums finished
+		failure error // an error other than the cancellation
+	)
 	go func() {
-		defer done.Done()
+		defer close(done)
 		defer conn.Close(context.Background())
 		if _, err := conn.Exec(ctx, `SET vacuum_cost_delay = '2ms'; SET vacuum_cost_limit = 200`); err != nil {
+			failure = err
 			return
 		}
 		tick := time.NewTicker(time.Minute)
@@ -151,20 +153,20 @@ func autovacuumQueue(b *testing.B, dbURL string) (stop func() int) {
 				return
 			case <-tick.C:
 				if _, err := conn.Exec(ctx, `VACUUM wh_perspective_events`); err != nil {
-					return // cancelled with the benchmark
+					if ctx.Err() == nil {
+						failure = err
+					}
+					return
 				}
-				mu.Lock()
 				n++
-				mu.Unlock()
 			}
 		}
 	}()
-	b.Cleanup(func() { cancel(); done.Wait() }) // when the benchmark fails before stop
+	b.Cleanup(func() { cancel(); <-done }) // when the benchmark fails before stop
 	return func() int {
 		cancel()
-		done.Wait()
-		mu.Lock()
-		defer mu.Unlock()
+		<-done
+		require.NoError(b, failure, "vacuuming the queue")
 		return n
 	}
 }
