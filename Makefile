@@ -35,7 +35,7 @@ test: db ## run every test against PostgreSQL, with the race detector, then the 
 	go test -race -count=1 ./...
 	./scripts/test-pooler.sh
 
-test-pooler: db ## the locker, worker, fx and CLI tests through PgBouncer in transaction mode (exec and simple_protocol)
+test-pooler: db ## the locker, worker, fx and CLI tests through PgBouncer in transaction mode (1.18: exec, simple_protocol; >= 1.21: prepared statements)
 	./scripts/test-pooler.sh
 
 bench: db ## run the benchmarks (see BENCHMARKS.md)
