@@ -69,28 +69,49 @@ func newBenchMetrics() *benchMetrics {
 	return &benchMetrics{reader: r, mp: sdkmetric.NewMeterProvider(sdkmetric.WithReader(r), sdkmetric.WithView(drop))}
 }
 
-func (m *benchMetrics) collect(b testing.TB) map[string]metricdata.Aggregation {
+// read collects every metric once, by name.
+func (m *benchMetrics) read() (map[string]metricdata.Aggregation, error) {
 	var rm metricdata.ResourceMetrics
-	require.NoError(b, m.reader.Collect(context.Background(), &rm))
+	if err := m.reader.Collect(context.Background(), &rm); err != nil {
+		return nil, err
+	}
 	out := map[string]metricdata.Aggregation{}
 	for _, sm := range rm.ScopeMetrics {
 		for _, mt := range sm.Metrics {
 			out[mt.Name] = mt.Data
 		}
 	}
+	return out, nil
+}
+
+func (m *benchMetrics) collect(b testing.TB) map[string]metricdata.Aggregation {
+	out, err := m.read()
+	require.NoError(b, err)
 	return out
 }
 
-// counter is the total of an int64 counter over all attribute sets.
-func (m *benchMetrics) counter(b testing.TB, name string) int64 {
-	data, ok := m.collect(b)[name]
+// total is the total of an int64 counter over all attribute sets (0 before its first
+// recording); for a process without a testing.TB (BenchmarkInstances' workers).
+func (m *benchMetrics) total(name string) (int64, error) {
+	all, err := m.read()
+	if err != nil {
+		return 0, err
+	}
+	data, ok := all[name]
 	if !ok {
-		return 0
+		return 0, nil
 	}
 	var n int64
 	for _, dp := range data.(metricdata.Sum[int64]).DataPoints {
 		n += dp.Value
 	}
+	return n, nil
+}
+
+// counter is the total of an int64 counter over all attribute sets.
+func (m *benchMetrics) counter(b testing.TB, name string) int64 {
+	n, err := m.total(name)
+	require.NoError(b, err)
 	return n
 }
 

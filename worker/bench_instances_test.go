@@ -34,7 +34,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/perspectives-go/perspectives/worker"
 )
@@ -102,19 +101,9 @@ func benchWorkerProcess(dbURL string) error {
 	var reported int64
 	var used time.Duration // the process's CPU time at its last answer
 	for in.Scan() {
-		var rm metricdata.ResourceMetrics
-		if err := m.reader.Collect(ctx, &rm); err != nil {
+		applied, err := m.total("perspectives.events.applied")
+		if err != nil {
 			return err
-		}
-		var applied int64
-		for _, sm := range rm.ScopeMetrics {
-			for _, mt := range sm.Metrics {
-				if sum, ok := mt.Data.(metricdata.Sum[int64]); ok && mt.Name == "perspectives.events.applied" {
-					for _, dp := range sum.DataPoints {
-						applied += dp.Value
-					}
-				}
-			}
 		}
 		stats := tracer.take()
 		var ru syscall.Rusage
