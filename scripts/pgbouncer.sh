@@ -12,6 +12,11 @@
 # Every database of the server is reachable through it under its own name (a wildcard
 # entry), as the user of DATABASE_URL, without a password (the test cluster trusts local TCP).
 #
+# When the server is on this machine and answers on its Unix socket as the user PgBouncer runs
+# as, PgBouncer reaches it through the socket, as a PgBouncer beside its database is usually
+# set up: a local TCP hop costs a lock cycle about a tenth more (BENCHMARKS.md §12).
+# PGBOUNCER_SERVER_HOST overrides the choice (a socket directory or a host name).
+#
 # PGBOUNCER_PREPARED=1 starts a PgBouncer that keeps prepared statements in transaction mode
 # (max_prepared_statements, PgBouncer >= 1.21), for pgx's default query exec mode: the
 # installed one when it is new enough, else the package of Debian 13 (PgBouncer 1.24; Debian
@@ -84,8 +89,26 @@ prepared_bin() {
   echo "$cache/pgbouncer"
 }
 
+# server_host prints where PgBouncer reaches the server (see the header). Its arguments, when
+# given, are the command prefix that runs psql as PgBouncer's user.
+server_host() {
+  local d
+  if [ -n "${PGBOUNCER_SERVER_HOST:-}" ]; then echo "$PGBOUNCER_SERVER_HOST"; return; fi
+  case "$host" in 127.0.0.1|localhost|::1|"[::1]") ;; *) echo "$host"; return ;; esac
+  if command -v psql >/dev/null 2>&1; then
+    for d in /var/run/postgresql /run/postgresql /tmp; do
+      [ -S "$d/.s.PGSQL.$port" ] || continue
+      if "$@" psql -h "$d" -p "$port" -U "$user" -d postgres -Atqc 'select 1' >/dev/null 2>&1; then
+        echo "$d"
+        return
+      fi
+    done
+  fi
+  echo "$host"
+}
+
 start() {
-  local dir=$1 listen=$2 cmd extra=""
+  local dir=$1 listen=$2 cmd extra="" server
   if [ "${PGBOUNCER_PREPARED:-}" = 1 ]; then
     cmd=$(prepared_bin)
     extra="max_prepared_statements = 200"
@@ -93,11 +116,15 @@ start() {
     install
     cmd=$(bin)
   fi
+  local as=()
+  # PgBouncer refuses to run as root: it switches to the postgres user.
+  [ "$(id -u)" = 0 ] && as=(-u postgres)
+  if [ ${#as[@]} -gt 0 ]; then server=$(server_host runuser "${as[@]}" --); else server=$(server_host); fi
   mkdir -p "$dir"
   echo "\"$user\" \"\"" > "$dir/users.txt"
   cat > "$dir/pgbouncer.ini" <<EOF
 [databases]
-* = host=$host port=$port
+* = host=$server port=$port
 
 [pgbouncer]
 listen_addr = 127.0.0.1
@@ -116,16 +143,11 @@ logfile = $dir/pgbouncer.log
 pidfile = $dir/pgbouncer.pid
 $extra
 EOF
-  local as=()
-  if [ "$(id -u)" = 0 ]; then
-    # PgBouncer refuses to run as root: it switches to the postgres user.
-    chown -R postgres "$dir"
-    as=(-u postgres)
-  fi
+  [ ${#as[@]} -gt 0 ] && chown -R postgres "$dir"
   "$cmd" -d "${as[@]}" "$dir/pgbouncer.ini"
   for _ in $(seq 1 50); do
     if pg_isready -q -h 127.0.0.1 -p "$listen" -d postgres -U "$user" -t 1 2>/dev/null; then
-      echo "pgbouncer: $("$cmd" --version | head -1), transaction mode${extra:+, $extra}, 127.0.0.1:$listen (pid $(cat "$dir/pgbouncer.pid"), dir $dir)" >&2
+      echo "pgbouncer: $("$cmd" --version | head -1), transaction mode${extra:+, $extra}, 127.0.0.1:$listen to $server (pid $(cat "$dir/pgbouncer.pid"), dir $dir)" >&2
       return 0
     fi
     sleep 0.1
