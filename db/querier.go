@@ -184,11 +184,12 @@ type Querier interface {
 	// Queue depth per perspective, and the age of its oldest row on the database clock.
 	QueueDepth(ctx context.Context) ([]QueueDepthRow, error)
 	// The pairs with due queue rows, oldest row first, of the builds this instance runs
-	// (perspective_names holds their build keys), skipping the pairs listed in busy_pairs, pairs
-	// another instance has locked, pairs backing off after a failure, and pairs whose build's
-	// catch-up has not passed their stream yet; each once, each flagged own or not (see the
-	// sharing of streams below): up to pair_limit of its own and pair_limit of the others' (the
-	// caller takes its own first), and the first group's position (see below).
+	// (perspective_names holds their build keys), skipping the pairs listed in busy_pairs and
+	// skip_pairs, pairs another instance has locked, pairs backing off after a failure, and
+	// pairs whose build's catch-up has not passed their stream yet; each once, each flagged own
+	// or not (see the sharing of streams below): up to pair_limit of its own and pair_limit of
+	// the others' (the caller takes its own first), and where the next claim may start (see the
+	// end).
 	// A loose index scan: each step is one probe of the due index for the first row after the
 	// previous step's (next_attempt_at, stream, perspective) group, so a step passes a whole
 	// group (all the rows one Append queued for a pair) at once, and the cost grows with the
@@ -217,9 +218,14 @@ type Querier interface {
 	// (its slots all taken: a perspective's Apply that hangs) drops out, and the streams are
 	// shared out among the others.
 	// An instance without a row (no heartbeat yet, or a store's tests) owns every stream.
-	// The pairs, in order, and first the first group passed (steps = 1) whether claimable or not,
-	// if it is due: the caller's next start. (A first group not due, a pair backing off or
-	// parked, is no start: rows queued later, due now, sort before it.)
+	// The claimable pairs, in order (start false), then, when the claim passed any group, where
+	// the next claim may start (start true): at the first open group passed (perspective ''),
+	// else after the last group passed (its perspective). Every row due now that the next claim
+	// can return lies at or after it, but for the rows left of the pairs being applied, which
+	// their instances look up again; and so does every row queued later by a transaction that
+	// began later. A row queued by a transaction that began earlier may lie before it: the start
+	// is never after now() - settle_ms, so such a row is found at the next claim when its
+	// transaction took less than settle_ms, else at the next claim from the oldest row.
 	QueueDuePairs(ctx context.Context, arg QueueDuePairsParams) ([]QueueDuePairsRow, error)
 	// Enqueues every stored event of one stream for one perspective (rebuild).
 	// Events the pair skipped stay skipped.

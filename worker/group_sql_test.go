@@ -12,6 +12,7 @@ package worker_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -620,27 +621,16 @@ func TestGroupSQLPairsMarkFailedBacksOffPerPair(t *testing.T) {
 // BusyPairs is sent as NULL, which must mean "none".
 func gsClaim(t *testing.T, ctx context.Context, arg db.QueueDuePairsParams) []gsPair {
 	t.Helper()
-	out, _ := gsClaimFirst(t, ctx, arg)
-	return out
-}
-
-// gsClaimFirst is gsClaim, with the pair of the first group the claim passed (zero: none).
-func gsClaimFirst(t *testing.T, ctx context.Context, arg db.QueueDuePairsParams) ([]gsPair, gsPair) {
-	t.Helper()
 	rows, err := pgq.New(testDB.Pool).QueueDuePairs(ctx, arg)
 	require.NoError(t, err)
 	out := []gsPair{}
-	var first gsPair
-	for i, r := range rows {
-		if i == 0 {
-			first = gsPair{r.StreamID, r.PerspectiveName}
-		}
+	for _, r := range rows {
 		if r.Ok && len(out) < int(arg.PairLimit) {
 			out = append(out, gsPair{r.StreamID, r.PerspectiveName})
 		}
 	}
 	require.LessOrEqual(t, len(rows), int(arg.PairLimit)+1)
-	return out, first
+	return out
 }
 
 // gsDueTimes is the distinct next_attempt_at of the pair's queue rows, in order.
@@ -906,40 +896,141 @@ func TestClaimSQLPassesPairsAnotherTransactionApplies(t *testing.T) {
 	require.Equal(t, gsPairs(name, s...), claim(), "the mark ends with the transaction")
 }
 
-// A claim returns the first group it passed, claimable or not, and a claim from a position
-// starts there: it returns no pair queued before it, and passes none of the groups before it.
-func TestClaimSQLStartsFromAPositionAndReturnsItsFirstGroup(t *testing.T) {
+// A claim returns where the next one may start (Claimed.Next): at the first group it passed
+// that the next claim must pass again, else just after the last group it passed. The group a
+// pair in flight here was claimed at and the pairs it returns are passed over; a later group
+// of a pair in flight, a pair under another transaction's claim mark, one only skipped (found
+// busy), one whose stream another instance has locked, or one not due stops it. It is never
+// later than Settle before the claim. A claim from a position returns no pair queued before
+// it.
+func TestClaimSQLNextStartsAfterWhatIsBeingApplied(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	name := gsRegister(t, ctx, "claim_from")
-	s := gsStreamsDescending(3)
+	name := gsRegister(t, ctx, "claim_next")
+	s := gsStreamsDescending(5)
 	for _, stream := range s {
 		gsAppend(t, ctx, stream, 1) // one Append each: due in this order
 	}
 	gsSeal(t, ctx, []string{name}, s...)
-	claim := func(busy []string, fromAt *time.Time, fromStream uuid.NullUUID) ([]gsPair, gsPair) {
-		return gsClaimFirst(t, ctx, db.QueueDuePairsParams{
-			PerspectiveNames: []string{name}, InstanceID: uuid.New(), PairLimit: 10, MaxSteps: 100,
-			BusyPairs: busy, FromAt: fromAt, FromStream: fromStream,
-		})
+	at := make([]worker.QueuePosition, len(s)) // each stream's group: its position
+	for i, stream := range s {
+		due := gsDueTimes(t, ctx, gsPair{stream, name})
+		require.Len(t, due, 1)
+		at[i] = worker.QueuePosition{At: due[0], Stream: stream}
 	}
-	got, first := claim(nil, nil, uuid.NullUUID{})
-	require.Equal(t, gsPairs(name, s...), got)
-	require.Equal(t, gsPair{s[0], name}, first)
-	got, first = claim([]string{s[0].String() + "/" + name}, nil, uuid.NullUUID{})
-	require.Equal(t, gsPairs(name, s[1:]...), got)
-	require.Equal(t, gsPair{s[0], name}, first, "the first group passed, though not claimable")
+	after := func(i int) worker.QueuePosition { // just after stream i's group
+		return worker.QueuePosition{At: at[i].At, Stream: s[i], Perspective: name}
+	}
+	pairs := func(is ...int) []worker.Pair {
+		out := []worker.Pair{}
+		for _, i := range is {
+			out = append(out, worker.Pair{Stream: s[i], Perspective: name})
+		}
+		return out
+	}
+	inflight := func(is ...int) map[worker.Pair]time.Time { // in flight, claimed at their groups
+		out := map[worker.Pair]time.Time{}
+		for _, i := range is {
+			out[worker.Pair{Stream: s[i], Perspective: name}] = at[i].At
+		}
+		return out
+	}
+	store := worker.NewPGStore(testDB.Pool, time.Second, time.Second)
+	claim := func(req worker.ClaimRequest) worker.Claimed {
+		t.Helper()
+		req.Perspectives, req.MaxSteps = []string{name}, 100
+		req.Limit = cmp.Or(req.Limit, 10)
+		c, err := store.Claim(ctx, req)
+		require.NoError(t, err)
+		if c.Pairs == nil {
+			c.Pairs = []worker.Pair{}
+		}
+		return c
+	}
 
-	due := gsDueTimes(t, ctx, gsPair{s[1], name})
-	require.Len(t, due, 1)
-	got, first = claim(nil, &due[0], uuid.NullUUID{UUID: s[1], Valid: true})
-	require.Equal(t, gsPairs(name, s[1:]...), got, "from the second pair's group on (it included)")
-	require.Equal(t, gsPair{s[1], name}, first)
+	c := claim(worker.ClaimRequest{InFlight: inflight(0), Limit: 2})
+	require.Equal(t, pairs(1, 2), c.Pairs)
+	require.Equal(t, map[worker.Pair]worker.QueuePosition{pairs(1)[0]: at[1], pairs(2)[0]: at[2]}, c.At)
+	require.Equal(t, after(2), c.Next, "past the pair in flight and the pairs returned")
+	c = claim(worker.ClaimRequest{From: c.Next})
+	require.Equal(t, pairs(3, 4), c.Pairs, "from there on")
+	require.Equal(t, after(4), c.Next)
+	c = claim(worker.ClaimRequest{From: at[1]})
+	require.Equal(t, pairs(1, 2, 3, 4), c.Pairs, "a position of a group includes it")
+
+	// Pairs whose jobs ended, looked up again at the due time they were claimed at: one with
+	// rows still there starts the claim there, though its position is past them.
+	c = claim(worker.ClaimRequest{From: after(4), Recheck: map[worker.Pair]time.Time{
+		pairs(3)[0]: at[3].At, pairs(1)[0]: at[1].At, pairs(2)[0]: at[0].At}})
+	require.Equal(t, pairs(1, 2, 3, 4), c.Pairs, "from the first group looked up that has rows")
+	c = claim(worker.ClaimRequest{From: after(2), Recheck: map[worker.Pair]time.Time{pairs(2)[0]: at[0].At}})
+	require.Equal(t, pairs(3, 4), c.Pairs, "a group looked up that has no rows: from the position")
+	c = claim(worker.ClaimRequest{From: at[1], Recheck: map[worker.Pair]time.Time{pairs(3)[0]: at[3].At}})
+	require.Equal(t, pairs(1, 2, 3, 4), c.Pairs, "a group looked up after the position: from the position")
+
+	c = claim(worker.ClaimRequest{Skip: pairs(0)})
+	require.Equal(t, pairs(1, 2, 3, 4), c.Pairs)
+	require.Equal(t, at[0], c.Next, "a pair skipped once is passed again")
+
+	gsExec(t, ctx, testDB.Pool, `UPDATE wh_perspective_cursors SET stream_lock_instance_id = $3,
+		stream_lock_expiry = now() + interval '1 minute', stream_lock_reason = 'test'
+		WHERE stream_id = $1 AND perspective_name = $2`, s[1], name, uuid.New())
+	c = claim(worker.ClaimRequest{InFlight: inflight(0)})
+	require.Equal(t, pairs(2, 3, 4), c.Pairs)
+	require.Equal(t, at[1], c.Next, "a pair another instance has locked is passed again")
+	gsExec(t, ctx, testDB.Pool, `UPDATE wh_perspective_cursors SET stream_lock_instance_id = NULL,
+		stream_lock_expiry = NULL, stream_lock_reason = NULL WHERE stream_id = $1 AND perspective_name = $2`, s[1], name)
+
+	// Another transaction applying stream 0 (its claim mark).
+	tx, err := testDB.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	streams, names := gsArrays(gsPair{s[0], name})
+	locked, err := pgq.New(tx).PairsLockForApply(ctx, db.PairsLockForApplyParams{StreamIds: streams, PerspectiveNames: names})
+	require.NoError(t, err)
+	require.Len(t, locked, 1)
+	c = claim(worker.ClaimRequest{Limit: 1})
+	require.Equal(t, pairs(1), c.Pairs, "the pair another transaction applies is passed over")
+	require.Equal(t, at[0], c.Next, "and passed again: that transaction may leave rows of it")
+	require.NoError(t, tx.Rollback(ctx))
+	c = claim(worker.ClaimRequest{Limit: 1})
+	require.Equal(t, pairs(0), c.Pairs)
+	require.Equal(t, after(0), c.Next)
+	c = claim(worker.ClaimRequest{InFlight: map[worker.Pair]time.Time{pairs(0)[0]: at[1].At}, Limit: 1})
+	require.Equal(t, pairs(1), c.Pairs)
+	require.Equal(t, at[0], c.Next, "a pair in flight claimed at another group: passed again")
+
+	var now time.Time
+	require.NoError(t, testDB.Pool.QueryRow(ctx, `SELECT now()`).Scan(&now))
+	c = claim(worker.ClaimRequest{InFlight: inflight(0, 1, 2, 3, 4), Settle: time.Hour})
+	require.Empty(t, c.Pairs)
+	require.Equal(t, uuid.Nil, c.Next.Stream, "never later than Settle before the claim")
+	require.Empty(t, c.Next.Perspective)
+	require.WithinDuration(t, now.Add(-time.Hour), c.Next.At, time.Minute)
+
+	// A later group of a pair in flight (its job may have read the pair's rows before it).
+	later := gsAppend(t, ctx, s[0], 1) // stored; queued here (the perspective is unregistered)
+	gsExec(t, ctx, testDB.Pool, `INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)
+		VALUES ($1, $2, $3)`, s[0], name, later[0])
+	due := gsDueTimes(t, ctx, gsPair{s[0], name})
+	require.Len(t, due, 2)
+	c = claim(worker.ClaimRequest{InFlight: inflight(0, 1, 2, 3)})
+	require.Equal(t, pairs(4), c.Pairs)
+	require.Equal(t, worker.QueuePosition{At: due[1], Stream: s[0]}, c.Next, "a later group of a pair in flight is passed again")
+
+	gsExec(t, ctx, testDB.Pool, `DELETE FROM wh_perspective_events WHERE event_id = $1`, later[0])
+	gsExec(t, ctx, testDB.Pool, `UPDATE wh_perspective_events SET next_attempt_at = now() + interval '1 hour'
+		WHERE stream_id = $1 AND perspective_name = $2`, s[4], name)
+	c = claim(worker.ClaimRequest{InFlight: inflight(0, 1, 2)})
+	require.Equal(t, pairs(3), c.Pairs)
+	require.Equal(t, uuid.Nil, c.Next.Stream, "a group not due yet stops it (at most now())")
+	require.False(t, c.Next.At.After(time.Now()))
+	require.True(t, at[3].At.Before(c.Next.At))
 
 	gsExec(t, ctx, testDB.Pool, `DELETE FROM wh_perspective_events WHERE perspective_name = $1`, name)
-	got, first = claim(nil, nil, uuid.NullUUID{})
-	require.Empty(t, got)
-	require.Equal(t, gsPair{}, first, "an empty queue: no group passed")
+	c = claim(worker.ClaimRequest{})
+	require.Empty(t, c.Pairs)
+	require.Equal(t, worker.QueuePosition{}, c.Next, "an empty queue: no group passed")
 }
 
 // PairsMarkFailed's other actions: park makes the pair's rows wait (9999-12-31) with no
@@ -1130,6 +1221,19 @@ func TestClaimSQLInstancesPreferTheStreamsTheyOwn(t *testing.T) {
 		require.Greater(t, passed, limit, "limit %d: the claim passes more of the others' pairs than it keeps", limit)
 		require.Equal(t, limit, others, "limit %d: the others' pairs the claim keeps", limit)
 	}
+	// The next claim's start: a claim that finds its fill of its own pairs starts the next one
+	// after them, past the other's streams before them, which b claims; one that does not
+	// (it takes b's pairs to fill it) starts the next one at the first of b's it passed.
+	next := func(me uuid.UUID, limit int) worker.QueuePosition {
+		c, err := store.Claim(ctx, worker.ClaimRequest{Instance: me, Perspectives: []string{name}, Limit: limit, MaxSteps: 1000})
+		require.NoError(t, err)
+		return c.Next
+	}
+	firstA := slices.IndexFunc(streams, func(s uuid.UUID) bool { return owner[s] == a })
+	require.Greater(t, firstA, 0, "b's streams come first")
+	last := streams[firstA]
+	require.Equal(t, worker.QueuePosition{At: gsDueTimes(t, ctx, gsPair{last, name})[0], Stream: last, Perspective: name}, next(a, 1))
+	require.Equal(t, worker.QueuePosition{At: gsDueTimes(t, ctx, gsPair{streams[0], name})[0], Stream: streams[0]}, next(a, 40))
 	// Each instance's own pairs come first: a claim with room for all returns every stream.
 	all := claim(a, 40)
 	require.Len(t, all, 40)

@@ -60,20 +60,27 @@ func pairArrays(pairs []Pair) ([]uuid.UUID, []string) {
 }
 
 func (s *pgStore) Claim(ctx context.Context, req ClaimRequest) (Claimed, error) {
-	skip := make([]string, len(req.Skip))
-	for i, p := range req.Skip {
-		skip[i] = p.Stream.String() + "/" + p.Perspective
-	}
 	arg := db.QueueDuePairsParams{
 		InstanceID:       req.Instance,
 		PerspectiveNames: req.Perspectives,
-		BusyPairs:        skip,
+		SkipPairs:        pairTexts(req.Skip),
 		PairLimit:        int32(req.Limit),
 		MaxSteps:         int32(req.MaxSteps),
+		SettleMs:         int32(req.Settle.Milliseconds()),
 	}
 	if !req.From.At.IsZero() {
 		arg.FromAt = &req.From.At
 		arg.FromStream = uuid.NullUUID{UUID: req.From.Stream, Valid: true}
+		arg.FromPerspective = &req.From.Perspective
+	}
+	for p, at := range req.Recheck {
+		arg.RecheckStreams = append(arg.RecheckStreams, p.Stream)
+		arg.RecheckPerspectives = append(arg.RecheckPerspectives, p.Perspective)
+		arg.RecheckAt = append(arg.RecheckAt, at)
+	}
+	for p, at := range req.InFlight {
+		arg.BusyPairs = append(arg.BusyPairs, pairText(p))
+		arg.BusyAt = append(arg.BusyAt, at)
 	}
 	rows, err := s.q.QueueDuePairs(ctx, arg)
 	if err != nil {
@@ -81,22 +88,40 @@ func (s *pgStore) Claim(ctx context.Context, req ClaimRequest) (Claimed, error) 
 	}
 	// The streams this instance owns first, then the others, each in the claim's order (see
 	// QueueDuePairs).
-	var c Claimed
-	var others []Pair
-	for i, r := range rows {
-		if i == 0 {
-			c.First = QueuePosition{At: r.NextAttemptAt, Stream: r.StreamID}
-		}
-		switch p := (Pair{Stream: r.StreamID, Perspective: r.PerspectiveName}); {
+	c := Claimed{At: make(map[Pair]QueuePosition, len(rows))}
+	var others []db.QueueDuePairsRow
+	take := func(r db.QueueDuePairsRow) {
+		p := Pair{Stream: r.StreamID, Perspective: r.PerspectiveName}
+		c.Pairs = append(c.Pairs, p)
+		c.At[p] = QueuePosition{At: r.NextAttemptAt, Stream: r.StreamID}
+	}
+	for _, r := range rows {
+		switch {
+		case r.Start:
+			c.Next = QueuePosition{At: r.NextAttemptAt, Stream: r.StreamID, Perspective: r.PerspectiveName}
 		case !r.Ok:
 		case r.Own && len(c.Pairs) < req.Limit:
-			c.Pairs = append(c.Pairs, p)
+			take(r)
 		case !r.Own:
-			others = append(others, p)
+			others = append(others, r)
 		}
 	}
-	c.Pairs = append(c.Pairs, others[:min(len(others), req.Limit-len(c.Pairs))]...)
+	for _, r := range others[:min(len(others), req.Limit-len(c.Pairs))] {
+		take(r)
+	}
 	return c, nil
+}
+
+// pairText names a pair as QueueDuePairs does: 'stream_id/perspective_name'.
+func pairText(p Pair) string { return p.Stream.String() + "/" + p.Perspective }
+
+// pairTexts names pairs as QueueDuePairs does.
+func pairTexts(pairs []Pair) []string {
+	out := make([]string, len(pairs))
+	for i, p := range pairs {
+		out[i] = pairText(p)
+	}
+	return out
 }
 
 func (s *pgStore) RewindStart(ctx context.Context, p Pair) (RewindStart, error) {

@@ -112,6 +112,10 @@ type planStatement struct {
 	// whole: it returns every queued row of a pair, so a bitmap scan of the index followed by
 	// a sort of those rows is allowed too (it costs about what reading them in order does).
 	whole bool
+	// probe: what the Index Cond of a key probe of the queue contains (equality on the
+	// index's leading columns: one group's rows, however many the statistics expect), which
+	// needs no Limit and may feed a Sort. Its other reads are held to cond and limit.
+	probe []string
 	// The other tables it must read through an index only (an Index, Index Only or Bitmap
 	// Index Scan): table → the indexes it may use.
 	other map[string][]string
@@ -248,6 +252,9 @@ func planProblems(plan map[string]any, s planStatement) []string {
 			if s.queue == "" || !ok || index != s.queue || (bitmap && !s.whole) {
 				problems = append(problems, fmt.Sprintf("%s (index %q): want only Index (Only) Scans using %q", scan, index, s.queue))
 				return
+			}
+			if len(s.probe) > 0 && !bitmap && !slices.ContainsFunc(s.probe, func(c string) bool { return !strings.Contains(cond, c) }) {
+				return // a key probe
 			}
 			for _, want := range s.cond {
 				if !strings.Contains(cond, want) {
@@ -448,13 +455,18 @@ func planStatements(t *testing.T, ctx context.Context, conn *pgx.Conn, hot uuid.
 	statements := []planStatement{{
 		name: "QueueDuePairs",
 		call: planRecord(t, func(q *db.Queries) error {
+			from := time.Now().Add(-time.Minute)
 			_, err := q.QueueDuePairs(ctx, db.QueueDuePairsParams{
 				PairLimit: 50, InstanceID: uuid.New(), PerspectiveNames: []string{planBuildA, planBuildB}, MaxSteps: 100,
+				// a start, and pairs looked up again (the key probe)
+				FromAt: &from, FromStream: uuid.NullUUID{Valid: true},
+				RecheckStreams: []uuid.UUID{hot}, RecheckPerspectives: []string{planBuildA}, RecheckAt: []time.Time{from},
 			})
 			return err
 		}),
 		queue: planQueueDue, limit: true,
 		cond:  []string{"(ROW(next_attempt_at, stream_id, perspective_name) > ROW("},
+		probe: []string{"(next_attempt_at = ", "(stream_id = ", "(perspective_name = "},
 		other: map[string][]string{"wh_perspective_cursors": planPairIndexes},
 	}, {
 		name: "QueueEventsForPairs",

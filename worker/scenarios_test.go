@@ -26,6 +26,18 @@ func newLocker(t testing.TB, opts locker.Options) *locker.Postgres {
 
 func uniqueName(prefix string) string { return prefix + "_" + uuid.NewString()[:8] }
 
+// waitCaughtUp waits until the perspective's build is active and caught up: the events
+// appended from then on are queued for it and claimed, not read by its catch-up.
+func waitCaughtUp(t testing.TB, ctx context.Context, name string) {
+	t.Helper()
+	eventually(t, 20*time.Second, "the build active", func() bool {
+		var active bool
+		require.NoError(t, testDB.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM wh_perspective_builds
+			WHERE perspective_name = $1 AND state = 'active' AND catchup_done)`, name).Scan(&active))
+		return active
+	})
+}
+
 func waitModel(t testing.TB, ctx context.Context, name string, stream uuid.UUID, n int) ledger {
 	t.Helper()
 	var m ledger
@@ -464,13 +476,16 @@ func TestOtherStreamsProceedDuringLongRewind(t *testing.T) {
 
 // An event appended while its pair is being applied is skipped by the claim that its
 // wake-up triggers (the pair is in flight); the slot freed by that work polls again, so
-// the event does not wait for the next PollInterval (10 minutes here).
+// the event does not wait for the next PollInterval (10 minutes here). A claim long after
+// that Append (past the claims' settle time) passes its group as one the next claim must
+// pass again: the job read the pair's rows before it was queued.
 func TestEventAppendedWhilePairInFlightIsAppliedWithoutWaitingForPoll(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	name := uniqueName("inflight")
 	gated := newGated(name)
-	startWorker(t, worker.Config{Perspectives: []worker.Perspective{gated}, PollInterval: 10 * time.Minute})
+	w := startWorker(t, worker.Config{Perspectives: []worker.Perspective{gated}, PollInterval: 10 * time.Minute})
+	waitCaughtUp(t, ctx, name) // the events go through the queue, not the build's catch-up
 
 	stream := uuid.New()
 	all := events(stream, newIDs(t, 2))
@@ -486,6 +501,8 @@ func TestEventAppendedWhilePairInFlightIsAppliedWithoutWaitingForPoll(t *testing
 	// Let that Append's wake-up and its claim run while the pair is still in flight (were
 	// they later, the claim would simply find the event).
 	time.Sleep(300 * time.Millisecond)
+	w.Notify() // a claim long after it
+	time.Sleep(100 * time.Millisecond)
 	release()
 	require.Equal(t, expectedLedger(t, all), waitModel(t, ctx, name, stream, 2))
 }
@@ -508,4 +525,45 @@ func TestPairWithMoreThanBatchSizeEventsDrainsWithoutWaitingForPolls(t *testing.
 	require.NoError(t, worker.Append(ctx, testDB.Pool, all...))
 	w.Notify()
 	require.Equal(t, expectedLedger(t, all), waitModel(t, ctx, name, stream, len(all)))
+}
+
+// The claims after the first start past what they passed as being applied (Claimed.Next),
+// and a full claim comes only once a PollInterval (a minute here). Pairs whose jobs leave
+// rows queued, BatchSize at a time, are still drained at once: the worker moves its next
+// claim's start back to them. The rows are older than the claims' settle time, which would
+// otherwise keep the starts before them. (With one instance: two would also take each
+// other's pairs left behind, to fill their claims.)
+func TestPairsLeftQueuedAreClaimedAgainBeforeTheNextFullClaim(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := uniqueName("left")
+	cfg := worker.Config{
+		Perspectives: []worker.Perspective{ledgerPerspective(name)},
+		BatchSize:    4, GroupSize: 3, Concurrency: 2, PollInterval: time.Minute,
+		Logger: quietLogger(), ListenConnect: directListen(),
+	}
+	// A first worker registers the perspective, and stops once its build is active (caught
+	// up: the events appended next are queued, not read by a catch-up).
+	w0, err := worker.New(testDB.Pool, cfg)
+	require.NoError(t, err)
+	require.NoError(t, w0.Start(ctx))
+	waitCaughtUp(t, ctx, name)
+	require.NoError(t, w0.Stop(ctx))
+
+	streams := make([]uuid.UUID, 12)
+	evs := make([][]worker.Event, len(streams))
+	for i := range streams {
+		streams[i] = uuid.New()
+		evs[i] = events(streams[i], newIDs(t, 4*i+1)) // 1 … 45 events: up to 12 batches
+		require.NoError(t, worker.Append(ctx, testDB.Pool, evs[i]...))
+	}
+	tag, err := testDB.Pool.Exec(ctx, `UPDATE wh_perspective_events SET next_attempt_at = next_attempt_at - interval '1 minute'
+		WHERE perspective_name IN (SELECT build_key FROM wh_perspective_builds WHERE perspective_name = $1)`, name)
+	require.NoError(t, err)
+	require.NotZero(t, tag.RowsAffected())
+
+	startWorker(t, cfg)
+	for i, s := range streams {
+		require.Equal(t, expectedLedger(t, evs[i]), waitModel(t, ctx, name, s, len(evs[i])))
+	}
 }

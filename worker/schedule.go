@@ -69,10 +69,12 @@ type contention struct {
 
 // schedule is the loop's state about pairs. Only the loop goroutine uses it.
 type schedule struct {
-	inflight  map[Pair]bool     // in a running or waiting job: never claimed meanwhile
-	skip      []Pair            // found busy: skipped by the next claim only
-	pending   []job             // follow-ups waiting for a free slot (served before new claims)
-	buildJobs map[buildJob]bool // build jobs waiting or running
+	inflight  map[Pair]bool          // in a running or waiting job: never claimed meanwhile
+	claimedAt map[Pair]QueuePosition // the position each pair in flight was claimed at
+	recheck   map[Pair]recheck       // pairs whose jobs ended lately: the claims look them up
+	skip      []Pair                 // found busy: skipped by the next claim only
+	pending   []job                  // follow-ups waiting for a free slot (served before new claims)
+	buildJobs map[buildJob]bool      // build jobs waiting or running
 	contended map[Pair]contention
 	cutOff    map[Pair]int  // pairs whose last jobs were cut off by a lost connection: how many in a row
 	from      QueuePosition // where the next claim starts (see claimFrom)
@@ -83,7 +85,7 @@ type schedule struct {
 }
 
 func newSchedule(lockTimeout time.Duration, log *slog.Logger, logPair func(Pair, ...any) []any) *schedule {
-	return &schedule{inflight: map[Pair]bool{}, buildJobs: map[buildJob]bool{}, contended: map[Pair]contention{},
+	return &schedule{inflight: map[Pair]bool{}, claimedAt: map[Pair]QueuePosition{}, recheck: map[Pair]recheck{}, buildJobs: map[buildJob]bool{}, contended: map[Pair]contention{},
 		cutOff: map[Pair]int{}, window: lockTimeout, log: log, logPair: logPair}
 }
 
@@ -97,19 +99,21 @@ func (s *schedule) queueBuildJob(j job) {
 	s.pending = append(s.pending, j)
 }
 
-// claimSkips returns the pairs the next claim must skip, and forgets the one-claim skips.
-func (s *schedule) claimSkips() []Pair {
-	out := make([]Pair, 0, len(s.inflight)+len(s.skip))
+// claimSkips returns the pairs the next claim must skip: those in flight, with the due time
+// each was claimed at, and those found busy (then forgotten: they are skipped by one claim
+// only).
+func (s *schedule) claimSkips() (inflight map[Pair]time.Time, skip []Pair) {
+	inflight = make(map[Pair]time.Time, len(s.inflight))
 	for p := range s.inflight {
-		out = append(out, p)
+		inflight[p] = s.claimedAt[p].At
 	}
 	for _, p := range s.skip {
 		if !s.inflight[p] {
-			out = append(out, p)
+			skip = append(skip, p)
 		}
 	}
 	s.skip = s.skip[:0]
-	return out
+	return inflight, skip
 }
 
 // started records the pairs of a job about to run, and marks those cut off too often in a
@@ -152,6 +156,7 @@ func (s *schedule) finish(r jobResult, now time.Time) {
 		s.started(&next)
 		s.pending = append(s.pending, next)
 	}
+	s.leave(r.job.pairs, now)
 	s.skip = append(s.skip, r.busy...)
 	refused := make(map[Pair]bool, len(r.contended))
 	for _, p := range r.contended {
@@ -189,11 +194,54 @@ func (s *schedule) noteContention(p Pair, now time.Time) {
 	s.contended[p] = c
 }
 
+// recheck is a pair whose job ended lately.
+type recheck struct {
+	at    time.Time // the due time of the group it was claimed at
+	until time.Time // looked up by the claims until then, and by one claim at least
+	asked bool      // in a claim's request since
+}
+
+// leave takes the pairs of a job that ended at now and left the flight (a follow-up keeps
+// the others). The claims since it was claimed may have started past its group, passing it
+// as held (Claimed.Next): the claims of the next claimSettle look the group up again
+// (ClaimRequest.Recheck), for what the job left there (more than BatchSize rows, a lock
+// refused, a failure not recorded) and for rows that Appends running while it was applied
+// stamped with that group's due time (wh_append) after it had read the pair's rows. An
+// Append that took longer than claimSettle may have its rows found only by the next claim
+// from the oldest row, at most PollInterval later.
+func (s *schedule) leave(pairs []Pair, now time.Time) {
+	for _, p := range pairs {
+		if s.inflight[p] {
+			continue // in a follow-up
+		}
+		at, known := s.claimedAt[p]
+		delete(s.claimedAt, p)
+		if !known {
+			s.from = QueuePosition{} // not claimed here (no such job): from the oldest row
+			continue
+		}
+		s.recheck[p] = recheck{at: at.At, until: now.Add(claimSettle)}
+	}
+}
+
+// claimRechecks returns the pairs the next claim looks up again, with the due time each was
+// claimed at (see leave).
+func (s *schedule) claimRechecks() map[Pair]time.Time {
+	out := make(map[Pair]time.Time, len(s.recheck))
+	for p, r := range s.recheck {
+		out[p] = r.at
+		r.asked = true
+		s.recheck[p] = r
+	}
+	return out
+}
+
 // claimFrom is where a claim at now starts: at the oldest row once every interval (a row
-// queued by a transaction that began before the last claim may lie before the first group
-// that claim passed, and waits at most that long), else at that first group: no other due
-// row precedes it, and the claim need not step through the dead index entries of the rows
-// applied since (thousands after a large drain, until vacuumed). full says which.
+// queued by a transaction that began long before the last claim may lie before that
+// claim's Next, and waits at most that long; see also leave), else at the last claim's Next:
+// no due row the claim can return precedes it but in the groups it looks up again (leave),
+// and it need not step through the groups being applied nor the dead index entries of the
+// rows applied since (thousands after a large drain, until vacuumed). full says which.
 func (s *schedule) claimFrom(now time.Time, interval time.Duration) (from QueuePosition, full bool) {
 	if now.Sub(s.fullAt) >= interval {
 		s.fullAt = now
@@ -202,11 +250,21 @@ func (s *schedule) claimFrom(now time.Time, interval time.Duration) (from QueueP
 	return s.from, false
 }
 
-// claimed takes the first group a claim passed (zero: none) as the next claim's start; a
-// claim from the oldest row that passed none leaves nothing to start after.
-func (s *schedule) claimed(first QueuePosition, full bool) {
-	if full || !first.At.IsZero() {
-		s.from = first
+// claimed takes a claim made at now: its Next (zero: it passed no group) as the next
+// claim's start, the positions of the pairs it returned, and the end of the look-ups it made
+// that are due to end (a claim from the oldest row that passed none leaves nothing to start
+// after).
+func (s *schedule) claimed(c Claimed, full bool, now time.Time) {
+	if full || !c.Next.At.IsZero() {
+		s.from = c.Next
+	}
+	for p, r := range s.recheck {
+		if r.asked && now.After(r.until) {
+			delete(s.recheck, p)
+		}
+	}
+	for p, at := range c.At {
+		s.claimedAt[p] = at
 	}
 }
 
@@ -334,12 +392,14 @@ func (w *Worker) noteReachable(ctx context.Context, unreachable bool, err error)
 // whether to claim again at once (the claim was full), and the claim's error.
 func (w *Worker) claimAndStart(ctx context.Context, s *schedule, free int, start func(job)) (bool, error) {
 	limit := free * w.cfg.GroupSize
-	skip := s.claimSkips()
+	inflight, skip := s.claimSkips()
 	from, full := s.claimFrom(time.Now(), w.cfg.PollInterval)
 	claimed, err := w.store.Claim(ctx, ClaimRequest{
 		Instance:     w.cfg.InstanceID,
 		Perspectives: w.builds().keys,
+		InFlight:     inflight,
 		Skip:         skip,
+		Recheck:      s.claimRechecks(),
 		Limit:        limit,
 		// At most enough queued groups for the pairs it skips, twice the pairs it wants and
 		// the pairs other instances are applying (passed over by their claim marks), so a
@@ -347,14 +407,15 @@ func (w *Worker) claimAndStart(ctx context.Context, s *schedule, free int, start
 		// for its catch-up), yet one instance does not come back empty-handed, to wait a
 		// whole PollInterval, from behind the pairs the others hold. The statement adds
 		// Limit groups per other instance it shares the streams with (QueueDuePairs).
-		MaxSteps: len(skip) + 2*limit + claimPassHeld,
+		MaxSteps: len(inflight) + len(skip) + 2*limit + claimPassHeld,
 		From:     from,
+		Settle:   claimSettle,
 	})
 	if err != nil {
 		return false, err
 	}
 	w.noteClaim()
-	s.claimed(claimed.First, full)
+	s.claimed(claimed, full, time.Now())
 	pairs := claimed.Pairs
 	for _, group := range splitGroups(pairs, free) {
 		j := job{kind: jobApply, pairs: group}
@@ -363,6 +424,11 @@ func (w *Worker) claimAndStart(ctx context.Context, s *schedule, free int, start
 	}
 	return len(pairs) >= limit, nil
 }
+
+// claimSettle is how long before a claim its Next lies at the latest (ClaimRequest.Settle):
+// the Appends in flight when it ran (one statement each, milliseconds) are found by the next
+// claim.
+const claimSettle = 100 * time.Millisecond
 
 // claimPassHeld is how many queued groups a claim may pass beyond its own needs: room for
 // the pairs other instances' apply transactions hold (Concurrency × GroupSize each: 200 by

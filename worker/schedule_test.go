@@ -70,8 +70,12 @@ func TestScheduleFollowUpsAndOneClaimSkips(t *testing.T) {
 	s.started(&group)
 	s.finish(jobResult{job: group, next: []job{rewindOf(a)}, busy: []Pair{c}}, time.Now())
 	require.Equal(t, map[Pair]bool{a: true}, s.inflight, "a waits for its rewind; b and c are done")
-	require.ElementsMatch(t, []Pair{a, c}, s.claimSkips(), "in flight, and busy for one claim")
-	require.ElementsMatch(t, []Pair{a}, s.claimSkips(), "the busy skip lasts one claim")
+	inflight, skip := s.claimSkips()
+	require.Equal(t, map[Pair]time.Time{a: {}}, inflight, "in flight (claimed at no known position)")
+	require.Equal(t, []Pair{c}, skip, "busy, for one claim")
+	inflight, skip = s.claimSkips()
+	require.Equal(t, map[Pair]time.Time{a: {}}, inflight)
+	require.Empty(t, skip, "the busy skip lasts one claim")
 	j, ok := s.popPending(time.Now())
 	require.True(t, ok)
 	require.Equal(t, rewindOf(a), j)
@@ -136,8 +140,8 @@ func TestSchedulePendingWaitsUntilDue(t *testing.T) {
 	require.Zero(t, s.nextDue(now))
 }
 
-// A claim starts at the first group the last one passed, and at the oldest row once every
-// interval; a full claim that passed nothing leaves no start.
+// A claim starts at the last one's Next, and at the oldest row once every interval; a full
+// claim that passed nothing leaves no start.
 func TestScheduleClaimStartsWhereTheLastClaimBegan(t *testing.T) {
 	s, _ := newTestSchedule(time.Second)
 	t0 := time.Now()
@@ -150,22 +154,64 @@ func TestScheduleClaimStartsWhereTheLastClaimBegan(t *testing.T) {
 	require.True(t, full, "the first claim starts at the oldest row")
 	require.Equal(t, QueuePosition{}, from)
 	first := pos(1)
-	s.claimed(first, full)
+	s.claimed(Claimed{Next: first}, full, t0)
 
 	from, full = s.claimFrom(t0.Add(100*time.Millisecond), every)
 	require.False(t, full)
-	require.Equal(t, first, from, "the next claim starts at the first group the last one passed")
-	s.claimed(QueuePosition{}, full) // passed nothing from there
+	require.Equal(t, first, from, "the next claim starts at the last one's Next")
+	s.claimed(Claimed{}, full, t0) // passed nothing from there
 	from, _ = s.claimFrom(t0.Add(200*time.Millisecond), every)
 	require.Equal(t, first, from, "kept: nothing from there on yet")
 	later := pos(2)
-	s.claimed(later, false)
+	s.claimed(Claimed{Next: later}, false, t0)
 
 	from, full = s.claimFrom(t0.Add(every), every)
 	require.True(t, full, "once every interval, from the oldest row again")
 	require.Equal(t, QueuePosition{}, from)
-	s.claimed(QueuePosition{}, full)
+	s.claimed(Claimed{}, full, t0)
 	from, full = s.claimFrom(t0.Add(every+time.Millisecond), every)
 	require.False(t, full)
 	require.Equal(t, QueuePosition{}, from, "a full claim that passed nothing leaves no start")
+}
+
+// The pairs of a job that ended are looked up again by the claims of the next claimSettle
+// (and one claim at least), at the due time each was claimed at: its group may hold rows the
+// job did not apply, which the claims since passed as held. A pair in a follow-up stays in
+// flight; a pair of unknown position starts the next claim at the oldest row.
+func TestScheduleLooksUpTheEndedPairsAgain(t *testing.T) {
+	s, _ := newTestSchedule(time.Second)
+	t0 := time.Now()
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	a, b, c := Pair{uuid.New(), "p"}, Pair{uuid.New(), "p"}, Pair{uuid.New(), "p"}
+	next := QueuePosition{At: at(50), Stream: uuid.New(), Perspective: "p"}
+	s.claimed(Claimed{Pairs: []Pair{a, b, c}, Next: next, At: map[Pair]QueuePosition{
+		a: {At: at(10), Stream: a.Stream}, b: {At: at(20), Stream: b.Stream}, c: {At: at(30), Stream: c.Stream},
+	}}, true, t0)
+	group := job{kind: jobApply, pairs: []Pair{a, b, c}}
+	s.started(&group)
+	inflight, _ := s.claimSkips()
+	require.Equal(t, map[Pair]time.Time{a: at(10), b: at(20), c: at(30)}, inflight, "in flight, at the groups claimed")
+
+	s.finish(jobResult{job: group, next: []job{rewindOf(b)}}, t0)
+	require.Equal(t, map[Pair]time.Time{a: at(10), c: at(30)}, s.claimRechecks(), "b goes on in its rewind")
+	require.Equal(t, map[Pair]QueuePosition{b: {At: at(20), Stream: b.Stream}}, s.claimedAt)
+
+	s.claimed(Claimed{Next: next}, false, t0.Add(claimSettle/2))
+	require.Len(t, s.claimRechecks(), 2, "looked up until claimSettle after the job ended")
+	rewind, ok := s.popPending(t0)
+	require.True(t, ok)
+	s.finish(jobResult{job: rewind}, t0.Add(claimSettle))
+	s.claimed(Claimed{Next: next}, false, t0.Add(claimSettle+time.Millisecond))
+	require.Equal(t, map[Pair]time.Time{b: at(20)}, s.claimRechecks(), "then no more; b's rewind just ended")
+	require.Equal(t, next, s.from, "the start is the last claim's Next")
+	s.claimed(Claimed{Next: next}, false, t0.Add(3*claimSettle))
+	require.Empty(t, s.claimRechecks())
+
+	later := t0.Add(4 * claimSettle)
+	unknown := job{kind: jobApply, pairs: []Pair{c}}
+	s.started(&unknown)
+	s.finish(jobResult{job: unknown}, later)
+	s.claimed(Claimed{}, false, later.Add(time.Hour))
+	require.Equal(t, QueuePosition{}, s.from, "a pair not claimed here: from the oldest row")
+	require.Empty(t, s.claimRechecks())
 }

@@ -3,6 +3,7 @@ package worker
 //go:generate go tool moq -rm -out ../mocks/store.go -pkg mocks . Store
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -93,27 +94,60 @@ type Pair struct {
 type ClaimRequest struct {
 	Instance     uuid.UUID // pairs another instance holds a stream lock on are not due
 	Perspectives []string  // the perspectives this instance runs
-	Skip         []Pair    // pairs not to return (in flight here, or just found busy)
-	Limit        int       // at most this many pairs
-	MaxSteps     int       // at most this many queued groups passed (bounds the claim's cost)
-	// From is where the claim starts (zero: at the oldest row): a position no due row
-	// precedes, so that it does not pass the dead index entries of rows applied since.
+	// InFlight are the pairs in jobs here, not returned, each with the due time of the group
+	// it was claimed at (zero: not known), which the next claim's start may pass.
+	InFlight map[Pair]time.Time
+	Skip     []Pair // pairs just found held by another transaction: not returned
+	// Recheck are pairs whose jobs here ended lately, each with the due time of the group it
+	// was claimed at: when one still has rows there, the claim starts there at the latest
+	// (the claims since it was claimed may have passed that group as held; see Claimed.Next).
+	Recheck  map[Pair]time.Time
+	Limit    int // at most this many pairs
+	MaxSteps int // at most this many queued groups passed (bounds the claim's cost)
+	// From is where the claim starts (zero: at the oldest row): a position the last claim
+	// returned as Claimed.Next, or before it, so that it does not pass the groups being
+	// applied nor the dead index entries of rows applied since.
 	From QueuePosition
+	// Settle keeps Claimed.Next at or before this long before the claim: a row queued by a
+	// transaction that began before the claim and took less than this is found by the next
+	// claim (a longer one: by the next claim from the oldest row).
+	Settle time.Duration
 }
 
-// QueuePosition is a position in the claim's order of queued rows: due time, then stream.
+// QueuePosition is a position in the claim's order of queued rows: due time, stream, then
+// perspective.
 type QueuePosition struct {
 	At     time.Time // zero: before every row
 	Stream uuid.UUID
+	// "": the stream's first group due at At, included; a name: just after that group.
+	Perspective string
+}
+
+// before says whether p lies before q in the claim's order.
+func (p QueuePosition) before(q QueuePosition) bool {
+	if !p.At.Equal(q.At) {
+		return p.At.Before(q.At)
+	}
+	if c := bytes.Compare(p.Stream[:], q.Stream[:]); c != 0 {
+		return c < 0
+	}
+	return p.Perspective < q.Perspective
 }
 
 // Claimed is what Store.Claim found.
 type Claimed struct {
 	Pairs []Pair
-	// First is the position of the first queued group the claim passed, claimable or not
-	// (zero: it passed none). Every row due then is at or after it, and so is every row
-	// queued later by a transaction that began later.
-	First QueuePosition
+	// At is each returned pair's position: every row of it the claim could return is at or
+	// after it.
+	At map[Pair]QueuePosition
+	// Next is where the next claim may start (zero: the claim passed no group): every row due
+	// then is at or after it but in the groups of the pairs in flight here that it was told
+	// of (ClaimRequest.InFlight), and of the pairs it returned here, which the caller looks up
+	// again when their jobs end (ClaimRequest.Recheck); and when the claim found its fill of
+	// this instance's own pairs, but in the groups of other instances' streams, which they
+	// claim. Every row queued later by a transaction that began after the claim is at or
+	// after it, and so is one queued by a transaction that began less than Settle before it.
+	Next QueuePosition
 }
 
 // PairState is one pair as Store.Apply read it under its cursor row lock.
