@@ -23,8 +23,9 @@
 -- judged per group: the first group not due ends the scan.
 -- Several instances running the same builds (the same perspectives and versions, alive by
 -- their heartbeats in wh_instances, and claiming: claimed_at) would all find the same oldest
--- pairs and collide on their cursor rows. So each prefers the streams its rank among them owns (hashtext of the stream
--- modulo their number): the scan goes on until it has found pair_limit pairs of its own,
+-- pairs and collide on their cursor rows. So each prefers the streams its rank among them
+-- owns (hashtext of the stream modulo their number): the scan goes on until it has found
+-- pair_limit pairs of its own,
 -- keeping on the way the first pair_limit claimable pairs of the others' streams (the
 -- others' groups after those cost it the index probe only), and the caller takes its own
 -- first, then the others in order. So the others' oldest pairs fill every claim that does not

@@ -85,8 +85,9 @@ type schedule struct {
 }
 
 func newSchedule(lockTimeout time.Duration, log *slog.Logger, logPair func(Pair, ...any) []any) *schedule {
-	return &schedule{inflight: map[Pair]bool{}, claimedAt: map[Pair]QueuePosition{}, recheck: map[Pair]recheck{}, buildJobs: map[buildJob]bool{}, contended: map[Pair]contention{},
-		cutOff: map[Pair]int{}, window: lockTimeout, log: log, logPair: logPair}
+	return &schedule{inflight: map[Pair]bool{}, claimedAt: map[Pair]QueuePosition{}, recheck: map[Pair]recheck{},
+		buildJobs: map[buildJob]bool{}, contended: map[Pair]contention{}, cutOff: map[Pair]int{},
+		window: lockTimeout, log: log, logPair: logPair}
 }
 
 // queueBuildJob queues j unless the same job about the same build waits or runs already.

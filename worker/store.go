@@ -3,7 +3,6 @@ package worker
 //go:generate go tool moq -rm -out ../mocks/store.go -pkg mocks . Store
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -121,17 +120,6 @@ type QueuePosition struct {
 	Stream uuid.UUID
 	// "": the stream's first group due at At, included; a name: just after that group.
 	Perspective string
-}
-
-// before says whether p lies before q in the claim's order.
-func (p QueuePosition) before(q QueuePosition) bool {
-	if !p.At.Equal(q.At) {
-		return p.At.Before(q.At)
-	}
-	if c := bytes.Compare(p.Stream[:], q.Stream[:]); c != 0 {
-		return c < 0
-	}
-	return p.Perspective < q.Perspective
 }
 
 // Claimed is what Store.Claim found.
