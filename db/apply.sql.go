@@ -337,10 +337,15 @@ WITH input AS (
     JOIN wh_perspective_cursors c
       ON c.stream_id = i.stream_id AND c.perspective_name = i.perspective_name
 ), old AS (
+    -- at: the time of this statement, not of its transaction's start (now()). Recorded in
+    -- an apply transaction, a failure comes after its Apply ran, maybe for long, while claims
+    -- started past the pair's old due time (QueueDuePairs' Next): rows due at the start of
+    -- that transaction could lie behind where the claims start.
     SELECT s.stream_id, s.perspective_name, s.before AS attempts, s.error, s.action, s.failing AS event_id,
            CASE WHEN s.before > 0 THEN s.failed_since END AS failed_since,
+           clock_timestamp() AS at,
            CASE s.action
-               WHEN 'retry' THEN now() + interval '1 second' * LEAST(
+               WHEN 'retry' THEN clock_timestamp() + interval '1 second' * LEAST(
                    s.max_seconds, s.base_seconds * power(2, LEAST(s.before, 40)))
                WHEN 'park' THEN '9999-12-31 00:00:00+00'::timestamptz
            END AS due
@@ -375,12 +380,12 @@ WITH input AS (
     UPDATE wh_perspective_events q
     SET attempts = CASE WHEN o.action = 'skip' THEN 0 ELSE q.attempts + 1 END,
         last_error = CASE WHEN o.action = 'skip' THEN NULL ELSE o.error END,
-        next_attempt_at = COALESCE(o.due, now())
+        next_attempt_at = COALESCE(o.due, o.at)
     FROM old o
     WHERE q.stream_id = o.stream_id AND q.perspective_name = o.perspective_name
       AND q.event_id IS DISTINCT FROM CASE WHEN o.action = 'skip' THEN o.event_id END
 )
-SELECT o.stream_id, o.perspective_name, o.action::text AS action, COALESCE(o.due, now())::timestamptz AS next_attempt_at
+SELECT o.stream_id, o.perspective_name, o.action::text AS action, COALESCE(o.due, o.at)::timestamptz AS next_attempt_at
 FROM old o
 WHERE (SELECT count(*) FROM (
           SELECT pg_notify('wh_applied', '') FROM old WHERE action <> 'retry'

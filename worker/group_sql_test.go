@@ -1033,6 +1033,39 @@ func TestClaimSQLNextStartsAfterWhatIsBeingApplied(t *testing.T) {
 	require.Equal(t, worker.QueuePosition{}, c.Next, "an empty queue: no group passed")
 }
 
+// PairsMarkFailed stamps the rows it moves with the time of its statement, not of its
+// transaction's start: in an apply transaction it runs after the perspective's Apply, maybe
+// long after, and claims meanwhile start past older due times (Claimed.Next), which would
+// leave the rows behind them until a claim from the oldest row.
+func TestGroupSQLPairsMarkFailedStampsTheStatementsTime(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := gsRegister(t, ctx, "gsql_failclock")
+	retried, skipped := gsPair{uuid.New(), name}, gsPair{uuid.New(), name}
+	rids := gsAppend(t, ctx, retried.Stream, 2)
+	sids := gsAppend(t, ctx, skipped.Stream, 2)
+	gsSeal(t, ctx, []string{name}, retried.Stream, skipped.Stream)
+
+	tx := gsBegin(t, ctx)
+	var began time.Time
+	require.NoError(t, tx.QueryRow(ctx, `SELECT now()`).Scan(&began))
+	time.Sleep(300 * time.Millisecond) // the Apply
+	streams, names := gsArrays(retried, skipped)
+	_, err := pgq.New(tx).PairsMarkFailed(ctx, db.PairsMarkFailedParams{
+		StreamIds: streams, PerspectiveNames: names, Errors: []string{"er", "es"},
+		EventIds: []uuid.UUID{rids[0], sids[0]}, Actions: []string{"retry", "skip"},
+		BaseSeconds: 0.001, MaxSeconds: 0.001, SkippedBy: "tester",
+	})
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(ctx))
+	for _, p := range []gsPair{retried, skipped} {
+		due := gsDueTimes(t, ctx, p)
+		require.Len(t, due, 1, "%v", p)
+		require.True(t, due[0].Sub(began) >= 250*time.Millisecond,
+			"%v: due %s after its transaction began, want the statement's time", p, due[0].Sub(began))
+	}
+}
+
 // PairsMarkFailed's other actions: park makes the pair's rows wait (9999-12-31) with no
 // retry time on the cursor; skip records the event in wh_skipped_events, unqueues it, makes
 // the pair's other rows due now, clears its failure and bumps its version. A failure of

@@ -251,10 +251,11 @@ func (s *schedule) claimFrom(now time.Time, interval time.Duration) (from QueueP
 	return s.from, false
 }
 
-// claimed takes a claim made at now: its Next (zero: it passed no group) as the next
+// claimed takes a claim that began at now: its Next (zero: it passed no group) as the next
 // claim's start, the positions of the pairs it returned, and the end of the look-ups it made
-// that are due to end (a claim from the oldest row that passed none leaves nothing to start
-// after).
+// that were due to end when it began (a claim from the oldest row that passed none leaves
+// nothing to start after). When it began, not when it ended: a row an Append committed while
+// a slow claim ran is looked up by the next one.
 func (s *schedule) claimed(c Claimed, full bool, now time.Time) {
 	if full || !c.Next.At.IsZero() {
 		s.from = c.Next
@@ -394,7 +395,8 @@ func (w *Worker) noteReachable(ctx context.Context, unreachable bool, err error)
 func (w *Worker) claimAndStart(ctx context.Context, s *schedule, free int, start func(job)) (bool, error) {
 	limit := free * w.cfg.GroupSize
 	inflight, skip := s.claimSkips()
-	from, full := s.claimFrom(time.Now(), w.cfg.PollInterval)
+	began := time.Now()
+	from, full := s.claimFrom(began, w.cfg.PollInterval)
 	claimed, err := w.store.Claim(ctx, ClaimRequest{
 		Instance:     w.cfg.InstanceID,
 		Perspectives: w.builds().keys,
@@ -416,7 +418,7 @@ func (w *Worker) claimAndStart(ctx context.Context, s *schedule, free int, start
 		return false, err
 	}
 	w.noteClaim()
-	s.claimed(claimed, full, time.Now())
+	s.claimed(claimed, full, began)
 	pairs := claimed.Pairs
 	for _, group := range splitGroups(pairs, free) {
 		j := job{kind: jobApply, pairs: group}
