@@ -223,8 +223,9 @@ type Querier interface {
 	// the next claim may start (start true): at the first open group passed (perspective ''),
 	// else after the last group passed (its perspective). Every row due now that the next claim
 	// can return lies at or after it, but for the rows left of the pairs being applied, which
-	// their instances look up again; and so does every row queued later by a transaction that
-	// began later. A row queued by a transaction that began earlier may lie before it: the start
+	// their instances look up again, and, when the claim found its fill of its own streams'
+	// pairs, the rows of the other instances' streams, which they claim; and so does every row
+	// queued later by a transaction that began later. A row queued by a transaction that began earlier may lie before it: the start
 	// is never after now() - settle_ms, so such a row is found at the next claim when its
 	// transaction took less than settle_ms, else at the next claim from the oldest row.
 	QueueDuePairs(ctx context.Context, arg QueueDuePairsParams) ([]QueueDuePairsRow, error)
