@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -565,5 +566,55 @@ func TestPairsLeftQueuedAreClaimedAgainBeforeTheNextFullClaim(t *testing.T) {
 	startWorker(t, cfg)
 	for i, s := range streams {
 		require.Equal(t, expectedLedger(t, evs[i]), waitModel(t, ctx, name, s, len(evs[i])))
+	}
+}
+
+// Three instances, a one-minute poll, small batches, and sixteen goroutines appending to 20
+// streams for a second and a half (late events among them: IDs taken before a concurrent Append's
+// to the same stream). Every event is applied well before any claim from the oldest row
+// (the first one aside): no row is left behind where the claims start (Claimed.Next).
+func TestConcurrentAppendsToSeveralInstancesDrainBeforeAFullClaim(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := uniqueName("concurrent")
+	cfg := worker.Config{
+		Perspectives: []worker.Perspective{ledgerPerspective(name)},
+		BatchSize:    5, GroupSize: 10, Concurrency: 3, PollInterval: time.Minute,
+		Logger: quietLogger(), ListenConnect: directListen(),
+	}
+	startWorker(t, cfg)
+	waitCaughtUp(t, ctx, name)
+	startWorker(t, cfg)
+	startWorker(t, cfg)
+
+	streams := make([]uuid.UUID, 20)
+	for i := range streams {
+		streams[i] = uuid.New()
+	}
+	var mu sync.Mutex
+	all := map[uuid.UUID][]worker.Event{}
+	var wg sync.WaitGroup
+	deadline := time.Now().Add(1500 * time.Millisecond)
+	for g := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := g; time.Now().Before(deadline); i += 7 {
+				s := streams[i%len(streams)]
+				evs := events(s, newIDs(t, 1+i%4))
+				if err := worker.Append(ctx, testDB.Pool, evs...); err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				all[s] = append(all[s], evs...)
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	require.Len(t, all, len(streams))
+	for s, evs := range all {
+		require.Equal(t, expectedLedger(t, evs), waitModel(t, ctx, name, s, len(evs)))
 	}
 }
