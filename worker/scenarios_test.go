@@ -27,6 +27,17 @@ func newLocker(t testing.TB, opts locker.Options) *locker.Postgres {
 
 func uniqueName(prefix string) string { return prefix + "_" + uuid.NewString()[:8] }
 
+// minutePollConfig is a worker of the ledger perspective name with a one-minute poll: after
+// its first claim, one from the oldest row comes only a minute later, longer than a test
+// waits for a model (waitModel).
+func minutePollConfig(name string, batch, group, concurrency int) worker.Config {
+	return worker.Config{
+		Perspectives: []worker.Perspective{ledgerPerspective(name)},
+		BatchSize:    batch, GroupSize: group, Concurrency: concurrency, PollInterval: time.Minute,
+		Logger: quietLogger(), ListenConnect: directListen(),
+	}
+}
+
 // waitCaughtUp waits until the perspective's build is active and caught up: the events
 // appended from then on are queued for it and claimed, not read by its catch-up.
 func waitCaughtUp(t testing.TB, ctx context.Context, name string) {
@@ -538,11 +549,7 @@ func TestPairsLeftQueuedAreClaimedAgainBeforeTheNextFullClaim(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	name := uniqueName("left")
-	cfg := worker.Config{
-		Perspectives: []worker.Perspective{ledgerPerspective(name)},
-		BatchSize:    4, GroupSize: 3, Concurrency: 2, PollInterval: time.Minute,
-		Logger: quietLogger(), ListenConnect: directListen(),
-	}
+	cfg := minutePollConfig(name, 4, 3, 2)
 	// A first worker registers the perspective, and stops once its build is active (caught
 	// up: the events appended next are queued, not read by a catch-up).
 	w0, err := worker.New(testDB.Pool, cfg)
@@ -570,18 +577,14 @@ func TestPairsLeftQueuedAreClaimedAgainBeforeTheNextFullClaim(t *testing.T) {
 }
 
 // Three instances, a one-minute poll, small batches, and sixteen goroutines appending to 20
-// streams for a second and a half (late events among them: IDs taken before a concurrent Append's
-// to the same stream). Every event is applied well before any claim from the oldest row
-// (the first one aside): no row is left behind where the claims start (Claimed.Next).
+// streams for a second and a half (late events among them: IDs taken before a concurrent
+// Append's to the same stream). Every event is applied well before any claim from the oldest
+// row (the first one aside): no row is left behind where the claims start (Claimed.Next).
 func TestConcurrentAppendsToSeveralInstancesDrainBeforeAFullClaim(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	name := uniqueName("concurrent")
-	cfg := worker.Config{
-		Perspectives: []worker.Perspective{ledgerPerspective(name)},
-		BatchSize:    5, GroupSize: 10, Concurrency: 3, PollInterval: time.Minute,
-		Logger: quietLogger(), ListenConnect: directListen(),
-	}
+	cfg := minutePollConfig(name, 5, 10, 3)
 	startWorker(t, cfg)
 	waitCaughtUp(t, ctx, name)
 	startWorker(t, cfg)
