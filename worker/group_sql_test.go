@@ -950,7 +950,7 @@ func TestClaimSQLNextStartsAfterWhatIsBeingApplied(t *testing.T) {
 
 	c := claim(worker.ClaimRequest{InFlight: inflight(0), Limit: 2})
 	require.Equal(t, pairs(1, 2), c.Pairs)
-	require.Equal(t, map[worker.Pair]worker.QueuePosition{pairs(1)[0]: at[1], pairs(2)[0]: at[2]}, c.At)
+	require.Equal(t, map[worker.Pair]time.Time{pairs(1)[0]: at[1].At, pairs(2)[0]: at[2].At}, c.At)
 	require.Equal(t, after(2), c.Next, "past the pair in flight and the pairs returned")
 	c = claim(worker.ClaimRequest{From: c.Next})
 	require.Equal(t, pairs(3, 4), c.Pairs, "from there on")

@@ -88,12 +88,12 @@ func (s *pgStore) Claim(ctx context.Context, req ClaimRequest) (Claimed, error) 
 	}
 	// The streams this instance owns first, then the others, each in the claim's order (see
 	// QueueDuePairs).
-	c := Claimed{At: make(map[Pair]QueuePosition, len(rows))}
+	c := Claimed{At: make(map[Pair]time.Time, len(rows))}
 	var others []db.QueueDuePairsRow
 	take := func(r db.QueueDuePairsRow) {
 		p := Pair{Stream: r.StreamID, Perspective: r.PerspectiveName}
 		c.Pairs = append(c.Pairs, p)
-		c.At[p] = QueuePosition{At: r.NextAttemptAt, Stream: r.StreamID}
+		c.At[p] = r.NextAttemptAt
 	}
 	for _, r := range rows {
 		switch {

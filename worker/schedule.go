@@ -69,12 +69,12 @@ type contention struct {
 
 // schedule is the loop's state about pairs. Only the loop goroutine uses it.
 type schedule struct {
-	inflight  map[Pair]bool          // in a running or waiting job: never claimed meanwhile
-	claimedAt map[Pair]QueuePosition // the position each pair in flight was claimed at
-	recheck   map[Pair]recheck       // pairs whose jobs ended lately: the claims look them up
-	skip      []Pair                 // found busy: skipped by the next claim only
-	pending   []job                  // follow-ups waiting for a free slot (served before new claims)
-	buildJobs map[buildJob]bool      // build jobs waiting or running
+	inflight  map[Pair]bool      // in a running or waiting job: never claimed meanwhile
+	claimedAt map[Pair]time.Time // the due time of the group each pair in flight was claimed at
+	recheck   map[Pair]recheck   // pairs whose jobs ended lately: the claims look them up
+	skip      []Pair             // found busy: skipped by the next claim only
+	pending   []job              // follow-ups waiting for a free slot (served before new claims)
+	buildJobs map[buildJob]bool  // build jobs waiting or running
 	contended map[Pair]contention
 	cutOff    map[Pair]int  // pairs whose last jobs were cut off by a lost connection: how many in a row
 	from      QueuePosition // where the next claim starts (see claimFrom)
@@ -85,7 +85,7 @@ type schedule struct {
 }
 
 func newSchedule(lockTimeout time.Duration, log *slog.Logger, logPair func(Pair, ...any) []any) *schedule {
-	return &schedule{inflight: map[Pair]bool{}, claimedAt: map[Pair]QueuePosition{}, recheck: map[Pair]recheck{},
+	return &schedule{inflight: map[Pair]bool{}, claimedAt: map[Pair]time.Time{}, recheck: map[Pair]recheck{},
 		buildJobs: map[buildJob]bool{}, contended: map[Pair]contention{}, cutOff: map[Pair]int{},
 		window: lockTimeout, log: log, logPair: logPair}
 }
@@ -106,7 +106,7 @@ func (s *schedule) queueBuildJob(j job) {
 func (s *schedule) claimSkips() (inflight map[Pair]time.Time, skip []Pair) {
 	inflight = make(map[Pair]time.Time, len(s.inflight))
 	for p := range s.inflight {
-		inflight[p] = s.claimedAt[p].At
+		inflight[p] = s.claimedAt[p]
 	}
 	for _, p := range s.skip {
 		if !s.inflight[p] {
@@ -221,7 +221,7 @@ func (s *schedule) leave(pairs []Pair, now time.Time) {
 			s.from = QueuePosition{} // not claimed here (no such job): from the oldest row
 			continue
 		}
-		s.recheck[p] = recheck{at: at.At, until: now.Add(claimSettle)}
+		s.recheck[p] = recheck{at: at, until: now.Add(claimSettle)}
 	}
 }
 

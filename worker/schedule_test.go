@@ -184,9 +184,7 @@ func TestScheduleLooksUpTheEndedPairsAgain(t *testing.T) {
 	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
 	a, b, c := Pair{uuid.New(), "p"}, Pair{uuid.New(), "p"}, Pair{uuid.New(), "p"}
 	next := QueuePosition{At: at(50), Stream: uuid.New(), Perspective: "p"}
-	s.claimed(Claimed{Pairs: []Pair{a, b, c}, Next: next, At: map[Pair]QueuePosition{
-		a: {At: at(10), Stream: a.Stream}, b: {At: at(20), Stream: b.Stream}, c: {At: at(30), Stream: c.Stream},
-	}}, true, t0)
+	s.claimed(Claimed{Pairs: []Pair{a, b, c}, Next: next, At: map[Pair]time.Time{a: at(10), b: at(20), c: at(30)}}, true, t0)
 	group := job{kind: jobApply, pairs: []Pair{a, b, c}}
 	s.started(&group)
 	inflight, _ := s.claimSkips()
@@ -194,7 +192,7 @@ func TestScheduleLooksUpTheEndedPairsAgain(t *testing.T) {
 
 	s.finish(jobResult{job: group, next: []job{rewindOf(b)}}, t0)
 	require.Equal(t, map[Pair]time.Time{a: at(10), c: at(30)}, s.claimRechecks(), "b goes on in its rewind")
-	require.Equal(t, map[Pair]QueuePosition{b: {At: at(20), Stream: b.Stream}}, s.claimedAt)
+	require.Equal(t, map[Pair]time.Time{b: at(20)}, s.claimedAt)
 
 	s.claimed(Claimed{Next: next}, false, t0.Add(claimSettle/2))
 	require.Len(t, s.claimRechecks(), 2, "looked up until claimSettle after the job ended")

@@ -125,9 +125,9 @@ type QueuePosition struct {
 // Claimed is what Store.Claim found.
 type Claimed struct {
 	Pairs []Pair
-	// At is each returned pair's position: every row of it the claim could return is at or
-	// after it.
-	At map[Pair]QueuePosition
+	// At is the due time of each returned pair's group (the pair's position, with its
+	// stream): every row of it the claim could return is at or after it.
+	At map[Pair]time.Time
 	// Next is where the next claim may start (zero: the claim passed no group): every row due
 	// then is at or after it but in the groups of the pairs in flight here that it was told
 	// of (ClaimRequest.InFlight), and of the pairs it returned here, which the caller looks up
