@@ -177,8 +177,8 @@ func TestScheduleClaimStartsWhereTheLastClaimBegan(t *testing.T) {
 // The pairs of a job that ended are looked up again, at the due time each was claimed at, by
 // the next claim and by the first claim that begins claimSettle after the job ended (one
 // claim when that is the next): its group may hold rows the job did not apply, which the
-// claims since passed as held. A pair in a follow-up stays in
-// flight; a pair of unknown position starts the next claim at the oldest row.
+// claims since passed as held. A pair in a follow-up stays in flight; a pair of unknown
+// position starts the next claim at the oldest row.
 func TestScheduleLooksUpTheEndedPairsAgain(t *testing.T) {
 	s, _ := newTestSchedule(time.Second)
 	t0 := time.Now()
