@@ -70,8 +70,8 @@ type heartbeat struct {
 	mu      sync.Mutex // one write at a time (the run goroutine's, beatNow's)
 	failing bool       // the last write failed
 
-	cancel context.CancelFunc
-	done   chan struct{}
+	quit chan struct{} // closed by stop: the loop ends after the write in progress
+	done chan struct{}
 }
 
 // newInstanceRecord is this process's record for instance id running perspectives.
@@ -87,9 +87,9 @@ func newInstanceRecord(id uuid.UUID, interval time.Duration, perspectives []Pers
 // instances, and keeps recording row every row.Interval in the background; the loop is not
 // tied to ctx (stop ends it).
 func startHeartbeat(ctx context.Context, rec instanceRecorder, row instanceRecord, applied func() []int64, claimed func() time.Time, log *slog.Logger) *heartbeat {
-	h := &heartbeat{rec: rec, row: row, log: log, applied: applied, claimed: claimed, done: make(chan struct{})}
-	bg, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	h.cancel = cancel
+	h := &heartbeat{rec: rec, row: row, log: log, applied: applied, claimed: claimed,
+		quit: make(chan struct{}), done: make(chan struct{})}
+	bg := context.WithoutCancel(ctx)
 	h.write(bg)
 	fctx, fcancel := context.WithTimeout(bg, heartbeatTimeout)
 	if n, err := rec.forgetGone(fctx, instanceForgetAfter); err != nil {
@@ -108,7 +108,7 @@ func (h *heartbeat) run(ctx context.Context) {
 	defer tick.Stop()
 	for {
 		select {
-		case <-ctx.Done():
+		case <-h.quit:
 			return
 		case <-tick.C:
 			h.write(ctx)
@@ -137,9 +137,6 @@ func (h *heartbeat) write(ctx context.Context) {
 	wctx, cancel := context.WithTimeout(ctx, heartbeatTimeout)
 	err := h.rec.beat(wctx, h.row)
 	cancel()
-	if ctx.Err() != nil {
-		return // stopping
-	}
 	was := h.failing
 	h.failing = err != nil
 	switch {
@@ -169,9 +166,12 @@ func (h *heartbeat) rates(now time.Time) {
 	h.row.Rates, h.last, h.lastAt = rates, cur, now
 }
 
-// stop ends the heartbeats and deletes the instance's row (with a fresh short context).
+// stop ends the heartbeats and deletes the instance's row (with a fresh short context). A
+// write in progress ends first (within heartbeatTimeout), not cancelled: a statement
+// cancelled from the client may still commit on the server, after the deletion, and bring the
+// row back (the instance seen alive for three more intervals, its streams not shared out).
 func (h *heartbeat) stop() {
-	h.cancel()
+	close(h.quit)
 	<-h.done
 	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 	defer cancel()

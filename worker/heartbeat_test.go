@@ -171,3 +171,28 @@ func TestHeartbeatBeatsEveryIntervalSurvivesFailuresAndForgetsAtStop(t *testing.
 		require.Equal(t, tried, after, "no heartbeat after stop")
 	})
 }
+
+// stop lets a heartbeat in progress end by itself before it deletes the row: cancelled, its
+// statement could still commit on the server after the deletion and bring the row back (seen
+// once in TestBuildStatusThroughputFromHeartbeats: a stopped worker's rate still counted).
+func TestHeartbeatStopWaitsForTheBeatInProgress(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const every = 5 * time.Second
+		rec := &fakeInstances{}
+		log := slog.New(slog.NewTextHandler(&syncBuf{}, nil))
+		id := uuid.New()
+		h := startHeartbeat(context.Background(), rec, newInstanceRecord(id, every, nil), nil, nil, log)
+		rec.set(func(f *fakeInstances) { f.hang = true })
+		time.Sleep(every) // the second beat begins, and hangs until its timeout
+		synctest.Wait()
+		_, tried, _, _ := rec.snapshot()
+		require.Equal(t, 2, tried)
+
+		began := time.Now()
+		h.stop()
+		_, _, hung, forgot := rec.snapshot()
+		require.Equal(t, []time.Duration{heartbeatTimeout}, hung, "the beat in progress was not cut short")
+		require.Equal(t, heartbeatTimeout, time.Since(began), "stop waited for it, no longer")
+		require.Equal(t, []uuid.UUID{id}, forgot, "then the row is deleted")
+	})
+}
