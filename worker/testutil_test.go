@@ -5,15 +5,18 @@ package worker_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"log/slog"
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/perspectives-go/perspectives/mocks"
 	"github.com/perspectives-go/perspectives/worker"
 )
 
@@ -88,4 +91,15 @@ func utSorted(ids []uuid.UUID) []uuid.UUID {
 // utBuilds is the one build of the perspective utName: version 1, active, caught up.
 func utBuilds() []worker.Build {
 	return []worker.Build{{Key: utName, Perspective: utName, Version: 1, N: 1, State: worker.BuildActive, CatchUpDone: true}}
+}
+
+// utLoopStore is a Store mock with what a started worker's loop asks besides its claims and
+// jobs: utBuilds registered and running, no status, nothing to clean up.
+func utLoopStore() *mocks.StoreMock {
+	return &mocks.StoreMock{
+		RegisterFunc: func(context.Context, string, int) ([]worker.Build, error) { return utBuilds(), nil },
+		BuildsFunc:   func(context.Context, []string) ([]worker.Build, error) { return utBuilds(), nil },
+		StatusFunc:   func(context.Context) ([]worker.BuildStatus, error) { return nil, nil },
+		CleanupFunc:  func(context.Context, []string, time.Duration, int) (bool, error) { return false, nil },
+	}
 }

@@ -41,47 +41,42 @@ func newStopFixture(t *testing.T, stubborn bool) *stopFixture {
 	}
 	ev := worker.Event{ID: uuid.Must(uuid.NewV7()), StreamID: f.pair.Stream, Type: "n", Data: json.RawMessage(`{"n":1}`)}
 	var claimed atomic.Bool
-	f.store = &mocks.StoreMock{
-		RegisterFunc: func(context.Context, string, int) ([]worker.Build, error) { return utBuilds(), nil },
-		BuildsFunc:   func(context.Context, []string) ([]worker.Build, error) { return utBuilds(), nil },
-		StatusFunc:   func(context.Context) ([]worker.BuildStatus, error) { return nil, nil },
-		CleanupFunc:  func(context.Context, []string, time.Duration, int) (bool, error) { return false, nil },
-		ClaimFunc: func(ctx context.Context, req worker.ClaimRequest) (worker.Claimed, error) {
-			if claimed.Swap(true) {
-				return worker.Claimed{}, nil
+	f.store = utLoopStore()
+	f.store.ClaimFunc = func(ctx context.Context, req worker.ClaimRequest) (worker.Claimed, error) {
+		if claimed.Swap(true) {
+			return worker.Claimed{}, nil
+		}
+		return worker.Claimed{Pairs: []worker.Pair{f.pair}}, nil
+	}
+	f.store.ApplyFunc = func(ctx context.Context, pairs []worker.Pair, perPair int, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
+		// The event is at the cursor: a rewind.
+		writes := decide([]worker.PairState{{Pair: f.pair, LastEventID: uuid.NullUUID{UUID: ev.ID, Valid: true},
+			SinceSnapshot: 1, Snapshots: []uuid.UUID{ev.ID}, Events: []worker.Event{ev}, Model: json.RawMessage(`{"seq":[1]}`), ModelAt: ev.ID}})
+		assert.Empty(t, writes, "a pair that needs a rewind is not written") // not require: a job goroutine
+		return nil, nil
+	}
+	f.store.RewindStartFunc = func(ctx context.Context, p worker.Pair) (worker.RewindStart, error) {
+		return worker.RewindStart{Version: 1, LastEventID: uuid.NullUUID{UUID: ev.ID, Valid: true}, Queued: []uuid.UUID{ev.ID}}, nil
+	}
+	f.store.ReplayFunc = func(ctx context.Context, k worker.Pair, after, upto uuid.UUID, limit int) ([]worker.Event, error) {
+		close(f.replaying)
+		if stubborn {
+			<-f.replayDone
+		} else {
+			select {
+			case <-f.replayDone:
+			case <-ctx.Done():
 			}
-			return worker.Claimed{Pairs: []worker.Pair{f.pair}}, nil
-		},
-		ApplyFunc: func(ctx context.Context, pairs []worker.Pair, perPair int, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
-			// The event is at the cursor: a rewind.
-			writes := decide([]worker.PairState{{Pair: f.pair, LastEventID: uuid.NullUUID{UUID: ev.ID, Valid: true},
-				SinceSnapshot: 1, Snapshots: []uuid.UUID{ev.ID}, Events: []worker.Event{ev}, Model: json.RawMessage(`{"seq":[1]}`), ModelAt: ev.ID}})
-			assert.Empty(t, writes, "a pair that needs a rewind is not written") // not require: a job goroutine
-			return nil, nil
-		},
-		RewindStartFunc: func(ctx context.Context, p worker.Pair) (worker.RewindStart, error) {
-			return worker.RewindStart{Version: 1, LastEventID: uuid.NullUUID{UUID: ev.ID, Valid: true}, Queued: []uuid.UUID{ev.ID}}, nil
-		},
-		ReplayFunc: func(ctx context.Context, k worker.Pair, after, upto uuid.UUID, limit int) ([]worker.Event, error) {
-			close(f.replaying)
-			if stubborn {
-				<-f.replayDone
-			} else {
-				select {
-				case <-f.replayDone:
-				case <-ctx.Done():
-				}
-			}
-			f.replayCtxErr.Store(errString(ctx.Err()))
-			if ctx.Err() != nil {
-				return nil, ctx.Err()
-			}
-			return []worker.Event{ev}, nil
-		},
-		RewindCommitFunc: func(context.Context, worker.RewindCommit) error { return nil },
-		MarkFailedFunc: func(context.Context, worker.Pair, worker.Failure, func(int) worker.FailureAction) (worker.FailureAction, error) {
-			return worker.FailureRetry, nil
-		},
+		}
+		f.replayCtxErr.Store(errString(ctx.Err()))
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return []worker.Event{ev}, nil
+	}
+	f.store.RewindCommitFunc = func(context.Context, worker.RewindCommit) error { return nil }
+	f.store.MarkFailedFunc = func(context.Context, worker.Pair, worker.Failure, func(int) worker.FailureAction) (worker.FailureAction, error) {
+		return worker.FailureRetry, nil
 	}
 	f.locker = &mocks.LockerMock{
 		TryAcquireFunc: func(context.Context, uuid.UUID, string, uuid.UUID, locker.Reason) (bool, error) { return true, nil },
@@ -191,24 +186,19 @@ func TestUnitEndedPairIsLookedUpTwiceWithoutWaitingForThePoll(t *testing.T) {
 			ended  time.Time
 			n      atomic.Int32
 		)
-		store := &mocks.StoreMock{
-			RegisterFunc: func(context.Context, string, int) ([]worker.Build, error) { return utBuilds(), nil },
-			BuildsFunc:   func(context.Context, []string) ([]worker.Build, error) { return utBuilds(), nil },
-			StatusFunc:   func(context.Context) ([]worker.BuildStatus, error) { return nil, nil },
-			CleanupFunc:  func(context.Context, []string, time.Duration, int) (bool, error) { return false, nil },
-			ClaimFunc: func(ctx context.Context, req worker.ClaimRequest) (worker.Claimed, error) {
-				if n.Add(1) == 1 {
-					return worker.Claimed{Pairs: []worker.Pair{p}, At: map[worker.Pair]time.Time{p: due}}, nil
-				}
-				claims = append(claims, claim{at: time.Since(ended), recheck: req.Recheck})
-				return worker.Claimed{}, nil
-			},
-			ApplyFunc: func(ctx context.Context, pairs []worker.Pair, perPair int, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
-				writes := decide([]worker.PairState{{Pair: p, Events: []worker.Event{ev}, Model: json.RawMessage(`{"seq":[]}`)}})
-				assert.Len(t, writes, 1) // not require: a job goroutine
-				ended = time.Now()
-				return nil, nil
-			},
+		store := utLoopStore()
+		store.ClaimFunc = func(ctx context.Context, req worker.ClaimRequest) (worker.Claimed, error) {
+			if n.Add(1) == 1 {
+				return worker.Claimed{Pairs: []worker.Pair{p}, At: map[worker.Pair]time.Time{p: due}}, nil
+			}
+			claims = append(claims, claim{at: time.Since(ended), recheck: req.Recheck})
+			return worker.Claimed{}, nil
+		}
+		store.ApplyFunc = func(ctx context.Context, pairs []worker.Pair, perPair int, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
+			writes := decide([]worker.PairState{{Pair: p, Events: []worker.Event{ev}, Model: json.RawMessage(`{"seq":[]}`)}})
+			assert.Len(t, writes, 1) // not require: a job goroutine
+			ended = time.Now()
+			return nil, nil
 		}
 		w, err := worker.NewWithStore(store, worker.Config{
 			Perspectives: []worker.Perspective{utPerspective(utName, nil)},
