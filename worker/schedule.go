@@ -198,22 +198,18 @@ func (s *schedule) noteContention(p Pair, now time.Time) {
 // recheck is a pair whose job ended lately.
 type recheck struct {
 	at    time.Time // the due time of the group it was claimed at
-	until time.Time // when the Appends that may have joined that group have ended (see leave)
-	asked bool      // looked up once already: looked up again by a claim that begins after until
+	until time.Time // looked up by the claims until then, and by one claim at least
+	asked bool      // in a claim's request since
 }
 
 // leave takes the pairs of a job that ended at now and left the flight (a follow-up keeps
 // the others). The claims since it was claimed may have started past its group, passing it
-// as held (Claimed.Next), so a claim looks the group up again (ClaimRequest.Recheck) twice:
-// the next one, for what the job left there (more than BatchSize rows, a lock refused, a
-// failure not recorded) and for the rows of the Appends that stamped them with that group's
-// due time (wh_append) after the job had read the pair's rows and committed before that
-// claim; and the first one that begins claimSettle after now, for those of the Appends that
-// were running when the job ended. An Append that took longer than claimSettle may have its
-// rows found only by the next claim from the oldest row, at most PollInterval later.
-// Looked up at every claim in between, the group was probed by a dozen claims or more, each
-// passing the dead index entries of the rows the job had applied: two thirds of a claim's
-// time in BenchmarkInstances.
+// as held (Claimed.Next): the claims of the next claimSettle look the group up again
+// (ClaimRequest.Recheck), for what the job left there (more than BatchSize rows, a lock
+// refused, a failure not recorded) and for rows that Appends running while it was applied
+// stamped with that group's due time (wh_append) after it had read the pair's rows. An
+// Append that took longer than claimSettle may have its rows found only by the next claim
+// from the oldest row, at most PollInterval later.
 func (s *schedule) leave(pairs []Pair, now time.Time) {
 	for _, p := range pairs {
 		if s.inflight[p] {
@@ -229,29 +225,16 @@ func (s *schedule) leave(pairs []Pair, now time.Time) {
 	}
 }
 
-// claimRechecks returns the pairs a claim that begins at now looks up again, with the due
-// time each was claimed at (see leave): those not looked up yet, and those whose Appends
-// have ended.
-func (s *schedule) claimRechecks(now time.Time) map[Pair]time.Time {
+// claimRechecks returns the pairs the next claim looks up again, with the due time each was
+// claimed at (see leave).
+func (s *schedule) claimRechecks() map[Pair]time.Time {
 	out := make(map[Pair]time.Time, len(s.recheck))
 	for p, r := range s.recheck {
-		if !r.asked || now.After(r.until) {
-			out[p] = r.at
-		}
+		out[p] = r.at
+		r.asked = true
+		s.recheck[p] = r
 	}
 	return out
-}
-
-// nextRecheck is how long after now a claim must begin to look up again the pairs looked up
-// once (0: none waits), so that their Appends' rows do not wait for the next poll.
-func (s *schedule) nextRecheck(now time.Time) time.Duration {
-	var d time.Duration
-	for _, r := range s.recheck {
-		if w := r.until.Sub(now) + time.Millisecond; r.asked && w > 0 && (d == 0 || w < d) {
-			d = w
-		}
-	}
-	return d
 }
 
 // claimFrom is where a claim at now starts: at the oldest row once every interval (a row
@@ -269,21 +252,17 @@ func (s *schedule) claimFrom(now time.Time, interval time.Duration) (from QueueP
 }
 
 // claimed takes a claim that began at now: its Next (zero: it passed no group) as the next
-// claim's start, the positions of the pairs it returned, and the look-ups it made
-// (claimRechecks at now): the first of a pair's two is done, the second ends it. When it
-// began, not when it ended: a row an Append committed while a slow claim ran is looked up by
-// the next one.
+// claim's start, the positions of the pairs it returned, and the end of the look-ups it made
+// that were due to end when it began (a claim from the oldest row that passed none leaves
+// nothing to start after). When it began, not when it ended: a row an Append committed while
+// a slow claim ran is looked up by the next one.
 func (s *schedule) claimed(c Claimed, full bool, now time.Time) {
 	if full || !c.Next.At.IsZero() {
 		s.from = c.Next
 	}
 	for p, r := range s.recheck {
-		switch {
-		case now.After(r.until):
+		if r.asked && now.After(r.until) {
 			delete(s.recheck, p)
-		case !r.asked:
-			r.asked = true
-			s.recheck[p] = r
 		}
 	}
 	for p, at := range c.At {
@@ -360,13 +339,8 @@ func (w *Worker) loop(loopCtx, opsCtx context.Context) {
 		if unreachable {
 			wait = min(wait, reconnectInterval)
 		}
-		if !stopping {
-			now := time.Now()
-			for _, d := range []time.Duration{s.nextDue(now), s.nextRecheck(now)} {
-				if d > 0 {
-					wait = min(wait, d)
-				}
-			}
+		if d := s.nextDue(time.Now()); d > 0 && !stopping {
+			wait = min(wait, d)
 		}
 		timer.Reset(wait)
 		select {
@@ -428,7 +402,7 @@ func (w *Worker) claimAndStart(ctx context.Context, s *schedule, free int, start
 		Perspectives: w.builds().keys,
 		InFlight:     inflight,
 		Skip:         skip,
-		Recheck:      s.claimRechecks(began),
+		Recheck:      s.claimRechecks(),
 		Limit:        limit,
 		// At most enough queued groups for the pairs it skips, twice the pairs it wants and
 		// the pairs other instances are applying (passed over by their claim marks), so a
