@@ -23,6 +23,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -46,6 +47,10 @@ const benchWorkerEnv = "PERSPECTIVES_BENCH_WORKER_DB"
 
 // benchWorkerConcEnv is the Concurrency of a worker process (unset: the default).
 const benchWorkerConcEnv = "PERSPECTIVES_BENCH_WORKER_CONCURRENCY"
+
+// benchCPUProfileEnv names a directory to which each worker process writes its CPU profile,
+// from its worker's start to its stop, as <pid>.prof (for go tool pprof; BENCHMARKS.md §15).
+const benchCPUProfileEnv = "PERSPECTIVES_BENCH_CPUPROFILE"
 
 const (
 	instancesName      = "bench_instances"
@@ -96,6 +101,17 @@ func benchWorkerProcess(dbURL string) error {
 	}
 	if err := w.Start(ctx); err != nil {
 		return err
+	}
+	if dir := os.Getenv(benchCPUProfileEnv); dir != "" {
+		f, err := os.Create(fmt.Sprintf("%s/%d.prof", dir, os.Getpid()))
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	// Each further line asks for the counts since the last one; stdin's end stops the worker.
 	var reported int64
