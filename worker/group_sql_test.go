@@ -960,13 +960,17 @@ func TestClaimSQLNextStartsAfterWhatIsBeingApplied(t *testing.T) {
 
 	// Pairs whose jobs ended, looked up again at the due time they were claimed at: one with
 	// rows still there starts the claim there, though its position is past them.
-	c = claim(worker.ClaimRequest{From: after(4), Recheck: map[worker.Pair]time.Time{
-		pairs(3)[0]: at[3].At, pairs(1)[0]: at[1].At, pairs(2)[0]: at[0].At}})
+	group := func(i int, at worker.QueuePosition) worker.QueuedGroup {
+		return worker.QueuedGroup{Pair: pairs(i)[0], At: at.At}
+	}
+	c = claim(worker.ClaimRequest{From: after(4), Recheck: []worker.QueuedGroup{group(3, at[3]), group(1, at[1]), group(2, at[0])}})
 	require.Equal(t, pairs(1, 2, 3, 4), c.Pairs, "from the first group looked up that has rows")
-	c = claim(worker.ClaimRequest{From: after(2), Recheck: map[worker.Pair]time.Time{pairs(2)[0]: at[0].At}})
+	c = claim(worker.ClaimRequest{From: after(2), Recheck: []worker.QueuedGroup{group(2, at[0])}})
 	require.Equal(t, pairs(3, 4), c.Pairs, "a group looked up that has no rows: from the position")
-	c = claim(worker.ClaimRequest{From: at[1], Recheck: map[worker.Pair]time.Time{pairs(3)[0]: at[3].At}})
+	c = claim(worker.ClaimRequest{From: at[1], Recheck: []worker.QueuedGroup{group(3, at[3])}})
 	require.Equal(t, pairs(1, 2, 3, 4), c.Pairs, "a group looked up after the position: from the position")
+	c = claim(worker.ClaimRequest{From: after(4), Recheck: []worker.QueuedGroup{group(2, at[0]), group(2, at[2])}})
+	require.Equal(t, pairs(2, 3, 4), c.Pairs, "one pair at two groups: from the one that has rows")
 
 	c = claim(worker.ClaimRequest{Skip: pairs(0)})
 	require.Equal(t, pairs(1, 2, 3, 4), c.Pairs)

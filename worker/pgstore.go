@@ -73,10 +73,10 @@ func (s *pgStore) Claim(ctx context.Context, req ClaimRequest) (Claimed, error) 
 		arg.FromStream = uuid.NullUUID{UUID: req.From.Stream, Valid: true}
 		arg.FromPerspective = &req.From.Perspective
 	}
-	for p, at := range req.Recheck {
-		arg.RecheckStreams = append(arg.RecheckStreams, p.Stream)
-		arg.RecheckPerspectives = append(arg.RecheckPerspectives, p.Perspective)
-		arg.RecheckAt = append(arg.RecheckAt, at)
+	for _, g := range req.Recheck {
+		arg.RecheckStreams = append(arg.RecheckStreams, g.Stream)
+		arg.RecheckPerspectives = append(arg.RecheckPerspectives, g.Perspective)
+		arg.RecheckAt = append(arg.RecheckAt, g.At)
 	}
 	for p, at := range req.InFlight {
 		arg.BusyPairs = append(arg.BusyPairs, pairText(p))

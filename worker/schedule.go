@@ -69,12 +69,12 @@ type contention struct {
 
 // schedule is the loop's state about pairs. Only the loop goroutine uses it.
 type schedule struct {
-	inflight  map[Pair]bool      // in a running or waiting job: never claimed meanwhile
-	claimedAt map[Pair]time.Time // the due time of the group each pair in flight was claimed at
-	recheck   map[Pair]recheck   // pairs whose jobs ended lately: the claims look them up
-	skip      []Pair             // found busy: skipped by the next claim only
-	pending   []job              // follow-ups waiting for a free slot (served before new claims)
-	buildJobs map[buildJob]bool  // build jobs waiting or running
+	inflight  map[Pair]bool           // in a running or waiting job: never claimed meanwhile
+	claimedAt map[Pair]time.Time      // the due time of the group each pair in flight was claimed at
+	recheck   map[QueuedGroup]recheck // groups of pairs whose jobs ended lately: claims look them up
+	skip      []Pair                  // found busy: skipped by the next claim only
+	pending   []job                   // follow-ups waiting for a free slot (served before new claims)
+	buildJobs map[buildJob]bool       // build jobs waiting or running
 	contended map[Pair]contention
 	cutOff    map[Pair]int  // pairs whose last jobs were cut off by a lost connection: how many in a row
 	from      QueuePosition // where the next claim starts (see claimFrom)
@@ -85,7 +85,7 @@ type schedule struct {
 }
 
 func newSchedule(lockTimeout time.Duration, log *slog.Logger, logPair func(Pair, ...any) []any) *schedule {
-	return &schedule{inflight: map[Pair]bool{}, claimedAt: map[Pair]time.Time{}, recheck: map[Pair]recheck{},
+	return &schedule{inflight: map[Pair]bool{}, claimedAt: map[Pair]time.Time{}, recheck: map[QueuedGroup]recheck{},
 		buildJobs: map[buildJob]bool{}, contended: map[Pair]contention{}, cutOff: map[Pair]int{},
 		window: lockTimeout, log: log, logPair: logPair}
 }
@@ -195,21 +195,25 @@ func (s *schedule) noteContention(p Pair, now time.Time) {
 	s.contended[p] = c
 }
 
-// recheck is a pair whose job ended lately.
+// recheck is the group at which a pair whose job ended lately was claimed.
 type recheck struct {
-	at    time.Time // the due time of the group it was claimed at
-	until time.Time // looked up by the claims until then, and by one claim at least
-	asked bool      // in a claim's request since
+	until time.Time // when the Appends that may have joined that group have ended (see leave)
+	asked bool      // looked up once already: looked up again by a claim that begins after until
 }
 
 // leave takes the pairs of a job that ended at now and left the flight (a follow-up keeps
 // the others). The claims since it was claimed may have started past its group, passing it
-// as held (Claimed.Next): the claims of the next claimSettle look the group up again
-// (ClaimRequest.Recheck), for what the job left there (more than BatchSize rows, a lock
-// refused, a failure not recorded) and for rows that Appends running while it was applied
-// stamped with that group's due time (wh_append) after it had read the pair's rows. An
-// Append that took longer than claimSettle may have its rows found only by the next claim
-// from the oldest row, at most PollInterval later.
+// as held (Claimed.Next), so a claim looks the group up again (ClaimRequest.Recheck) twice:
+// the next one, for what the job left there (more than BatchSize rows, a lock refused, a
+// failure not recorded) and for the rows of the Appends that stamped them with that group's
+// due time (wh_append) after the job had read the pair's rows and committed before that
+// claim; and the first one that begins claimSettle after now, for those of the Appends that
+// were running when the job ended. An Append that took longer than claimSettle may have its
+// rows found only by the next claim from the oldest row, at most PollInterval later.
+// Looked up at every claim in between, the group was probed by a dozen claims or more, each
+// passing the dead index entries of the rows the job had applied: two thirds of a claim's
+// time in BenchmarkInstances. Each group is looked up so, by its own entry: when the pair's
+// next job ends before the second look-up of the last one, both groups wait for theirs.
 func (s *schedule) leave(pairs []Pair, now time.Time) {
 	for _, p := range pairs {
 		if s.inflight[p] {
@@ -221,20 +225,32 @@ func (s *schedule) leave(pairs []Pair, now time.Time) {
 			s.from = QueuePosition{} // not claimed here (no such job): from the oldest row
 			continue
 		}
-		s.recheck[p] = recheck{at: at, until: now.Add(claimSettle)}
+		s.recheck[QueuedGroup{Pair: p, At: at}] = recheck{until: now.Add(claimSettle)}
 	}
 }
 
-// claimRechecks returns the pairs the next claim looks up again, with the due time each was
-// claimed at (see leave).
-func (s *schedule) claimRechecks() map[Pair]time.Time {
-	out := make(map[Pair]time.Time, len(s.recheck))
-	for p, r := range s.recheck {
-		out[p] = r.at
-		r.asked = true
-		s.recheck[p] = r
+// claimRechecks returns the groups a claim that begins at now looks up again (see leave):
+// those not looked up yet, and those whose Appends have ended.
+func (s *schedule) claimRechecks(now time.Time) []QueuedGroup {
+	var out []QueuedGroup
+	for g, r := range s.recheck {
+		if !r.asked || now.After(r.until) {
+			out = append(out, g)
+		}
 	}
 	return out
+}
+
+// nextRecheck is how long after now a claim must begin to look up again the pairs looked up
+// once (0: none waits), so that their Appends' rows do not wait for the next poll.
+func (s *schedule) nextRecheck(now time.Time) time.Duration {
+	var d time.Duration
+	for _, r := range s.recheck {
+		if w := r.until.Sub(now) + time.Millisecond; r.asked && w > 0 && (d == 0 || w < d) {
+			d = w
+		}
+	}
+	return d
 }
 
 // claimFrom is where a claim at now starts: at the oldest row once every interval (a row
@@ -252,17 +268,21 @@ func (s *schedule) claimFrom(now time.Time, interval time.Duration) (from QueueP
 }
 
 // claimed takes a claim that began at now: its Next (zero: it passed no group) as the next
-// claim's start, the positions of the pairs it returned, and the end of the look-ups it made
-// that were due to end when it began (a claim from the oldest row that passed none leaves
-// nothing to start after). When it began, not when it ended: a row an Append committed while
-// a slow claim ran is looked up by the next one.
+// claim's start, the positions of the pairs it returned, and the look-ups it made
+// (claimRechecks at now): the first of a group's two is done, the second ends it. When it
+// began, not when it ended: a row an Append committed while a slow claim ran is looked up by
+// the next one.
 func (s *schedule) claimed(c Claimed, full bool, now time.Time) {
 	if full || !c.Next.At.IsZero() {
 		s.from = c.Next
 	}
-	for p, r := range s.recheck {
-		if r.asked && now.After(r.until) {
-			delete(s.recheck, p)
+	for g, r := range s.recheck {
+		switch {
+		case now.After(r.until):
+			delete(s.recheck, g)
+		case !r.asked:
+			r.asked = true
+			s.recheck[g] = r
 		}
 	}
 	for p, at := range c.At {
@@ -339,8 +359,13 @@ func (w *Worker) loop(loopCtx, opsCtx context.Context) {
 		if unreachable {
 			wait = min(wait, reconnectInterval)
 		}
-		if d := s.nextDue(time.Now()); d > 0 && !stopping {
-			wait = min(wait, d)
+		if !stopping {
+			now := time.Now()
+			for _, d := range []time.Duration{s.nextDue(now), s.nextRecheck(now)} {
+				if d > 0 {
+					wait = min(wait, d)
+				}
+			}
 		}
 		timer.Reset(wait)
 		select {
@@ -402,7 +427,7 @@ func (w *Worker) claimAndStart(ctx context.Context, s *schedule, free int, start
 		Perspectives: w.builds().keys,
 		InFlight:     inflight,
 		Skip:         skip,
-		Recheck:      s.claimRechecks(),
+		Recheck:      s.claimRechecks(began),
 		Limit:        limit,
 		// At most enough queued groups for the pairs it skips, twice the pairs it wants and
 		// the pairs other instances are applying (passed over by their claim marks), so a

@@ -89,6 +89,14 @@ type Pair struct {
 	Perspective string
 }
 
+// QueuedGroup is one pair's queued rows of one due time: the rows of the Appends that
+// stamped theirs with that time (an Append gives its rows the due time of the rows the pair
+// has queued already).
+type QueuedGroup struct {
+	Pair
+	At time.Time
+}
+
 // ClaimRequest asks Store.Claim for due pairs.
 type ClaimRequest struct {
 	Instance     uuid.UUID // pairs another instance holds a stream lock on are not due
@@ -97,10 +105,10 @@ type ClaimRequest struct {
 	// it was claimed at (zero: not known), which the next claim's start may pass.
 	InFlight map[Pair]time.Time
 	Skip     []Pair // pairs just found held by another transaction: not returned
-	// Recheck are pairs whose jobs here ended lately, each with the due time of the group it
-	// was claimed at: when one still has rows there, the claim starts there at the latest
+	// Recheck are the groups at which pairs whose jobs here ended lately were claimed (a pair
+	// may come with several): when one still has rows, the claim starts there at the latest
 	// (the claims since it was claimed may have passed that group as held; see Claimed.Next).
-	Recheck  map[Pair]time.Time
+	Recheck  []QueuedGroup
 	Limit    int // at most this many pairs
 	MaxSteps int // at most this many queued groups passed (bounds the claim's cost)
 	// From is where the claim starts (zero: at the oldest row): a position the last claim

@@ -167,3 +167,60 @@ func TestUnitStopNeverReleasesTheLockOfARunningOperation(t *testing.T) {
 		assert.Len(t, f.locker.ReleaseCalls(), 1, "the operation released its lock when it ended")
 	})
 }
+
+// A pair whose job ended is looked up again by the next claim and, with nothing else to
+// wake the loop, by one claim that the loop wakes for right after claimSettle, not by the
+// next poll (a minute here): the Appends that were running when the job ended may have
+// stamped their rows with the group's due time, which the claims since passed as held.
+func TestUnitEndedPairIsLookedUpTwiceWithoutWaitingForThePoll(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := worker.Pair{Stream: uuid.New(), Perspective: utBuilds()[0].Key}
+		due := time.Now()
+		ev := worker.Event{ID: uuid.Must(uuid.NewV7()), StreamID: p.Stream, Type: "n", Data: json.RawMessage(`{"n":1}`)}
+		type claim struct {
+			at      time.Duration // since the job ended
+			recheck []worker.QueuedGroup
+		}
+		var (
+			claims []claim
+			ended  time.Time
+			n      atomic.Int32
+		)
+		store := utLoopStore()
+		store.ClaimFunc = func(ctx context.Context, req worker.ClaimRequest) (worker.Claimed, error) {
+			if n.Add(1) == 1 {
+				return worker.Claimed{Pairs: []worker.Pair{p}, At: map[worker.Pair]time.Time{p: due}}, nil
+			}
+			claims = append(claims, claim{at: time.Since(ended), recheck: req.Recheck})
+			return worker.Claimed{}, nil
+		}
+		store.ApplyFunc = func(ctx context.Context, pairs []worker.Pair, perPair int, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
+			writes := decide([]worker.PairState{{Pair: p, Events: []worker.Event{ev}, Model: json.RawMessage(`{"seq":[]}`)}})
+			assert.Len(t, writes, 1) // not require: a job goroutine
+			ended = time.Now()
+			return nil, nil
+		}
+		w, err := worker.NewWithStore(store, worker.Config{
+			Perspectives: []worker.Perspective{utPerspective(utName, nil)},
+			PollOnly:     true,
+			PollInterval: time.Minute,
+			Logger:       utLogger(&utLogBuf{}),
+		})
+		require.NoError(t, err)
+		require.NoError(t, w.Start(context.Background()))
+		time.Sleep(time.Second)
+		synctest.Wait()
+		require.NoError(t, w.Stop(context.Background()))
+
+		want := []worker.QueuedGroup{{Pair: p, At: due}}
+		require.GreaterOrEqual(t, len(claims), 2, "claims after the job: %v", claims)
+		require.Equal(t, want, claims[0].recheck, "the claim right after the job looks the pair up")
+		require.Less(t, claims[0].at, worker.ClaimSettle)
+		require.Equal(t, want, claims[1].recheck, "and the claim the loop wakes for after claimSettle")
+		require.Greater(t, claims[1].at, worker.ClaimSettle)
+		require.Less(t, claims[1].at, worker.ClaimSettle+10*time.Millisecond)
+		for _, c := range claims[2:] {
+			require.Empty(t, c.recheck, "then no more")
+		}
+	})
+}
