@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/perspectives-go/perspectives/db"
@@ -437,7 +438,18 @@ func TestAppendWakesIdleWorker(t *testing.T) {
 	ctx := context.Background()
 	name := uniqueName("wake")
 	// Polling every hour: only the notification can bring the events in time.
-	startWorker(t, worker.Config{Perspectives: []worker.Perspective{ledgerPerspective(name)}, PollInterval: time.Hour})
+	// Its listening session is named, so that the test can end that session and no other
+	// (through a pooler, a pooled session may show a LISTEN as its last query while another
+	// test uses it).
+	listen := func(ctx context.Context) (*pgx.Conn, error) {
+		cfg, err := pgx.ParseConfig(testDB.DirectURL)
+		if err != nil {
+			return nil, err
+		}
+		cfg.RuntimeParams["application_name"] = name
+		return pgx.ConnectConfig(ctx, cfg)
+	}
+	startWorker(t, worker.Config{Perspectives: []worker.Perspective{ledgerPerspective(name)}, PollInterval: time.Hour, ListenConnect: listen})
 	stream := uuid.New()
 	evs := events(stream, newIDs(t, 3))
 	time.Sleep(50 * time.Millisecond) // let the first (immediate) poll pass
@@ -447,10 +459,9 @@ func TestAppendWakesIdleWorker(t *testing.T) {
 	require.Equal(t, expectedLedger(t, evs), waitModel(t, ctx, name, stream, 3))
 
 	// The listening session is killed: the worker subscribes again and keeps being woken.
-	// (Other tests' workers listen too; their sessions end as well and must recover alike.)
 	var killed int
 	require.NoError(t, testDB.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
-		WHERE datname = current_database() AND pid <> pg_backend_pid() AND query LIKE '%LISTEN wh_perspective_events%'`).Scan(&killed))
+		WHERE datname = current_database() AND application_name = $1 AND query LIKE '%LISTEN wh_perspective_events%'`, name).Scan(&killed))
 	require.Positive(t, killed, "the listening session was found and terminated")
 	other := uuid.New()
 	more := events(other, newIDs(t, 2))
