@@ -55,8 +55,9 @@ WITH RECURSIVE peers AS (
     -- pairs the caller just found held by another transaction (NULL: none)
     SELECT unnest(COALESCE(@skip_pairs::text[], '{}')) AS pair
 ), recheck AS (
-    -- pairs whose jobs here ended lately (NULL: none), each with the due time of the group it
-    -- was claimed at, which the claims since may have passed as held (below)
+    -- the groups (pair and due time) at which pairs whose jobs here ended lately were claimed
+    -- (NULL: none; a pair may come with several), which the claims since may have passed as
+    -- held (below)
     SELECT unnest(COALESCE(@recheck_streams::uuid[], '{}')) AS stream_id,
            unnest(COALESCE(@recheck_perspectives::text[], '{}')) AS perspective_name,
            unnest(COALESCE(@recheck_at::timestamptz[], '{}')) AS at

@@ -969,8 +969,10 @@ func TestClaimSQLNextStartsAfterWhatIsBeingApplied(t *testing.T) {
 	require.Equal(t, pairs(3, 4), c.Pairs, "a group looked up that has no rows: from the position")
 	c = claim(worker.ClaimRequest{From: at[1], Recheck: []worker.QueuedGroup{group(3, at[3])}})
 	require.Equal(t, pairs(1, 2, 3, 4), c.Pairs, "a group looked up after the position: from the position")
-	c = claim(worker.ClaimRequest{From: after(4), Recheck: []worker.QueuedGroup{group(2, at[0]), group(2, at[2])}})
+	c = claim(worker.ClaimRequest{From: after(4), Recheck: []worker.QueuedGroup{group(2, at[2]), group(2, at[0])}})
 	require.Equal(t, pairs(2, 3, 4), c.Pairs, "one pair at two groups: from the one that has rows")
+	c = claim(worker.ClaimRequest{From: after(4), Recheck: []worker.QueuedGroup{group(2, at[0]), group(2, at[2])}})
+	require.Equal(t, pairs(2, 3, 4), c.Pairs, "in either order")
 
 	c = claim(worker.ClaimRequest{Skip: pairs(0)})
 	require.Equal(t, pairs(1, 2, 3, 4), c.Pairs)

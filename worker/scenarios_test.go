@@ -11,6 +11,7 @@ import (
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/perspectives-go/perspectives/db"
@@ -438,18 +439,30 @@ func TestAppendWakesIdleWorker(t *testing.T) {
 	ctx := context.Background()
 	name := uniqueName("wake")
 	// Polling every hour: only the notification can bring the events in time.
-	// Its listening session is named, so that the test can end that session and no other
-	// (through a pooler, a pooled session may show a LISTEN as its last query while another
-	// test uses it).
-	listen := func(ctx context.Context) (*pgx.Conn, error) {
-		cfg, err := pgx.ParseConfig(testDB.DirectURL)
-		if err != nil {
-			return nil, err
+	// Its listening session is named (application_name), so that the test ends that session
+	// and no other: through a pooler, a pooled session may show another test's LISTEN as its
+	// last query while a third test uses it.
+	cfg := worker.Config{Perspectives: []worker.Perspective{ledgerPerspective(name)}, PollInterval: time.Hour, Logger: quietLogger()}
+	pool := testDB.Pool
+	if testDB.DirectURL == testDB.URL {
+		// Directly, the worker listens on a connection of its pool (the default): a pool of its own.
+		pc, err := pgxpool.ParseConfig(testDB.URL)
+		require.NoError(t, err)
+		pc.ConnConfig.RuntimeParams["application_name"] = name
+		pool, err = pgxpool.NewWithConfig(ctx, pc)
+		require.NoError(t, err)
+		t.Cleanup(pool.Close) // after the worker's stop (cleanups run last first)
+	} else {
+		cfg.ListenConnect = func(ctx context.Context) (*pgx.Conn, error) {
+			cc, err := pgx.ParseConfig(testDB.DirectURL)
+			if err != nil {
+				return nil, err
+			}
+			cc.RuntimeParams["application_name"] = name
+			return pgx.ConnectConfig(ctx, cc)
 		}
-		cfg.RuntimeParams["application_name"] = name
-		return pgx.ConnectConfig(ctx, cfg)
 	}
-	startWorker(t, worker.Config{Perspectives: []worker.Perspective{ledgerPerspective(name)}, PollInterval: time.Hour, ListenConnect: listen})
+	startWorkerWith(t, pool, cfg)
 	stream := uuid.New()
 	evs := events(stream, newIDs(t, 3))
 	time.Sleep(50 * time.Millisecond) // let the first (immediate) poll pass

@@ -207,8 +207,8 @@ type recheck struct {
 // the next one, for what the job left there (more than BatchSize rows, a lock refused, a
 // failure not recorded) and for the rows of the Appends that stamped them with that group's
 // due time (wh_append) after the job had read the pair's rows and committed before that
-// claim; and the first one that begins claimSettle after now, for those of the Appends that
-// were running when the job ended. An Append that took longer than claimSettle may have its
+// claim; and the first one that begins more than claimSettle after now, for those of the
+// Appends that were running when the job ended (when that is the next claim, once). An Append that took longer than claimSettle may have its
 // rows found only by the next claim from the oldest row, at most PollInterval later.
 // Looked up at every claim in between, the group was probed by a dozen claims or more, each
 // passing the dead index entries of the rows the job had applied: two thirds of a claim's
@@ -225,6 +225,8 @@ func (s *schedule) leave(pairs []Pair, now time.Time) {
 			s.from = QueuePosition{} // not claimed here (no such job): from the oldest row
 			continue
 		}
+		// at is as the claim's row was scanned (one location, no monotonic reading): a later
+		// job claimed at the same group makes the same key, and starts its look-ups afresh.
 		s.recheck[QueuedGroup{Pair: p, At: at}] = recheck{until: now.Add(claimSettle)}
 	}
 }
@@ -241,7 +243,7 @@ func (s *schedule) claimRechecks(now time.Time) []QueuedGroup {
 	return out
 }
 
-// nextRecheck is how long after now a claim must begin to look up again the pairs looked up
+// nextRecheck is how long after now a claim must begin to look up again the groups looked up
 // once (0: none waits), so that their Appends' rows do not wait for the next poll.
 func (s *schedule) nextRecheck(now time.Time) time.Duration {
 	var d time.Duration
@@ -269,7 +271,8 @@ func (s *schedule) claimFrom(now time.Time, interval time.Duration) (from QueueP
 
 // claimed takes a claim that began at now: its Next (zero: it passed no group) as the next
 // claim's start, the positions of the pairs it returned, and the look-ups it made
-// (claimRechecks at now): the first of a group's two is done, the second ends it. When it
+// (claimRechecks at now): a look-up that begins more than claimSettle after the group's job
+// ended is its last, an earlier one its first. When it
 // began, not when it ended: a row an Append committed while a slow claim ran is looked up by
 // the next one.
 func (s *schedule) claimed(c Claimed, full bool, now time.Time) {
@@ -455,7 +458,8 @@ func (w *Worker) claimAndStart(ctx context.Context, s *schedule, free int, start
 
 // claimSettle is how long before a claim its Next lies at the latest (ClaimRequest.Settle):
 // the Appends in flight when it ran (one statement each, milliseconds) are found by the next
-// claim.
+// claim. For the same reason, an ended job's groups are looked up a second time by a claim
+// that begins more than claimSettle after the job ended (see leave).
 const claimSettle = 100 * time.Millisecond
 
 // claimPassHeld is how many queued groups a claim may pass beyond its own needs: room for

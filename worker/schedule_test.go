@@ -175,8 +175,8 @@ func TestScheduleClaimStartsWhereTheLastClaimBegan(t *testing.T) {
 }
 
 // The pairs of a job that ended are looked up again, at the group each was claimed at, by the
-// next claim and by the first claim that begins claimSettle after the job ended (one claim
-// when that is the next): the group may hold rows the job did not apply, which the claims
+// next claim and by the first claim that begins more than claimSettle after the job ended
+// (one claim when that is the next): the group may hold rows the job did not apply, which the claims
 // since passed as held. A pair in a follow-up stays in flight; a pair of unknown position
 // starts the next claim at the oldest row.
 func TestScheduleLooksUpTheEndedPairsAgain(t *testing.T) {
@@ -249,7 +249,7 @@ func TestScheduleLooksUpTheEndedPairsAgain(t *testing.T) {
 	unknown := job{kind: jobApply, pairs: []Pair{c}}
 	s.started(&unknown)
 	s.finish(jobResult{job: unknown}, later)
+	require.Empty(t, s.recheck, "a pair not claimed here: no group to look up")
 	s.claimed(Claimed{}, false, later.Add(time.Hour))
 	require.Equal(t, QueuePosition{}, s.from, "a pair not claimed here: from the oldest row")
-	require.Empty(t, s.claimRechecks(later.Add(time.Hour)))
 }
