@@ -78,7 +78,7 @@ type schedule struct {
 	contended map[Pair]contention
 	cutOff    map[Pair]int  // pairs whose last jobs were cut off by a lost connection: how many in a row
 	from      QueuePosition // where the next claim starts (see claimFrom)
-	fullAt    time.Time     // when a claim last started at the oldest row
+	fullAt    time.Time     // when the last claim that started at the oldest row began (and succeeded)
 	window    time.Duration // LockTimeout: contention longer than this is warned of
 	log       *slog.Logger
 	logPair   func(Pair, ...any) []any // how a pair is named in the log
@@ -260,10 +260,11 @@ func (s *schedule) nextRecheck(now time.Time) time.Duration {
 // claim's Next, and waits at most that long; see also leave), else at the last claim's Next:
 // no due row the claim can return precedes it but in the groups it looks up again (leave),
 // and it need not step through the groups being applied nor the dead index entries of the
-// rows applied since (thousands after a large drain, until vacuumed). full says which.
+// rows applied since (thousands after a large drain, until vacuumed). full says which. The
+// interval runs from the last full claim that succeeded (claimed): one that failed is tried
+// again by the next claim, so that such a row waits no longer than that.
 func (s *schedule) claimFrom(now time.Time, interval time.Duration) (from QueuePosition, full bool) {
 	if now.Sub(s.fullAt) >= interval {
-		s.fullAt = now
 		return QueuePosition{}, true
 	}
 	return s.from, false
@@ -276,6 +277,9 @@ func (s *schedule) claimFrom(now time.Time, interval time.Duration) (from QueueP
 // began, not when it ended: a row an Append committed while a slow claim ran is looked up by
 // the next one.
 func (s *schedule) claimed(c Claimed, full bool, now time.Time) {
+	if full {
+		s.fullAt = now
+	}
 	if full || !c.Next.At.IsZero() {
 		s.from = c.Next
 	}

@@ -168,8 +168,12 @@ func TestScheduleClaimStartsWhereTheLastClaimBegan(t *testing.T) {
 	from, full = s.claimFrom(t0.Add(every), every)
 	require.True(t, full, "once every interval, from the oldest row again")
 	require.Equal(t, QueuePosition{}, from)
-	s.claimed(Claimed{}, full, t0)
+	// That claim fails (claimed is not called): the next one is full again.
 	from, full = s.claimFrom(t0.Add(every+time.Millisecond), every)
+	require.True(t, full, "a full claim that failed is tried again at once, not an interval later")
+	require.Equal(t, QueuePosition{}, from)
+	s.claimed(Claimed{}, full, t0.Add(every+time.Millisecond))
+	from, full = s.claimFrom(t0.Add(every+2*time.Millisecond), every)
 	require.False(t, full)
 	require.Equal(t, QueuePosition{}, from, "a full claim that passed nothing leaves no start")
 }
