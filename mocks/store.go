@@ -39,7 +39,7 @@ var _ worker.Store = &StoreMock{}
 //			CleanupFunc: func(ctx context.Context, perspectives []string, grace time.Duration, batch int) (bool, error) {
 //				panic("mock out the Cleanup method")
 //			},
-//			ListenFunc: func(ctx context.Context, notify func()) error {
+//			ListenFunc: func(ctx context.Context, notify func(from time.Time)) error {
 //				panic("mock out the Listen method")
 //			},
 //			MarkFailedFunc: func(ctx context.Context, p worker.Pair, f worker.Failure, decide func(failures int) worker.FailureAction) (worker.FailureAction, error) {
@@ -92,7 +92,7 @@ type StoreMock struct {
 	CleanupFunc func(ctx context.Context, perspectives []string, grace time.Duration, batch int) (bool, error)
 
 	// ListenFunc mocks the Listen method.
-	ListenFunc func(ctx context.Context, notify func()) error
+	ListenFunc func(ctx context.Context, notify func(from time.Time)) error
 
 	// MarkFailedFunc mocks the MarkFailed method.
 	MarkFailedFunc func(ctx context.Context, p worker.Pair, f worker.Failure, decide func(failures int) worker.FailureAction) (worker.FailureAction, error)
@@ -177,7 +177,7 @@ type StoreMock struct {
 			// Ctx is the ctx argument value.
 			Ctx context.Context
 			// Notify is the notify argument value.
-			Notify func()
+			Notify func(from time.Time)
 		}
 		// MarkFailed holds details about calls to the MarkFailed method.
 		MarkFailed []struct {
@@ -506,13 +506,13 @@ func (mock *StoreMock) CleanupCalls() []struct {
 }
 
 // Listen calls ListenFunc.
-func (mock *StoreMock) Listen(ctx context.Context, notify func()) error {
+func (mock *StoreMock) Listen(ctx context.Context, notify func(from time.Time)) error {
 	if mock.ListenFunc == nil {
 		panic("StoreMock.ListenFunc: method is nil but Store.Listen was just called")
 	}
 	callInfo := struct {
 		Ctx    context.Context
-		Notify func()
+		Notify func(from time.Time)
 	}{
 		Ctx:    ctx,
 		Notify: notify,
@@ -529,11 +529,11 @@ func (mock *StoreMock) Listen(ctx context.Context, notify func()) error {
 //	len(mockedStore.ListenCalls())
 func (mock *StoreMock) ListenCalls() []struct {
 	Ctx    context.Context
-	Notify func()
+	Notify func(from time.Time)
 } {
 	var calls []struct {
 		Ctx    context.Context
-		Notify func()
+		Notify func(from time.Time)
 	}
 	mock.lockListen.RLock()
 	calls = mock.calls.Listen

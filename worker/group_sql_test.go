@@ -829,6 +829,54 @@ func TestAppendStampsRowsWithTheirPairsDueTime(t *testing.T) {
 	require.Equal(t, 7, n, "every event queued")
 }
 
+// An Append's notification names the earliest due time it stamped on its rows (see
+// worker.Store.Listen): that of a group it joined, now() for a pair with nothing queued; an
+// operator's notification names none.
+func TestAppendNotificationNamesTheEarliestDueTimeItQueued(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := gsRegister(t, ctx, "append_notify")
+	listener, err := pgx.Connect(ctx, testDB.DirectURL) // LISTEN needs a session of its own
+	require.NoError(t, err)
+	defer func() { _ = listener.Close(ctx) }()
+	_, err = listener.Exec(ctx, `LISTEN wh_perspective_events`)
+	require.NoError(t, err)
+	appender, err := pgx.Connect(ctx, testDB.DirectURL) // its notifications carry its PID
+	require.NoError(t, err)
+	defer func() { _ = appender.Close(ctx) }()
+	// notified appends to stream on appender and returns what its notification names.
+	notified := func(stream uuid.UUID) time.Time {
+		t.Helper()
+		require.NoError(t, worker.Append(ctx, appender, events(stream, newIDs(t, 1))...))
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		for {
+			n, err := listener.WaitForNotification(wctx)
+			require.NoError(t, err, "the Append's notification")
+			if n.PID == appender.PgConn().PID() { // other tests append too
+				require.NotEmpty(t, n.Payload)
+				return worker.NotifiedDue(n.Payload)
+			}
+		}
+	}
+
+	old := uuid.New()
+	gsAppend(t, ctx, old, 1)
+	gsExec(t, ctx, testDB.Pool, `UPDATE wh_perspective_events SET next_attempt_at = date_trunc('second', now()) - interval '1 hour 0.123456 second'
+		WHERE stream_id = $1 AND perspective_name = $2`, old, name)
+	due := gsDueTimes(t, ctx, gsPair{old, name})
+	require.Len(t, due, 1)
+	require.True(t, due[0].Equal(notified(old)), "the group the Append joined, to the microsecond")
+
+	fresh := uuid.New()
+	got := notified(fresh)
+	due = gsDueTimes(t, ctx, gsPair{fresh, name})
+	require.Len(t, due, 1)
+	require.True(t, due[0].Equal(got), "now() for a pair with nothing queued: %s, named %s", due[0], got)
+
+	require.True(t, worker.NotifiedDue("").IsZero(), "a notification that names no due time: anywhere")
+}
+
 // QueueDuePairs passes at most max_steps queued groups. A pair has several groups when
 // Appends that ran concurrently stamped its rows with different times (each read none of
 // the other's rows); here the groups are made by hand.

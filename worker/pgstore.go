@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -285,7 +286,7 @@ func (s *pgStore) MarkFailed(ctx context.Context, p Pair, f Failure, decide func
 // ErrNotificationsLost. Once subscribed it sends itself a notification through the pool
 // and waits up to probeTimeout for it: when it does not arrive, Listen returns an error (the
 // worker subscribes again later, polling meanwhile).
-func (s *pgStore) Listen(ctx context.Context, notify func()) error {
+func (s *pgStore) Listen(ctx context.Context, notify func(from time.Time)) error {
 	conn, err := s.listenConn(ctx)
 	if err != nil {
 		return err
@@ -303,7 +304,7 @@ func (s *pgStore) Listen(ctx context.Context, notify func()) error {
 	if err := pgq.New(conn).QueueListen(ctx); err != nil {
 		return err
 	}
-	notify() // events appended before the subscription took effect
+	notify(time.Time{}) // events appended before the subscription took effect, anywhere
 	probe := probePrefix + uuid.NewString()
 	if err := s.q.QueueProbe(ctx, probe); err != nil {
 		return fmt.Errorf("send a probe notification: %w", err)
@@ -324,9 +325,19 @@ func (s *pgStore) Listen(ctx context.Context, notify func()) error {
 		case n.Payload == probe:
 			heard = true
 		case !strings.HasPrefix(n.Payload, probePrefix):
-			notify()
+			notify(notifiedDue(n.Payload))
 		}
 	}
+}
+
+// notifiedDue is the due time a queue notification names (see wh_append: microseconds since
+// the epoch), or the zero time when it names none (an operator's retry or skip).
+func notifiedDue(payload string) time.Time {
+	us, err := strconv.ParseInt(payload, 10, 64)
+	if err != nil {
+		return time.Time{}
+	}
+	return time.UnixMicro(us)
 }
 
 func (s *pgStore) listenConn(ctx context.Context) (*pgx.Conn, error) {
@@ -347,7 +358,7 @@ func (s *pgStore) listenConn(ctx context.Context) (*pgx.Conn, error) {
 	return pc.Hijack(), nil
 }
 
-// probePrefix starts the payload of a listener's probe notification (Appends send none):
+// probePrefix starts the payload of a listener's probe notification (Appends send a number):
 // other listeners ignore it.
 const probePrefix = "probe:"
 

@@ -405,7 +405,7 @@ func planStatements(t *testing.T, ctx context.Context, conn *pgx.Conn, hot uuid.
 	}
 
 	// The statement of wh_append that reads the queue, as its source has it, with the
-	// function's arguments as the parameters $1 to $5.
+	// function's arguments as the parameters $1 to $5 (and without its INTO).
 	var src string
 	require.NoError(t, conn.QueryRow(ctx, `SELECT prosrc FROM pg_proc WHERE proname = 'wh_append'`).Scan(&src))
 	start := strings.Index(src, "WITH ev AS (")
@@ -416,6 +416,9 @@ func planStatements(t *testing.T, ctx context.Context, conn *pgx.Conn, hot uuid.
 	require.Equal(t, 1, strings.Count(appendSQL, unnestArgs), "wh_append: the arguments of its statement")
 	appendSQL = strings.Replace(appendSQL, unnestArgs,
 		"unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::timestamptz[])", 1)
+	const into = " INTO queued, first_due" // PL/pgSQL's, not SQL
+	require.Equal(t, 1, strings.Count(appendSQL, into), "wh_append: what its statement returns")
+	appendSQL = strings.Replace(appendSQL, into, "", 1)
 	appendIDs, appendStreams := newIDs(t, 10), make([]uuid.UUID, 10)
 	appendTypes, appendData, appendAt := make([]string, 10), make([]string, 10), make([]time.Time, 10)
 	for i := range appendIDs {

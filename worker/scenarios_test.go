@@ -645,3 +645,89 @@ func TestConcurrentAppendsToSeveralInstancesDrainBeforeAFullClaim(t *testing.T) 
 		require.Equal(t, expectedLedger(t, evs), waitModel(t, ctx, name, s, len(evs)))
 	}
 }
+
+// An Append inside a transaction that began before a claim and committed after it queued
+// its rows before where the next claims start (Claimed.Next: the claim passed the due time
+// they carry, the transaction's start, while they were not visible). Its notification names
+// that due time, and the worker's next claim starts there: the rows do not wait for the next
+// claim from the oldest row (a one-minute poll here).
+func TestAppendCommittedAfterAClaimPassedItsDueTimeIsAppliedBeforeAFullClaim(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := uniqueName("late-commit")
+	w := startWorker(t, minutePollConfig(name, 10, 10, 2))
+	waitCaughtUp(t, ctx, name)
+
+	slow := events(uuid.New(), newIDs(t, 2))
+	tx, err := testDB.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	require.NoError(t, worker.Append(ctx, tx, slow...)) // due at the transaction's start
+	time.Sleep(3 * worker.ClaimSettle)
+	passThem(t, ctx, w, name)
+	require.NoError(t, tx.Commit(ctx))
+	require.Equal(t, expectedLedger(t, slow), waitModel(t, ctx, name, slow[0].StreamID, len(slow)))
+}
+
+// An Append that adds rows to a pair's queued group (they take its due time) while a job
+// applies that group, and commits after the job has ended and its group has been looked up
+// again (twice, the second time claimSettle after the job), has its rows in a group every
+// claim has passed. Its notification names the group's due time, and the worker's next
+// claim starts there.
+func TestAppendJoiningAGroupCommittedAfterItsJobIsAppliedBeforeAFullClaim(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := uniqueName("late-join")
+	gated := newGated(name)
+	cfg := minutePollConfig(name, 10, 10, 2)
+	cfg.Perspectives = []worker.Perspective{gated}
+	w := startWorker(t, cfg)
+	waitCaughtUp(t, ctx, name)
+
+	stream := uuid.New()
+	all := events(stream, newIDs(t, 2))
+	entered, release := gated.arm(all[0].ID)
+	defer release()
+	require.NoError(t, worker.Append(ctx, testDB.Pool, all[0]))
+	select {
+	case <-entered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the first event was not applied")
+	}
+	tx, err := testDB.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	require.NoError(t, worker.Append(ctx, tx, all[1])) // sees the first event's row: takes its due time
+	var joined bool
+	require.NoError(t, tx.QueryRow(ctx, `SELECT count(DISTINCT next_attempt_at) = 1 FROM wh_perspective_events
+		WHERE stream_id = $1 AND perspective_name IN (
+			SELECT build_key FROM wh_perspective_builds WHERE perspective_name = $2)`, stream, name).Scan(&joined))
+	require.True(t, joined, "the Append joined the group being applied")
+	release()
+	waitModel(t, ctx, name, stream, 1)
+	time.Sleep(3 * worker.ClaimSettle) // the job's group has been looked up twice
+	passThem(t, ctx, w, name)
+	require.NoError(t, tx.Commit(ctx))
+	require.Equal(t, expectedLedger(t, all), waitModel(t, ctx, name, stream, len(all)))
+}
+
+// passThem queues an event of a new stream for the perspective's active build, as Append
+// would but without its lock (behind a registration that waits for the test's open
+// transaction, it would wait too), wakes w and waits until the event is applied: the claim
+// that took it started its successors past the groups due until claimSettle before it.
+func passThem(t *testing.T, ctx context.Context, w *worker.Worker, name string) {
+	t.Helper()
+	ev := events(uuid.New(), newIDs(t, 1))[0]
+	_, err := testDB.Pool.Exec(ctx, `WITH b AS (
+			SELECT build_key FROM wh_perspective_builds WHERE perspective_name = $4 AND state = 'active'
+		), e AS (
+			INSERT INTO wh_event_store (event_id, stream_id, event_type, data) VALUES ($1, $2, $3, $5::jsonb)
+		), c AS (
+			INSERT INTO wh_perspective_cursors (stream_id, perspective_name) SELECT $2, build_key FROM b
+		)
+		INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id, next_attempt_at)
+		SELECT $2, build_key, $1, now() FROM b`, pgq.Args([]any{ev.ID, ev.StreamID, ev.Type, name, string(ev.Data)})...)
+	require.NoError(t, err)
+	w.Notify()
+	waitModel(t, ctx, name, ev.StreamID, 1)
+}

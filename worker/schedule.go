@@ -255,6 +255,21 @@ func (s *schedule) nextRecheck(now time.Time) time.Duration {
 	return d
 }
 
+// notified takes the earliest due time named by the queue notifications received since the
+// last claim (the zero time: unknown): the next claim starts there at the latest. An Append
+// whose transaction began before the last claim's Next and committed after that claim began
+// (a slow statement, an Append inside a longer transaction) queued its rows before where the
+// next claim would start; so did one that added rows to a group that a job here (in flight,
+// or ended and looked up again already) or another instance's claim had passed. The
+// notification arrives once they are visible: the claim that starts there finds them, or
+// passes them as held by a job here, which looks its group up again when it ends (leave).
+func (s *schedule) notified(from time.Time) {
+	if from.After(s.from.At) {
+		return
+	}
+	s.from = QueuePosition{At: from} // before every group due at that time
+}
+
 // claimFrom is where a claim at now starts: at the oldest row once every interval (a row
 // queued by a transaction that began long before the last claim may lie before that
 // claim's Next, and waits at most that long; see also leave), else at the last claim's Next:
@@ -427,6 +442,9 @@ func (w *Worker) noteReachable(ctx context.Context, unreachable bool, err error)
 func (w *Worker) claimAndStart(ctx context.Context, s *schedule, free int, start func(job)) (bool, error) {
 	limit := free * w.cfg.GroupSize
 	inflight, skip := s.claimSkips()
+	if from, ok := w.takeNotified(); ok {
+		s.notified(from)
+	}
 	began := time.Now()
 	from, full := s.claimFrom(began, w.cfg.PollInterval)
 	claimed, err := w.store.Claim(ctx, ClaimRequest{

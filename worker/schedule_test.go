@@ -178,6 +178,32 @@ func TestScheduleClaimStartsWhereTheLastClaimBegan(t *testing.T) {
 	require.Equal(t, QueuePosition{}, from, "a full claim that passed nothing leaves no start")
 }
 
+// A queue notification moves the next claim's start back to the due time it names, before
+// every group due then, never forward; one that names none moves it to the oldest row.
+func TestScheduleNotificationMovesTheNextClaimsStartBack(t *testing.T) {
+	s, _ := newTestSchedule(time.Second)
+	t0 := time.Now()
+	const every = time.Minute
+	next := QueuePosition{At: t0, Stream: uuid.New(), Perspective: "p"}
+	s.claimed(Claimed{Next: next}, true, t0)
+	start := func() QueuePosition {
+		from, full := s.claimFrom(t0.Add(time.Millisecond), every)
+		require.False(t, full)
+		return from
+	}
+
+	s.notified(t0.Add(time.Millisecond))
+	require.Equal(t, next, start(), "rows due after the start: found from there")
+	s.notified(t0)
+	require.Equal(t, QueuePosition{At: t0}, start(), "rows due at the start's time: before every group then")
+	s.notified(t0.Add(-time.Second))
+	require.Equal(t, QueuePosition{At: t0.Add(-time.Second)}, start())
+	s.notified(t0)
+	require.Equal(t, QueuePosition{At: t0.Add(-time.Second)}, start(), "never forward")
+	s.notified(time.Time{})
+	require.Equal(t, QueuePosition{}, start(), "a notification naming no due time: from the oldest row")
+}
+
 // The pairs of a job that ended are looked up again, at the group each was claimed at, by the
 // next claim and by the first claim that begins more than claimSettle after the job ended
 // (one claim when that is the next): the group may hold rows the job did not apply, which the claims

@@ -70,11 +70,14 @@ type Store interface {
 	// (retry with backoff, park, skip f.Event: see FailureAction), and writes f with that
 	// action. It returns the action written.
 	MarkFailed(ctx context.Context, p Pair, f Failure, decide func(failures int) FailureAction) (FailureAction, error)
-	// Listen calls notify once subscribed to the notification every committed Append sends,
-	// and then for each notification, until ctx ends or the subscription fails. It returns
-	// ErrNotificationsLost when the connection cannot receive notifications at all (it goes
-	// through a pooler): the worker then polls only, and says so once.
-	Listen(ctx context.Context, notify func()) error
+	// Listen calls notify once subscribed to the notification every committed Append that
+	// queued rows sends, and then for each notification, until ctx ends or the subscription
+	// fails. Each call says where the rows it announces may lie: due at from or later, in the
+	// claim's order; the zero time when that is not known (once subscribed: rows queued
+	// before; a notification that names no due time). It returns ErrNotificationsLost when
+	// the connection cannot receive notifications at all (it goes through a pooler): the
+	// worker then polls only, and says so once.
+	Listen(ctx context.Context, notify func(from time.Time)) error
 	// Status reports every build with its catch-up progress and queue (metrics).
 	Status(ctx context.Context) ([]BuildStatus, error)
 }

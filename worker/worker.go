@@ -61,6 +61,13 @@ type Worker struct {
 	// more), for the heartbeats: the claims share the streams out among the instances claiming.
 	lastClaim atomic.Int64
 	beatEvery time.Duration // HeartbeatInterval (tests shorten it)
+
+	// notifiedMu guards notifiedFrom: the earliest due time named by the queue notifications
+	// received since the loop last took it (notifiedAny: any received; the zero time: one did
+	// not name it). The listener sets it, the loop's next claim starts there at the latest.
+	notifiedMu   sync.Mutex
+	notifiedFrom time.Time
+	notifiedAny  bool
 }
 
 // New validates cfg (including LockOptions) and returns a worker on pool. It does not
@@ -247,6 +254,27 @@ func (w *Worker) Notify() {
 	}
 }
 
+// notified takes a queue notification (Store.Listen): rows were queued due at from or later
+// (the zero time: anywhere). It wakes the loop, whose next claim starts there at the latest.
+func (w *Worker) notified(from time.Time) {
+	w.notifiedMu.Lock()
+	if !w.notifiedAny || from.Before(w.notifiedFrom) {
+		w.notifiedFrom, w.notifiedAny = from, true
+	}
+	w.notifiedMu.Unlock()
+	w.Notify()
+}
+
+// takeNotified returns, and forgets, the earliest due time the queue notifications received
+// since the last call named; false when none was received.
+func (w *Worker) takeNotified() (time.Time, bool) {
+	w.notifiedMu.Lock()
+	defer w.notifiedMu.Unlock()
+	from, any := w.notifiedFrom, w.notifiedAny
+	w.notifiedFrom, w.notifiedAny = time.Time{}, false
+	return from, any
+}
+
 // pollUntil wakes the loop every reconnectInterval until deadline; false when ctx ended.
 func (w *Worker) pollUntil(ctx context.Context, deadline time.Time) bool {
 	tick := time.NewTicker(reconnectInterval)
@@ -269,7 +297,7 @@ func (w *Worker) listen(ctx context.Context) {
 	wait := first
 	for {
 		started := time.Now()
-		err := w.store.Listen(ctx, w.Notify)
+		err := w.store.Listen(ctx, w.notified)
 		if ctx.Err() != nil {
 			return
 		}
