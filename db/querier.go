@@ -225,9 +225,10 @@ type Querier interface {
 	// can return lies at or after it, but for the rows left of the pairs being applied, which
 	// their instances look up again, and, when the claim found its fill of its own streams'
 	// pairs, the rows of the other instances' streams, which they claim; and so does every row
-	// queued later by a transaction that began later. A row queued by a transaction that began earlier may lie before it: the start
-	// is never after now() - settle_ms, so such a row is found at the next claim when its
-	// transaction took less than settle_ms, else at the next claim from the oldest row.
+	// queued by a transaction that begins later (but in those groups): it is never after now(),
+	// which a group not yet due (a pair backing off) would be. A row queued by a
+	// transaction running meanwhile may lie before it: its Append's notification names its due
+	// time, and the worker's next claim starts there (worker/schedule.go, notified).
 	QueueDuePairs(ctx context.Context, arg QueueDuePairsParams) ([]QueueDuePairsRow, error)
 	// Enqueues every stored event of one stream for one perspective (rebuild).
 	// Events the pair skipped stay skipped.

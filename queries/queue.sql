@@ -208,23 +208,23 @@ WITH RECURSIVE peers AS (
 -- can return lies at or after it, but for the rows left of the pairs being applied, which
 -- their instances look up again, and, when the claim found its fill of its own streams'
 -- pairs, the rows of the other instances' streams, which they claim; and so does every row
--- queued later by a transaction that began later. A row queued by a transaction that began earlier may lie before it: the start
--- is never after now() - settle_ms, so such a row is found at the next claim when its
--- transaction took less than settle_ms, else at the next claim from the oldest row.
+-- queued by a transaction that begins later (but in those groups): it is never after now(),
+-- which a group not yet due (a pair backing off) would be. A row queued by a
+-- transaction running meanwhile may lie before it: its Append's notification names its due
+-- time, and the worker's next claim starts there (worker/schedule.go, notified).
 SELECT due.stream_id::uuid AS stream_id, due.perspective_name::text AS perspective_name,
        due.next_attempt_at::timestamptz AS next_attempt_at, due.ok::bool AS ok, due.own::bool AS own,
        false AS start
 FROM due
 WHERE due.ok
 UNION ALL
-SELECT CASE WHEN s.at > s.settled THEN '00000000-0000-0000-0000-000000000000'::uuid ELSE s.stream END,
-       CASE WHEN s.at > s.settled THEN '' ELSE s.perspective END,
-       least(s.at, s.settled), false, false, true
+SELECT CASE WHEN s.at > now() THEN '00000000-0000-0000-0000-000000000000'::uuid ELSE s.stream END,
+       CASE WHEN s.at > now() THEN '' ELSE s.perspective END,
+       least(s.at, now()), false, false, true
 FROM (
     SELECT COALESCE(o.at, l.next_attempt_at) AS at,
            COALESCE(o.stream, l.stream_id) AS stream,
-           CASE WHEN o.at IS NULL THEN l.perspective_name ELSE '' END AS perspective,
-           now() - interval '1 millisecond' * sqlc.arg(settle_ms)::int AS settled
+           CASE WHEN o.at IS NULL THEN l.perspective_name ELSE '' END AS perspective
     FROM last l
     CROSS JOIN LATERAL (
         SELECT CASE WHEN l.owned >= l.pair_limit THEN l.mine_at ELSE l.open_at END AS at,

@@ -13,9 +13,6 @@ import (
 
 // Test-only access to the worker's internals, for the worker_test package.
 
-// ClaimSettle is claimSettle: how long after a job ends its pairs' second look-up comes.
-const ClaimSettle = claimSettle
-
 // NewWithStore builds a worker on any Store (a mock in unit tests). Any Locker is
 // accepted: the Store decides what fencing means. Until Start, the worker applies each
 // perspective's first build of its version, active and caught up (its key is the

@@ -67,7 +67,6 @@ func (s *pgStore) Claim(ctx context.Context, req ClaimRequest) (Claimed, error) 
 		SkipPairs:        pairTexts(req.Skip),
 		PairLimit:        int32(req.Limit),
 		MaxSteps:         int32(req.MaxSteps),
-		SettleMs:         int32(req.Settle.Milliseconds()),
 	}
 	if !req.From.At.IsZero() {
 		arg.FromAt = &req.From.At

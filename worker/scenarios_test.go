@@ -663,7 +663,7 @@ func TestAppendCommittedAfterAClaimPassedItsDueTimeIsAppliedBeforeAFullClaim(t *
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
 	require.NoError(t, worker.Append(ctx, tx, slow...)) // due at the transaction's start
-	time.Sleep(3 * worker.ClaimSettle)
+	time.Sleep(100 * time.Millisecond)
 	passThem(t, ctx, w, name)
 	require.NoError(t, tx.Commit(ctx))
 	require.Equal(t, expectedLedger(t, slow), waitModel(t, ctx, name, slow[0].StreamID, len(slow)))
@@ -671,8 +671,7 @@ func TestAppendCommittedAfterAClaimPassedItsDueTimeIsAppliedBeforeAFullClaim(t *
 
 // An Append that adds rows to a pair's queued group (they take its due time) while a job
 // applies that group, and commits after the job has ended and its group has been looked up
-// again (twice, the second time claimSettle after the job), has its rows in a group every
-// claim has passed. Its notification names the group's due time, and the worker's next
+// again, has its rows in a group every claim has passed. Its notification names the group's due time, and the worker's next
 // claim starts there.
 func TestAppendJoiningAGroupCommittedAfterItsJobIsAppliedBeforeAFullClaim(t *testing.T) {
 	t.Parallel()
@@ -705,7 +704,7 @@ func TestAppendJoiningAGroupCommittedAfterItsJobIsAppliedBeforeAFullClaim(t *tes
 	require.True(t, joined, "the Append joined the group being applied")
 	release()
 	waitModel(t, ctx, name, stream, 1)
-	time.Sleep(3 * worker.ClaimSettle) // the job's group has been looked up twice
+	time.Sleep(100 * time.Millisecond) // the job's group has been looked up again
 	passThem(t, ctx, w, name)
 	require.NoError(t, tx.Commit(ctx))
 	require.Equal(t, expectedLedger(t, all), waitModel(t, ctx, name, stream, len(all)))
@@ -714,7 +713,7 @@ func TestAppendJoiningAGroupCommittedAfterItsJobIsAppliedBeforeAFullClaim(t *tes
 // passThem queues an event of a new stream for the perspective's active build, as Append
 // would but without its lock (behind a registration that waits for the test's open
 // transaction, it would wait too), wakes w and waits until the event is applied: the claim
-// that took it started its successors past the groups due until claimSettle before it.
+// that took it started its successors past the groups due before it.
 func passThem(t *testing.T, ctx context.Context, w *worker.Worker, name string) {
 	t.Helper()
 	ev := events(uuid.New(), newIDs(t, 1))[0]

@@ -69,12 +69,12 @@ type contention struct {
 
 // schedule is the loop's state about pairs. Only the loop goroutine uses it.
 type schedule struct {
-	inflight  map[Pair]bool           // in a running or waiting job: never claimed meanwhile
-	claimedAt map[Pair]time.Time      // the due time of the group each pair in flight was claimed at
-	recheck   map[QueuedGroup]recheck // groups of pairs whose jobs ended lately: claims look them up
-	skip      []Pair                  // found busy: skipped by the next claim only
-	pending   []job                   // follow-ups waiting for a free slot (served before new claims)
-	buildJobs map[buildJob]bool       // build jobs waiting or running
+	inflight  map[Pair]bool        // in a running or waiting job: never claimed meanwhile
+	claimedAt map[Pair]time.Time   // the due time of the group each pair in flight was claimed at
+	recheck   map[QueuedGroup]bool // groups of pairs whose jobs ended since the last claim: it looks them up
+	skip      []Pair               // found busy: skipped by the next claim only
+	pending   []job                // follow-ups waiting for a free slot (served before new claims)
+	buildJobs map[buildJob]bool    // build jobs waiting or running
 	contended map[Pair]contention
 	cutOff    map[Pair]int  // pairs whose last jobs were cut off by a lost connection: how many in a row
 	from      QueuePosition // where the next claim starts (see claimFrom)
@@ -85,7 +85,7 @@ type schedule struct {
 }
 
 func newSchedule(lockTimeout time.Duration, log *slog.Logger, logPair func(Pair, ...any) []any) *schedule {
-	return &schedule{inflight: map[Pair]bool{}, claimedAt: map[Pair]time.Time{}, recheck: map[QueuedGroup]recheck{},
+	return &schedule{inflight: map[Pair]bool{}, claimedAt: map[Pair]time.Time{}, recheck: map[QueuedGroup]bool{},
 		buildJobs: map[buildJob]bool{}, contended: map[Pair]contention{}, cutOff: map[Pair]int{},
 		window: lockTimeout, log: log, logPair: logPair}
 }
@@ -157,7 +157,7 @@ func (s *schedule) finish(r jobResult, now time.Time) {
 		s.started(&next)
 		s.pending = append(s.pending, next)
 	}
-	s.leave(r.job.pairs, now)
+	s.leave(r.job.pairs)
 	s.skip = append(s.skip, r.busy...)
 	refused := make(map[Pair]bool, len(r.contended))
 	for _, p := range r.contended {
@@ -195,26 +195,17 @@ func (s *schedule) noteContention(p Pair, now time.Time) {
 	s.contended[p] = c
 }
 
-// recheck is the group at which a pair whose job ended lately was claimed.
-type recheck struct {
-	until time.Time // when the Appends that may have joined that group have ended (see leave)
-	asked bool      // looked up once already: looked up again by a claim that begins after until
-}
-
-// leave takes the pairs of a job that ended at now and left the flight (a follow-up keeps
-// the others). The claims since it was claimed may have started past its group, passing it
-// as held (Claimed.Next), so a claim looks the group up again (ClaimRequest.Recheck) twice:
-// the next one, for what the job left there (more than BatchSize rows, a lock refused, a
-// failure not recorded) and for the rows of the Appends that stamped them with that group's
-// due time (wh_append) after the job had read the pair's rows and committed before that
-// claim; and the first one that begins more than claimSettle after now, for those of the
-// Appends that were running when the job ended (when that is the next claim, once). An Append that took longer than claimSettle may have its
-// rows found only by the next claim from the oldest row, at most PollInterval later.
-// Looked up at every claim in between, the group was probed by a dozen claims or more, each
-// passing the dead index entries of the rows the job had applied: two thirds of a claim's
-// time in BenchmarkInstances. Each group is looked up so, by its own entry: when the pair's
-// next job ends before the second look-up of the last one, both groups wait for theirs.
-func (s *schedule) leave(pairs []Pair, now time.Time) {
+// leave takes the pairs of a job that ended and left the flight (a follow-up keeps the
+// others). The claims since it was claimed may have started past its group, passing it as
+// held (Claimed.Next), so the next claim looks the group up again (ClaimRequest.Recheck):
+// for what the job left there (more than BatchSize rows, a lock refused, a failure not
+// recorded) and for the rows of the Appends that stamped them with that group's due time
+// (wh_append) after the job had read the pair's rows, and committed before that claim. Those
+// that commit after it are found by their notification (notified). Looked up at every claim
+// instead, the group was probed by a dozen claims or more, each passing the dead index
+// entries of the rows the job had applied: two thirds of a claim's time in
+// BenchmarkInstances.
+func (s *schedule) leave(pairs []Pair) {
 	for _, p := range pairs {
 		if s.inflight[p] {
 			continue // in a follow-up
@@ -225,44 +216,26 @@ func (s *schedule) leave(pairs []Pair, now time.Time) {
 			s.from = QueuePosition{} // not claimed here (no such job): from the oldest row
 			continue
 		}
-		// at is as the claim's row was scanned (one location, no monotonic reading): a later
-		// job claimed at the same group makes the same key, and starts its look-ups afresh.
-		s.recheck[QueuedGroup{Pair: p, At: at}] = recheck{until: now.Add(claimSettle)}
+		s.recheck[QueuedGroup{Pair: p, At: at}] = true
 	}
 }
 
-// claimRechecks returns the groups a claim that begins at now looks up again (see leave):
-// those not looked up yet, and those whose Appends have ended.
-func (s *schedule) claimRechecks(now time.Time) []QueuedGroup {
-	var out []QueuedGroup
-	for g, r := range s.recheck {
-		if !r.asked || now.After(r.until) {
-			out = append(out, g)
-		}
+// claimRechecks returns the groups the next claim looks up again (see leave).
+func (s *schedule) claimRechecks() []QueuedGroup {
+	out := make([]QueuedGroup, 0, len(s.recheck))
+	for g := range s.recheck {
+		out = append(out, g)
 	}
 	return out
 }
 
-// nextRecheck is how long after now a claim must begin to look up again the groups looked up
-// once (0: none waits), so that their Appends' rows do not wait for the next poll.
-func (s *schedule) nextRecheck(now time.Time) time.Duration {
-	var d time.Duration
-	for _, r := range s.recheck {
-		if w := r.until.Sub(now) + time.Millisecond; r.asked && w > 0 && (d == 0 || w < d) {
-			d = w
-		}
-	}
-	return d
-}
-
 // notified takes the earliest due time named by the queue notifications received since the
 // last claim (the zero time: unknown): the next claim starts there at the latest. An Append
-// whose transaction began before the last claim's Next and committed after that claim began
-// (a slow statement, an Append inside a longer transaction) queued its rows before where the
-// next claim would start; so did one that added rows to a group that a job here (in flight,
-// or ended and looked up again already) or another instance's claim had passed. The
-// notification arrives once they are visible: the claim that starts there finds them, or
-// passes them as held by a job here, which looks its group up again when it ends (leave).
+// whose transaction was running while a claim ran may have queued its rows before that
+// claim's Next (the statement began before, or the rows joined a group it passed as held, a
+// job's here or another instance's). The notification arrives once they are visible: the
+// claim that starts there finds them, or passes them as held by a job here, which looks its
+// group up again when it ends (leave).
 func (s *schedule) notified(from time.Time) {
 	if from.After(s.from.At) {
 		return
@@ -270,14 +243,15 @@ func (s *schedule) notified(from time.Time) {
 	s.from = QueuePosition{At: from} // before every group due at that time
 }
 
-// claimFrom is where a claim at now starts: at the oldest row once every interval (a row
-// queued by a transaction that began long before the last claim may lie before that
-// claim's Next, and waits at most that long; see also leave), else at the last claim's Next:
-// no due row the claim can return precedes it but in the groups it looks up again (leave),
-// and it need not step through the groups being applied nor the dead index entries of the
-// rows applied since (thousands after a large drain, until vacuumed). full says which. The
-// interval runs from the last full claim that succeeded (claimed): one that failed is tried
-// again by the next claim, so that such a row waits no longer than that.
+// claimFrom is where a claim at now starts: at the oldest row once every interval (for the
+// rows queued behind a claim's Next whose notification this instance did not hear: not
+// listening, the subscription down, another instance's stream it takes on), else at the
+// last claim's Next (moved back by notifications): no due row the claim can return precedes
+// it but in the groups it looks up again (leave), and it need not step through the groups
+// being applied nor the dead index entries of the rows applied since (thousands after a large
+// drain, until vacuumed). full says which. The interval runs from the last full claim that
+// succeeded (claimed): one that failed is tried again by the next claim, so that such a row
+// waits no longer than that.
 func (s *schedule) claimFrom(now time.Time, interval time.Duration) (from QueuePosition, full bool) {
 	if now.Sub(s.fullAt) >= interval {
 		return QueuePosition{}, true
@@ -287,10 +261,8 @@ func (s *schedule) claimFrom(now time.Time, interval time.Duration) (from QueueP
 
 // claimed takes a claim that began at now: its Next (zero: it passed no group) as the next
 // claim's start, the positions of the pairs it returned, and the look-ups it made
-// (claimRechecks at now): a look-up that begins more than claimSettle after the group's job
-// ended is its last, an earlier one its first. When it
-// began, not when it ended: a row an Append committed while a slow claim ran is looked up by
-// the next one.
+// (claimRechecks). When it began, not when it ended: a row an Append committed while a slow
+// claim ran is looked up by the next one.
 func (s *schedule) claimed(c Claimed, full bool, now time.Time) {
 	if full {
 		s.fullAt = now
@@ -298,15 +270,7 @@ func (s *schedule) claimed(c Claimed, full bool, now time.Time) {
 	if full || !c.Next.At.IsZero() {
 		s.from = c.Next
 	}
-	for g, r := range s.recheck {
-		switch {
-		case now.After(r.until):
-			delete(s.recheck, g)
-		case !r.asked:
-			r.asked = true
-			s.recheck[g] = r
-		}
-	}
+	clear(s.recheck)
 	for p, at := range c.At {
 		s.claimedAt[p] = at
 	}
@@ -382,11 +346,8 @@ func (w *Worker) loop(loopCtx, opsCtx context.Context) {
 			wait = min(wait, reconnectInterval)
 		}
 		if !stopping {
-			now := time.Now()
-			for _, d := range []time.Duration{s.nextDue(now), s.nextRecheck(now)} {
-				if d > 0 {
-					wait = min(wait, d)
-				}
+			if d := s.nextDue(time.Now()); d > 0 {
+				wait = min(wait, d)
 			}
 		}
 		timer.Reset(wait)
@@ -452,7 +413,7 @@ func (w *Worker) claimAndStart(ctx context.Context, s *schedule, free int, start
 		Perspectives: w.builds().keys,
 		InFlight:     inflight,
 		Skip:         skip,
-		Recheck:      s.claimRechecks(began),
+		Recheck:      s.claimRechecks(),
 		Limit:        limit,
 		// At most enough queued groups for the pairs it skips, twice the pairs it wants and
 		// the pairs other instances are applying (passed over by their claim marks), so a
@@ -462,7 +423,6 @@ func (w *Worker) claimAndStart(ctx context.Context, s *schedule, free int, start
 		// Limit groups per other instance it shares the streams with (QueueDuePairs).
 		MaxSteps: len(inflight) + len(skip) + 2*limit + claimPassHeld,
 		From:     from,
-		Settle:   claimSettle,
 	})
 	if err != nil {
 		return false, err
@@ -477,12 +437,6 @@ func (w *Worker) claimAndStart(ctx context.Context, s *schedule, free int, start
 	}
 	return len(pairs) >= limit, nil
 }
-
-// claimSettle is how long before a claim its Next lies at the latest (ClaimRequest.Settle):
-// the Appends in flight when it ran (one statement each, milliseconds) are found by the next
-// claim. For the same reason, an ended job's groups are looked up a second time by a claim
-// that begins more than claimSettle after the job ended (see leave).
-const claimSettle = 100 * time.Millisecond
 
 // claimPassHeld is how many queued groups a claim may pass beyond its own needs: room for
 // the pairs other instances' apply transactions hold (Concurrency × GroupSize each: 200 by

@@ -205,10 +205,10 @@ func TestScheduleNotificationMovesTheNextClaimsStartBack(t *testing.T) {
 }
 
 // The pairs of a job that ended are looked up again, at the group each was claimed at, by the
-// next claim and by the first claim that begins more than claimSettle after the job ended
-// (one claim when that is the next): the group may hold rows the job did not apply, which the claims
-// since passed as held. A pair in a follow-up stays in flight; a pair of unknown position
-// starts the next claim at the oldest row.
+// next claim (only: the rows that join the group later are announced by their notification):
+// the group may hold rows the job did not apply, which the claims since passed as held. A pair
+// in a follow-up stays in flight; a pair of unknown position starts the next claim at the
+// oldest row.
 func TestScheduleLooksUpTheEndedPairsAgain(t *testing.T) {
 	s, _ := newTestSchedule(time.Second)
 	t0 := time.Now()
@@ -221,65 +221,28 @@ func TestScheduleLooksUpTheEndedPairsAgain(t *testing.T) {
 	s.started(&group)
 	inflight, _ := s.claimSkips()
 	require.Equal(t, map[Pair]time.Time{a: at(10), b: at(20), c: at(30)}, inflight, "in flight, at the groups claimed")
+	require.Empty(t, s.claimRechecks(), "nothing ended yet")
 
 	s.finish(jobResult{job: group, next: []job{rewindOf(b)}}, t0)
-	require.ElementsMatch(t, []QueuedGroup{g(a, 10), g(c, 30)}, s.claimRechecks(t0), "b goes on in its rewind")
+	require.ElementsMatch(t, []QueuedGroup{g(a, 10), g(c, 30)}, s.claimRechecks(), "b goes on in its rewind")
 	require.Equal(t, map[Pair]time.Time{b: at(20)}, s.claimedAt)
-	require.Zero(t, s.nextRecheck(t0), "none looked up yet: the next claim does")
-
+	require.ElementsMatch(t, []QueuedGroup{g(a, 10), g(c, 30)}, s.claimRechecks(), "until a claim succeeds")
 	s.claimed(Claimed{Next: next}, false, t0)
-	require.Empty(t, s.claimRechecks(t0.Add(claimSettle/2)), "looked up once: not again until claimSettle after the job ended")
-	require.Equal(t, claimSettle+time.Millisecond, s.nextRecheck(t0), "the loop wakes for the second look-up")
+	require.Empty(t, s.claimRechecks(), "looked up once")
+	require.Equal(t, next, s.from, "the start is the last claim's Next")
+
 	rewind, ok := s.popPending(t0)
 	require.True(t, ok)
-	s.finish(jobResult{job: rewind}, t0.Add(claimSettle))
-	require.ElementsMatch(t, []QueuedGroup{g(a, 10), g(b, 20), g(c, 30)}, s.claimRechecks(t0.Add(claimSettle+time.Millisecond)),
-		"a and c again, claimSettle after their job ended; b, whose rewind just ended, at once")
-	s.claimed(Claimed{Next: next}, false, t0.Add(claimSettle+time.Millisecond))
-	require.Equal(t, next, s.from, "the start is the last claim's Next")
-	require.Empty(t, s.claimRechecks(t0.Add(claimSettle+2*time.Millisecond)), "a and c are done; b waits for its second look-up")
-	require.Equal(t, claimSettle, s.nextRecheck(t0.Add(claimSettle+time.Millisecond)))
-	require.ElementsMatch(t, []QueuedGroup{g(b, 20)}, s.claimRechecks(t0.Add(3*claimSettle)))
-	s.claimed(Claimed{Next: next}, false, t0.Add(3*claimSettle))
-	require.Empty(t, s.claimRechecks(t0.Add(3*claimSettle)))
-	require.Zero(t, s.nextRecheck(t0.Add(3*claimSettle)))
+	s.finish(jobResult{job: rewind}, t0)
+	require.ElementsMatch(t, []QueuedGroup{g(b, 20)}, s.claimRechecks(), "b, once its rewind ended")
+	s.claimed(Claimed{Next: next}, false, t0)
+	require.Empty(t, s.claimRechecks())
 
-	// A pair whose first claim since its job begins after claimSettle is looked up once.
-	d := Pair{uuid.New(), "p"}
-	s.claimed(Claimed{Next: next, At: map[Pair]time.Time{d: at(40)}}, false, t0)
-	single := job{kind: jobApply, pairs: []Pair{d}}
-	s.started(&single)
-	s.finish(jobResult{job: single}, t0)
-	require.ElementsMatch(t, []QueuedGroup{g(d, 40)}, s.claimRechecks(t0.Add(2*claimSettle)))
-	s.claimed(Claimed{Next: next}, false, t0.Add(2*claimSettle))
-	require.Empty(t, s.claimRechecks(t0.Add(2*claimSettle)))
-
-	// A pair whose next job ends before the second look-up of its last one: each group is
-	// looked up twice, by its own entry.
-	e := Pair{uuid.New(), "p"}
-	t1 := t0.Add(time.Second)
-	for i, ms := range []int{60, 70} {
-		ended := t1.Add(time.Duration(i) * claimSettle / 2)
-		s.claimed(Claimed{Next: next, At: map[Pair]time.Time{e: at(ms)}}, false, ended)
-		j := job{kind: jobApply, pairs: []Pair{e}}
-		s.started(&j)
-		s.finish(jobResult{job: j}, ended)
-		require.ElementsMatch(t, []QueuedGroup{g(e, ms)}, s.claimRechecks(ended), "the next claim looks group %d up", ms)
-		s.claimed(Claimed{Next: next}, false, ended)
-	}
-	require.ElementsMatch(t, []QueuedGroup{g(e, 60)}, s.claimRechecks(t1.Add(claimSettle+time.Millisecond)),
-		"the first group's second look-up, though the pair's next job has ended since")
-	s.claimed(Claimed{Next: next}, false, t1.Add(claimSettle+time.Millisecond))
-	require.Equal(t, claimSettle/2, s.nextRecheck(t1.Add(claimSettle+time.Millisecond)))
-	require.ElementsMatch(t, []QueuedGroup{g(e, 70)}, s.claimRechecks(t1.Add(3*claimSettle/2+time.Millisecond)))
-	s.claimed(Claimed{Next: next}, false, t1.Add(3*claimSettle/2+time.Millisecond))
-	require.Empty(t, s.claimRechecks(t1.Add(time.Hour)))
-
-	later := t0.Add(4 * claimSettle)
+	later := t0.Add(time.Second)
 	unknown := job{kind: jobApply, pairs: []Pair{c}}
 	s.started(&unknown)
 	s.finish(jobResult{job: unknown}, later)
 	require.Empty(t, s.recheck, "a pair not claimed here: no group to look up")
-	s.claimed(Claimed{}, false, later.Add(time.Hour))
+	s.claimed(Claimed{}, false, later)
 	require.Equal(t, QueuePosition{}, s.from, "a pair not claimed here: from the oldest row")
 }

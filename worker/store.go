@@ -118,10 +118,6 @@ type ClaimRequest struct {
 	// returned as Claimed.Next, or before it, so that it does not pass the groups being
 	// applied nor the dead index entries of rows applied since.
 	From QueuePosition
-	// Settle keeps Claimed.Next at or before this long before the claim: a row queued by a
-	// transaction that began before the claim and took less than this is found by the next
-	// claim (a longer one: by the next claim from the oldest row).
-	Settle time.Duration
 }
 
 // QueuePosition is a position in the claim's order of queued rows: due time, stream, then
@@ -144,8 +140,9 @@ type Claimed struct {
 	// of (ClaimRequest.InFlight), and of the pairs it returned here, which the caller looks up
 	// again when their jobs end (ClaimRequest.Recheck); and when the claim found its fill of
 	// this instance's own pairs, but in the groups of other instances' streams, which they
-	// claim. Every row queued later by a transaction that began after the claim is at or
-	// after it, and so is one queued by a transaction that began less than Settle before it.
+	// claim. Every row queued by a transaction that began after the claim is at or after it
+	// but in those groups; one queued by a transaction running while the claim ran may lie
+	// before it: its Append's notification names its due time (Store.Listen).
 	Next QueuePosition
 }
 

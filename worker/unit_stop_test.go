@@ -168,22 +168,16 @@ func TestUnitStopNeverReleasesTheLockOfARunningOperation(t *testing.T) {
 	})
 }
 
-// A pair whose job ended is looked up again by the next claim and, with nothing else to
-// wake the loop, by one claim that the loop wakes for right after claimSettle, not by the
-// next poll (a minute here): the Appends that were running when the job ended may have
-// stamped their rows with the group's due time, which the claims since passed as held.
-func TestUnitEndedPairIsLookedUpTwiceWithoutWaitingForThePoll(t *testing.T) {
+// A pair whose job ended is looked up again by the next claim, and by that claim only: with
+// nothing to wake the loop (no notification, a one-minute poll) no other claim follows. The
+// rows that Appends add to its group later are announced by their notifications.
+func TestUnitEndedPairIsLookedUpByTheNextClaimOnly(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := worker.Pair{Stream: uuid.New(), Perspective: utBuilds()[0].Key}
 		due := time.Now()
 		ev := worker.Event{ID: uuid.Must(uuid.NewV7()), StreamID: p.Stream, Type: "n", Data: json.RawMessage(`{"n":1}`)}
-		type claim struct {
-			at      time.Duration // since the job ended
-			recheck []worker.QueuedGroup
-		}
 		var (
-			claims []claim
-			ended  time.Time
+			claims [][]worker.QueuedGroup
 			n      atomic.Int32
 		)
 		store := utLoopStore()
@@ -191,13 +185,12 @@ func TestUnitEndedPairIsLookedUpTwiceWithoutWaitingForThePoll(t *testing.T) {
 			if n.Add(1) == 1 {
 				return worker.Claimed{Pairs: []worker.Pair{p}, At: map[worker.Pair]time.Time{p: due}}, nil
 			}
-			claims = append(claims, claim{at: time.Since(ended), recheck: req.Recheck})
+			claims = append(claims, req.Recheck)
 			return worker.Claimed{}, nil
 		}
 		store.ApplyFunc = func(ctx context.Context, pairs []worker.Pair, perPair int, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
 			writes := decide([]worker.PairState{{Pair: p, Events: []worker.Event{ev}, Model: json.RawMessage(`{"seq":[]}`)}})
 			assert.Len(t, writes, 1) // not require: a job goroutine
-			ended = time.Now()
 			return nil, nil
 		}
 		w, err := worker.NewWithStore(store, worker.Config{
@@ -212,12 +205,51 @@ func TestUnitEndedPairIsLookedUpTwiceWithoutWaitingForThePoll(t *testing.T) {
 		synctest.Wait()
 		require.NoError(t, w.Stop(context.Background()))
 
-		want := []worker.QueuedGroup{{Pair: p, At: due}}
-		require.Len(t, claims, 2, "claims after the job, with a one-minute poll: %v", claims)
-		require.Equal(t, want, claims[0].recheck, "the claim right after the job looks the pair up")
-		require.Less(t, claims[0].at, worker.ClaimSettle)
-		require.Equal(t, want, claims[1].recheck, "and the claim the loop wakes for after claimSettle")
-		require.Greater(t, claims[1].at, worker.ClaimSettle)
-		require.Less(t, claims[1].at, worker.ClaimSettle+10*time.Millisecond)
+		require.Equal(t, [][]worker.QueuedGroup{{{Pair: p, At: due}}}, claims,
+			"one claim after the job, looking the pair's group up")
+	})
+}
+
+// A queue notification starts the next claim at the due time it names when that lies before
+// the last claim's Next; one naming a later time leaves the start; one naming none (the
+// subscription's own: rows queued before it, anywhere) starts it at the oldest row.
+func TestUnitNotificationStartsTheNextClaimAtItsDueTime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		t0 := time.Now()
+		next := worker.QueuePosition{At: t0, Stream: uuid.New(), Perspective: "p"}
+		var froms []worker.QueuePosition
+		notify := make(chan func(time.Time), 1)
+		store := utLoopStore()
+		store.ClaimFunc = func(ctx context.Context, req worker.ClaimRequest) (worker.Claimed, error) {
+			froms = append(froms, req.From)
+			return worker.Claimed{Next: next}, nil
+		}
+		store.ListenFunc = func(ctx context.Context, n func(time.Time)) error {
+			notify <- n
+			<-ctx.Done()
+			return ctx.Err()
+		}
+		w, err := worker.NewWithStore(store, worker.Config{
+			Perspectives: []worker.Perspective{utPerspective(utName, nil)},
+			PollOnly:     false,
+			PollInterval: time.Minute,
+			Logger:       utLogger(&utLogBuf{}),
+		})
+		require.NoError(t, err)
+		require.NoError(t, w.Start(context.Background()))
+		n := <-notify
+		synctest.Wait()
+		for _, at := range []time.Time{t0.Add(-time.Second), t0.Add(time.Second), {}} {
+			n(at)
+			synctest.Wait()
+		}
+		require.NoError(t, w.Stop(context.Background()))
+
+		require.Equal(t, []worker.QueuePosition{
+			{},                         // the first claim: from the oldest row
+			{At: t0.Add(-time.Second)}, // before the last Next: there
+			next,                       // after it: the last Next
+			{},                         // anywhere: from the oldest row
+		}, froms)
 	})
 }

@@ -275,7 +275,8 @@ func (w *Worker) takeNotified() (time.Time, bool) {
 	return from, any
 }
 
-// pollUntil wakes the loop every reconnectInterval until deadline; false when ctx ended.
+// pollUntil wakes the loop every reconnectInterval until deadline, each time for a claim from
+// the oldest row (no notification says where rows were queued); false when ctx ended.
 func (w *Worker) pollUntil(ctx context.Context, deadline time.Time) bool {
 	tick := time.NewTicker(reconnectInterval)
 	defer tick.Stop()
@@ -284,7 +285,7 @@ func (w *Worker) pollUntil(ctx context.Context, deadline time.Time) bool {
 		case <-ctx.Done():
 			return false
 		case <-tick.C:
-			w.Notify()
+			w.notified(time.Time{})
 		}
 	}
 	return true
@@ -312,8 +313,9 @@ func (w *Worker) listen(ctx context.Context) {
 		}
 		w.log.Warn("queue notifications interrupted; polling until resubscribed",
 			slog.Any("error", err), slog.Duration("retry_in", wait))
-		// Meanwhile the loop claims every reconnectInterval: no event appended while the
-		// subscription is down (a restart, a failover) waits for a whole PollInterval.
+		// Meanwhile the loop claims every reconnectInterval from the oldest row: no event
+		// appended while the subscription is down (a restart, a failover) waits for a whole
+		// PollInterval.
 		if !w.pollUntil(ctx, time.Now().Add(wait)) {
 			return
 		}
