@@ -390,7 +390,9 @@ FROM old o
 WHERE (SELECT count(*) FROM (
           SELECT pg_notify('wh_applied', '') FROM old WHERE action <> 'retry'
           UNION ALL
-          SELECT pg_notify('wh_perspective_events', '') FROM old WHERE action = 'skip') n) >= 0
+          SELECT pg_notify('wh_perspective_events', '') FROM old WHERE action = 'skip'
+          UNION ALL
+          SELECT wh_notify_queued(o.due) FROM old o WHERE o.action = 'retry') n) >= 0
 `
 
 type PairsMarkFailedParams struct {
@@ -425,7 +427,9 @@ type PairsMarkFailedRow struct {
 //	         version is bumped: a rewind in flight, which replayed the event, is refused.
 //
 // Parking and skipping notify wh_applied (WaitFor wakes), skipping also
-// wh_perspective_events (the rest is due). Returns each pair's action and new due time.
+// wh_perspective_events (the rest is due), and a retry names its due time there
+// (wh_notify_queued: a backoff shorter than the rest of the transaction would otherwise leave
+// the rows behind a claim's start). Returns each pair's action and new due time.
 func (q *Queries) PairsMarkFailed(ctx context.Context, arg PairsMarkFailedParams) ([]PairsMarkFailedRow, error) {
 	rows, err := q.db.Query(ctx, pairsMarkFailed,
 		arg.StreamIds,

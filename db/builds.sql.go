@@ -548,15 +548,20 @@ func (q *Queries) ModelActiveGet(ctx context.Context, arg ModelActiveGetParams) 
 	return model, err
 }
 
-const queueEnqueueStreamFrom = `-- name: QueueEnqueueStreamFrom :execrows
-INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)
-SELECT e.stream_id, $1::text, e.event_id
-FROM wh_event_store e
-WHERE e.stream_id = $2 AND e.event_id >= $3
-  AND NOT EXISTS (SELECT 1 FROM wh_skipped_events s
-                  WHERE s.stream_id = e.stream_id AND s.perspective_name = $1::text
-                    AND s.event_id = e.event_id)
-ON CONFLICT DO NOTHING
+const queueEnqueueStreamFrom = `-- name: QueueEnqueueStreamFrom :one
+WITH queued AS (
+    INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)
+    SELECT e.stream_id, $1::text, e.event_id
+    FROM wh_event_store e
+    WHERE e.stream_id = $2 AND e.event_id >= $3
+      AND NOT EXISTS (SELECT 1 FROM wh_skipped_events s
+                      WHERE s.stream_id = e.stream_id AND s.perspective_name = $1::text
+                        AND s.event_id = e.event_id)
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+)
+SELECT count(*)::bigint FROM queued
+WHERE (SELECT count(*) FROM (SELECT wh_notify_queued(now()) WHERE EXISTS (SELECT 1 FROM queued)) n) >= 0
 `
 
 type QueueEnqueueStreamFromParams struct {
@@ -567,13 +572,14 @@ type QueueEnqueueStreamFromParams struct {
 
 // Queues a stream's stored events from an event on (inclusive) for a build: what a
 // catch-up could not apply (a failing event and the ones after it) is left to the normal
-// path, which retries it with backoff.
+// path, which retries it with backoff. Due at the transaction's start, which the listening
+// workers are told (wh_notify_queued: the claims may pass that time before the catch-up
+// commits). Returns the rows queued.
 func (q *Queries) QueueEnqueueStreamFrom(ctx context.Context, arg QueueEnqueueStreamFromParams) (int64, error) {
-	result, err := q.db.Exec(ctx, queueEnqueueStreamFrom, arg.BuildKey, arg.StreamID, arg.FromEventID)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
+	row := q.db.QueryRow(ctx, queueEnqueueStreamFrom, arg.BuildKey, arg.StreamID, arg.FromEventID)
+	var column_1 int64
+	err := row.Scan(&column_1)
+	return column_1, err
 }
 
 const registrationBump = `-- name: RegistrationBump :exec

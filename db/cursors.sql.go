@@ -127,12 +127,15 @@ WITH cur AS (
         updated_at = now()
     WHERE c.stream_id = $1 AND c.perspective_name = $2
     RETURNING c.stream_id, c.perspective_name
+), due AS (
+    UPDATE wh_perspective_events q
+    SET next_attempt_at = now(), attempts = 0, last_error = NULL
+    FROM cur
+    WHERE q.stream_id = cur.stream_id AND q.perspective_name = cur.perspective_name
+      AND q.next_attempt_at > now()
+    RETURNING 1
 )
-UPDATE wh_perspective_events q
-SET next_attempt_at = now(), attempts = 0, last_error = NULL
-FROM cur
-WHERE q.stream_id = cur.stream_id AND q.perspective_name = cur.perspective_name
-  AND q.next_attempt_at > now()
+SELECT wh_notify_queued(now()) WHERE EXISTS (SELECT 1 FROM due)
 `
 
 type CursorResetParams struct {
@@ -141,7 +144,8 @@ type CursorResetParams struct {
 }
 
 // Resets the pair's cursor (purge): no position, no failure; its queued rows (of a pair
-// that was failing or parked) are due now.
+// that was failing or parked) are due now, which the listening workers are told
+// (wh_notify_queued).
 func (q *Queries) CursorReset(ctx context.Context, arg CursorResetParams) error {
 	_, err := q.db.Exec(ctx, cursorReset, arg.StreamID, arg.PerspectiveName)
 	return err

@@ -68,7 +68,8 @@ type Querier interface {
 	// fencing check must see the time after the wait.
 	CursorLock(ctx context.Context, arg CursorLockParams) (CursorLockRow, error)
 	// Resets the pair's cursor (purge): no position, no failure; its queued rows (of a pair
-	// that was failing or parked) are due now.
+	// that was failing or parked) are due now, which the listening workers are told
+	// (wh_notify_queued).
 	CursorReset(ctx context.Context, arg CursorResetParams) error
 	// Creates the missing cursor rows of the given pairs and returns the pairs it created.
 	// An existing row is left alone; but when another transaction has updated it and is still
@@ -168,7 +169,9 @@ type Querier interface {
 	//            unqueued; the pair's failure state clears and its other rows are due now. Its
 	//            version is bumped: a rewind in flight, which replayed the event, is refused.
 	// Parking and skipping notify wh_applied (WaitFor wakes), skipping also
-	// wh_perspective_events (the rest is due). Returns each pair's action and new due time.
+	// wh_perspective_events (the rest is due), and a retry names its due time there
+	// (wh_notify_queued: a backoff shorter than the rest of the transaction would otherwise leave
+	// the rows behind a claim's start). Returns each pair's action and new due time.
 	PairsMarkFailed(ctx context.Context, arg PairsMarkFailedParams) ([]PairsMarkFailedRow, error)
 	// Makes the failing and parked pairs of a perspective's builds that are not retired (of one
 	// stream, or all when stream_id is NULL) due now: status 'failed' until an application
@@ -230,12 +233,15 @@ type Querier interface {
 	// transaction running meanwhile may lie before it: its Append's notification names its due
 	// time, and the worker's next claim starts there (worker/schedule.go, notified).
 	QueueDuePairs(ctx context.Context, arg QueueDuePairsParams) ([]QueueDuePairsRow, error)
-	// Enqueues every stored event of one stream for one perspective (rebuild).
-	// Events the pair skipped stay skipped.
+	// Enqueues every stored event of one stream for one perspective (rebuild), due now, which
+	// the listening workers are told (wh_notify_queued). Events the pair skipped stay skipped.
+	// Returns the rows queued.
 	QueueEnqueueStream(ctx context.Context, arg QueueEnqueueStreamParams) (int64, error)
 	// Queues a stream's stored events from an event on (inclusive) for a build: what a
 	// catch-up could not apply (a failing event and the ones after it) is left to the normal
-	// path, which retries it with backoff.
+	// path, which retries it with backoff. Due at the transaction's start, which the listening
+	// workers are told (wh_notify_queued: the claims may pass that time before the catch-up
+	// commits). Returns the rows queued.
 	QueueEnqueueStreamFrom(ctx context.Context, arg QueueEnqueueStreamFromParams) (int64, error)
 	// The queued events of the given pairs: at most per_pair_limit per pair, the lowest event
 	// IDs of each.

@@ -164,7 +164,9 @@ FROM (SELECT pg_notify('wh_applied', '')) notified;
 --            unqueued; the pair's failure state clears and its other rows are due now. Its
 --            version is bumped: a rewind in flight, which replayed the event, is refused.
 -- Parking and skipping notify wh_applied (WaitFor wakes), skipping also
--- wh_perspective_events (the rest is due). Returns each pair's action and new due time.
+-- wh_perspective_events (the rest is due), and a retry names its due time there
+-- (wh_notify_queued: a backoff shorter than the rest of the transaction would otherwise leave
+-- the rows behind a claim's start). Returns each pair's action and new due time.
 WITH input AS (
     SELECT unnest(@stream_ids::uuid[]) AS stream_id,
            unnest(@perspective_names::text[]) AS perspective_name,
@@ -236,4 +238,6 @@ FROM old o
 WHERE (SELECT count(*) FROM (
           SELECT pg_notify('wh_applied', '') FROM old WHERE action <> 'retry'
           UNION ALL
-          SELECT pg_notify('wh_perspective_events', '') FROM old WHERE action = 'skip') n) >= 0;
+          SELECT pg_notify('wh_perspective_events', '') FROM old WHERE action = 'skip'
+          UNION ALL
+          SELECT wh_notify_queued(o.due) FROM old o WHERE o.action = 'retry') n) >= 0;

@@ -84,18 +84,25 @@ WHERE b.build_key = @build_key
   AND b.catchup_stream_id IS NOT DISTINCT FROM sqlc.narg(from_stream_id)::uuid
   AND b.catchup_event_id IS NOT DISTINCT FROM sqlc.narg(from_event_id)::uuid;
 
--- name: QueueEnqueueStreamFrom :execrows
+-- name: QueueEnqueueStreamFrom :one
 -- Queues a stream's stored events from an event on (inclusive) for a build: what a
 -- catch-up could not apply (a failing event and the ones after it) is left to the normal
--- path, which retries it with backoff.
-INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)
-SELECT e.stream_id, @build_key::text, e.event_id
-FROM wh_event_store e
-WHERE e.stream_id = @stream_id AND e.event_id >= @from_event_id
-  AND NOT EXISTS (SELECT 1 FROM wh_skipped_events s
-                  WHERE s.stream_id = e.stream_id AND s.perspective_name = @build_key::text
-                    AND s.event_id = e.event_id)
-ON CONFLICT DO NOTHING;
+-- path, which retries it with backoff. Due at the transaction's start, which the listening
+-- workers are told (wh_notify_queued: the claims may pass that time before the catch-up
+-- commits). Returns the rows queued.
+WITH queued AS (
+    INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)
+    SELECT e.stream_id, @build_key::text, e.event_id
+    FROM wh_event_store e
+    WHERE e.stream_id = @stream_id AND e.event_id >= @from_event_id
+      AND NOT EXISTS (SELECT 1 FROM wh_skipped_events s
+                      WHERE s.stream_id = e.stream_id AND s.perspective_name = @build_key::text
+                        AND s.event_id = e.event_id)
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+)
+SELECT count(*)::bigint FROM queued
+WHERE (SELECT count(*) FROM (SELECT wh_notify_queued(now()) WHERE EXISTS (SELECT 1 FROM queued)) n) >= 0;
 
 -- name: BuildQueueAge :one
 -- The age of the oldest event queued for a build, in microseconds (-1: none queued).

@@ -26,7 +26,8 @@ FOR UPDATE;
 
 -- name: CursorReset :exec
 -- Resets the pair's cursor (purge): no position, no failure; its queued rows (of a pair
--- that was failing or parked) are due now.
+-- that was failing or parked) are due now, which the listening workers are told
+-- (wh_notify_queued).
 WITH cur AS (
     UPDATE wh_perspective_cursors c
     SET last_event_id = NULL,
@@ -41,12 +42,15 @@ WITH cur AS (
         updated_at = now()
     WHERE c.stream_id = @stream_id AND c.perspective_name = @perspective_name
     RETURNING c.stream_id, c.perspective_name
+), due AS (
+    UPDATE wh_perspective_events q
+    SET next_attempt_at = now(), attempts = 0, last_error = NULL
+    FROM cur
+    WHERE q.stream_id = cur.stream_id AND q.perspective_name = cur.perspective_name
+      AND q.next_attempt_at > now()
+    RETURNING 1
 )
-UPDATE wh_perspective_events q
-SET next_attempt_at = now(), attempts = 0, last_error = NULL
-FROM cur
-WHERE q.stream_id = cur.stream_id AND q.perspective_name = cur.perspective_name
-  AND q.next_attempt_at > now();
+SELECT wh_notify_queued(now()) WHERE EXISTS (SELECT 1 FROM due);
 
 -- name: CursorsFailed :many
 SELECT stream_id, perspective_name, attempts, last_error, next_attempt_at, updated_at

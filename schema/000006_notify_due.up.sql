@@ -6,7 +6,16 @@
 -- has its rows before it. The worker receiving the notification starts its next claim at
 -- that due time at the latest, so they wait for no claim from the oldest row (worker/schedule.go).
 --
--- Otherwise as in 000004_operations.up.sql.
+-- wh_notify_queued sends that notification for rows due at due or later; the other
+-- statements that make queue rows due send it too (queries/: a purge, a rebuild, a catch-up
+-- leaving a stream to the normal path, a failure's retry time).
+CREATE FUNCTION wh_notify_queued(due timestamptz) RETURNS void
+LANGUAGE sql
+AS $$
+    SELECT pg_notify('wh_perspective_events', (extract(epoch FROM due) * 1000000)::bigint::text)
+$$;
+
+-- wh_append otherwise as in 000004_operations.up.sql.
 CREATE OR REPLACE FUNCTION wh_append(
     event_ids   uuid[],
     stream_ids  uuid[],
@@ -81,8 +90,7 @@ BEGIN
     IF queued > 0 THEN
         -- Reaches the listening workers if the transaction commits (once per transaction
         -- and due time).
-        PERFORM pg_notify('wh_perspective_events',
-                          (extract(epoch FROM first_due) * 1000000)::bigint::text);
+        PERFORM wh_notify_queued(first_due);
     END IF;
     RETURN queued;
 END

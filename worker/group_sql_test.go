@@ -877,6 +877,61 @@ func TestAppendNotificationNamesTheEarliestDueTimeItQueued(t *testing.T) {
 	require.True(t, worker.NotifiedDue("").IsZero(), "a notification that names no due time: anywhere")
 }
 
+// The other statements that make queue rows due tell the listening workers so, naming their
+// due time (a claim that ran meanwhile may have started past it): a purge making a parked
+// pair's rows due now, a rebuild queueing a stream again, a failure's retry time.
+func TestStatementsMakingRowsDueNameTheirDueTime(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := gsRegister(t, ctx, "due_notify")
+	listener, err := pgx.Connect(ctx, testDB.DirectURL) // LISTEN needs a session of its own
+	require.NoError(t, err)
+	defer func() { _ = listener.Close(ctx) }()
+	_, err = listener.Exec(ctx, `LISTEN wh_perspective_events`)
+	require.NoError(t, err)
+	// named waits for a notification naming due (other tests' name other times).
+	named := func(what string, p gsPair) {
+		t.Helper()
+		due := gsDueTimes(t, ctx, p)
+		require.Len(t, due, 1, what)
+		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		for {
+			n, err := listener.WaitForNotification(wctx)
+			require.NoError(t, err, "%s: a notification naming %s", what, due[0])
+			if worker.NotifiedDue(n.Payload).Equal(due[0]) {
+				return
+			}
+		}
+	}
+	admin, err := worker.NewAdmin(testDB.Pool, nil)
+	require.NoError(t, err)
+
+	parked := gsPair{uuid.New(), name}
+	gsAppend(t, ctx, parked.Stream, 2)
+	gsExec(t, ctx, testDB.Pool, `UPDATE wh_perspective_events SET next_attempt_at = '9999-12-31 00:00:00+00'
+		WHERE stream_id = $1 AND perspective_name = $2`, parked.Stream, name)
+	require.NoError(t, admin.Purge(ctx, parked.Stream, name))
+	named("a purge", parked)
+
+	rebuilt := gsPair{uuid.New(), name}
+	gsAppend(t, ctx, rebuilt.Stream, 2)
+	gsExec(t, ctx, testDB.Pool, `DELETE FROM wh_perspective_events WHERE stream_id = $1 AND perspective_name = $2`, rebuilt.Stream, name)
+	n, err := admin.Rebuild(ctx, rebuilt.Stream, name)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n)
+	named("a rebuild", rebuilt)
+
+	failing := gsPair{uuid.New(), name}
+	gsAppend(t, ctx, failing.Stream, 1)
+	store := worker.NewPGStore(testDB.Pool, time.Millisecond, time.Millisecond)
+	action, err := store.MarkFailed(ctx, worker.Pair{Stream: failing.Stream, Perspective: name}, worker.Failure{Cause: "boom"},
+		func(int) worker.FailureAction { return worker.FailureRetry })
+	require.NoError(t, err)
+	require.Equal(t, worker.FailureRetry, action)
+	named("a retry", failing)
+}
+
 // QueueDuePairs passes at most max_steps queued groups. A pair has several groups when
 // Appends that ran concurrently stamped its rows with different times (each read none of
 // the other's rows); here the groups are made by hand.

@@ -261,8 +261,8 @@ func (s *schedule) claimFrom(now time.Time, interval time.Duration) (from QueueP
 
 // claimed takes a claim that began at now: its Next (zero: it passed no group) as the next
 // claim's start, the positions of the pairs it returned, and the look-ups it made
-// (claimRechecks). When it began, not when it ended: a row an Append committed while a slow
-// claim ran is looked up by the next one.
+// (claimRechecks). A full claim's interval (claimFrom) runs from when it began, not when it
+// ended: a row committed while a slow full claim ran waits no longer than the interval.
 func (s *schedule) claimed(c Claimed, full bool, now time.Time) {
 	if full {
 		s.fullAt = now
