@@ -107,6 +107,18 @@ func gsAppend(t testing.TB, ctx context.Context, stream uuid.UUID, n int) []uuid
 	return ids
 }
 
+// gsListener is a session of its own (LISTEN needs one) listening on the queue's channel,
+// closed when the test ends.
+func gsListener(t *testing.T, ctx context.Context) *pgx.Conn {
+	t.Helper()
+	listener, err := pgx.Connect(ctx, testDB.DirectURL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = listener.Close(context.Background()) })
+	_, err = listener.Exec(ctx, `LISTEN wh_perspective_events`)
+	require.NoError(t, err)
+	return listener
+}
+
 // gsBegin opens a transaction that the test ends (or its cleanup rolls back).
 func gsBegin(t *testing.T, ctx context.Context) pgx.Tx {
 	t.Helper()
@@ -836,11 +848,7 @@ func TestAppendNotificationNamesTheEarliestDueTimeItQueued(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	name := gsRegister(t, ctx, "append_notify")
-	listener, err := pgx.Connect(ctx, testDB.DirectURL) // LISTEN needs a session of its own
-	require.NoError(t, err)
-	defer func() { _ = listener.Close(ctx) }()
-	_, err = listener.Exec(ctx, `LISTEN wh_perspective_events`)
-	require.NoError(t, err)
+	listener := gsListener(t, ctx)
 	appender, err := pgx.Connect(ctx, testDB.DirectURL) // its notifications carry its PID
 	require.NoError(t, err)
 	defer func() { _ = appender.Close(ctx) }()
@@ -884,11 +892,7 @@ func TestStatementsMakingRowsDueNameTheirDueTime(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	name := gsRegister(t, ctx, "due_notify")
-	listener, err := pgx.Connect(ctx, testDB.DirectURL) // LISTEN needs a session of its own
-	require.NoError(t, err)
-	defer func() { _ = listener.Close(ctx) }()
-	_, err = listener.Exec(ctx, `LISTEN wh_perspective_events`)
-	require.NoError(t, err)
+	listener := gsListener(t, ctx)
 	// named waits for a notification naming due (other tests' name other times).
 	named := func(what string, p gsPair) {
 		t.Helper()

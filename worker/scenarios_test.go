@@ -525,14 +525,8 @@ func TestEventAppendedWhilePairInFlightIsAppliedWithoutWaitingForPoll(t *testing
 
 	stream := uuid.New()
 	all := events(stream, newIDs(t, 2))
-	entered, release := gated.arm(all[0].ID)
+	release := appendHeld(t, ctx, gated, all[0])
 	defer release()
-	require.NoError(t, worker.Append(ctx, testDB.Pool, all[0]))
-	select {
-	case <-entered:
-	case <-time.After(20 * time.Second):
-		t.Fatal("the first event was not applied")
-	}
 	require.NoError(t, worker.Append(ctx, testDB.Pool, all[1]))
 	// Let that Append's wake-up and its claim run while the pair is still in flight (were
 	// they later, the claim would simply find the event).
@@ -685,14 +679,8 @@ func TestAppendJoiningAGroupCommittedAfterItsJobIsAppliedBeforeAFullClaim(t *tes
 
 	stream := uuid.New()
 	all := events(stream, newIDs(t, 2))
-	entered, release := gated.arm(all[0].ID)
+	release := appendHeld(t, ctx, gated, all[0])
 	defer release()
-	require.NoError(t, worker.Append(ctx, testDB.Pool, all[0]))
-	select {
-	case <-entered:
-	case <-time.After(20 * time.Second):
-		t.Fatal("the first event was not applied")
-	}
 	tx, err := testDB.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
@@ -729,4 +717,19 @@ func passThem(t *testing.T, ctx context.Context, w *worker.Worker, name string) 
 	require.NoError(t, err)
 	w.Notify()
 	waitModel(t, ctx, name, ev.StreamID, 1)
+}
+
+// appendHeld arms gated at ev, appends ev and waits until its Apply has begun (and stopped
+// there); the returned function lets it go on.
+func appendHeld(t *testing.T, ctx context.Context, gated *gatedPerspective, ev worker.Event) (release func()) {
+	t.Helper()
+	entered, release := gated.arm(ev.ID)
+	require.NoError(t, worker.Append(ctx, testDB.Pool, ev))
+	select {
+	case <-entered:
+	case <-time.After(20 * time.Second):
+		release()
+		t.Fatal("the event was not applied")
+	}
+	return release
 }
