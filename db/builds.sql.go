@@ -118,7 +118,7 @@ WITH win AS (
     ORDER BY c.stream_id
     LIMIT $2
     -- Another instance cleaning the same build at once takes other pairs: 0 pairs deleted
-    -- means none is left but those it is deleting.
+    -- means none is left but those another transaction holds (see BuildMarkCleaned).
     FOR UPDATE OF c SKIP LOCKED
 ), q AS (
     DELETE FROM wh_perspective_events e USING win
@@ -191,9 +191,14 @@ func (q *Queries) BuildKeyTaken(ctx context.Context, buildKey string) (bool, err
 }
 
 const buildMarkCleaned = `-- name: BuildMarkCleaned :exec
-UPDATE wh_perspective_builds SET cleaned_at = now() WHERE build_key = $1 AND state = 'retired'
+UPDATE wh_perspective_builds b SET cleaned_at = now()
+WHERE b.build_key = $1 AND b.state = 'retired'
+  AND NOT EXISTS (SELECT 1 FROM wh_perspective_cursors c WHERE c.perspective_name = $1)
 `
 
+// Marks a retired build cleaned once none of its cursor rows is left (BuildCleanupBatch found
+// none it could lock): not while another transaction holds some, which may be a cleanup that
+// fails or a lock that deletes nothing; the next cleanup deletes them.
 func (q *Queries) BuildMarkCleaned(ctx context.Context, buildKey string) error {
 	_, err := q.db.Exec(ctx, buildMarkCleaned, buildKey)
 	return err

@@ -36,6 +36,9 @@ type Querier interface {
 	// Whether a build key is used, by any perspective's build (a perspective's name is its
 	// first build's key, so a new name must not be another's key either).
 	BuildKeyTaken(ctx context.Context, buildKey string) (bool, error)
+	// Marks a retired build cleaned once none of its cursor rows is left (BuildCleanupBatch found
+	// none it could lock): not while another transaction holds some, which may be a cleanup that
+	// fails or a lock that deletes nothing; the next cleanup deletes them.
 	BuildMarkCleaned(ctx context.Context, buildKey string) error
 	// The age of the oldest event queued for a build, in microseconds (-1: none queued).
 	BuildQueueAge(ctx context.Context, buildKey string) (int64, error)

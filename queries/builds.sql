@@ -143,7 +143,7 @@ WITH win AS (
     ORDER BY c.stream_id
     LIMIT @batch_size
     -- Another instance cleaning the same build at once takes other pairs: 0 pairs deleted
-    -- means none is left but those it is deleting.
+    -- means none is left but those another transaction holds (see BuildMarkCleaned).
     FOR UPDATE OF c SKIP LOCKED
 ), q AS (
     DELETE FROM wh_perspective_events e USING win
@@ -162,7 +162,12 @@ WITH win AS (
 SELECT count(*)::bigint AS deleted FROM c;
 
 -- name: BuildMarkCleaned :exec
-UPDATE wh_perspective_builds SET cleaned_at = now() WHERE build_key = @build_key AND state = 'retired';
+-- Marks a retired build cleaned once none of its cursor rows is left (BuildCleanupBatch found
+-- none it could lock): not while another transaction holds some, which may be a cleanup that
+-- fails or a lock that deletes nothing; the next cleanup deletes them.
+UPDATE wh_perspective_builds b SET cleaned_at = now()
+WHERE b.build_key = @build_key AND b.state = 'retired'
+  AND NOT EXISTS (SELECT 1 FROM wh_perspective_cursors c WHERE c.perspective_name = @build_key);
 
 -- name: BuildsStatus :many
 -- Every build with its catch-up progress and queue (the versions command, the metrics),

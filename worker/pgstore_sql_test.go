@@ -1524,13 +1524,51 @@ func psRowsOf(t testing.TB, ctx context.Context, d *pgtest.DB, key string) int {
 
 // Every instance queues a cleanup every PollInterval, so two instances clean the same
 // retired build at once. Cleaning on until Cleanup reports nothing more must leave none of
+// the build's rows, and cleaned_at is set only then: not while another transaction holds
+// the last pairs' cursor rows and then deletes nothing (its cleanup failed; CI saw a retired
+// build marked cleaned with all its 20 cursor rows left).
+func TestPGStoreCleanupIsNotMarkedDoneWhileAnotherTransactionHoldsItsLastPairs(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := isolatedDB(t)
+	store := psStore(d)
+	c := uniqueName("ps_clean_held")
+	for _, v := range []int{1, 2} {
+		_, err := store.Register(ctx, c, v)
+		require.NoError(t, err)
+	}
+	gsExec(t, ctx, d.Pool, `UPDATE wh_perspective_builds SET state = 'retired', retired_at = now() - interval '2 hours' WHERE build_key = $1`, c)
+	gsExec(t, ctx, d.Pool, `UPDATE wh_perspective_builds SET state = 'active' WHERE build_key = $1`, c+"@v2.1")
+	for _, s := range psSortedStreams(3) {
+		p := worker.Pair{Stream: s, Perspective: c}
+		ids := newIDs(t, 2)
+		psCursor(t, ctx, d, p, ids[0], 1, 1)
+		psQueue(t, ctx, d, p, ids[1])
+	}
+
+	other, err := d.Pool.Begin(ctx) // another instance's cleanup of them, which will fail
+	require.NoError(t, err)
+	defer func() { _ = other.Rollback(context.Background()) }()
+	n, err := pgq.New(other).BuildCleanupBatch(ctx, db.BuildCleanupBatchParams{BuildKey: c, BatchSize: 1000})
+	require.NoError(t, err)
+	require.EqualValues(t, 3, n)
+	more, err := store.Cleanup(ctx, []string{c}, time.Hour, 1000)
+	require.NoError(t, err)
+	require.False(t, more)
+	require.Nil(t, psBuild(t, ctx, d, c).CleanedAt, "not cleaned while its pairs are held")
+	require.NoError(t, other.Rollback(ctx))
+
+	for i := 0; i < 3 && psBuild(t, ctx, d, c).CleanedAt == nil; i++ {
+		_, err := store.Cleanup(ctx, []string{c}, time.Hour, 1000)
+		require.NoError(t, err)
+	}
+	require.Zero(t, psRowsOf(t, ctx, d, c))
+	require.NotNil(t, psBuild(t, ctx, d, c).CleanedAt)
+}
+
+// Every instance queues a cleanup every PollInterval, so two instances clean the same
+// retired build at once. Cleaning on until Cleanup reports nothing more must leave none of
 // the build's rows, and cleaned_at is set only then.
-//
-// FAILS (a bug): BuildCleanupBatch (queries/builds.sql) picks its window of pairs with a plain
-// read, so the second cleanup picks the pairs the first is deleting, waits for it, deletes
-// nothing, and Cleanup (worker/pgstore_builds.go) takes "0 pairs deleted" for "nothing left":
-// it marks the build cleaned and reports no more, with the pairs beyond the window still
-// stored; BuildsToClean never returns a cleaned build, so their rows are never deleted.
 func TestPGStoreCleanupRacingAnotherInstanceLeavesNoRows(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

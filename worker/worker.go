@@ -246,8 +246,12 @@ func (w *Worker) claimedAt() time.Time {
 	return time.Time{}
 }
 
-// Notify wakes the loop at once, as when new events are known to be queued.
-func (w *Worker) Notify() {
+// Notify wakes the loop at once, as when new events are known to be queued: its next claim
+// starts at the oldest row (where they lie is not known).
+func (w *Worker) Notify() { w.notified(time.Time{}) }
+
+// wakeUp wakes the loop at once.
+func (w *Worker) wakeUp() {
 	select {
 	case w.wake <- struct{}{}:
 	default:
@@ -262,7 +266,7 @@ func (w *Worker) notified(from time.Time) {
 		w.notifiedFrom, w.notifiedAny = from, true
 	}
 	w.notifiedMu.Unlock()
-	w.Notify()
+	w.wakeUp()
 }
 
 // takeNotified returns, and forgets, the earliest due time the queue notifications received
@@ -270,9 +274,9 @@ func (w *Worker) notified(from time.Time) {
 func (w *Worker) takeNotified() (time.Time, bool) {
 	w.notifiedMu.Lock()
 	defer w.notifiedMu.Unlock()
-	from, any := w.notifiedFrom, w.notifiedAny
+	from, ok := w.notifiedFrom, w.notifiedAny
 	w.notifiedFrom, w.notifiedAny = time.Time{}, false
-	return from, any
+	return from, ok
 }
 
 // pollUntil wakes the loop every reconnectInterval until deadline, each time for a claim from
@@ -285,7 +289,7 @@ func (w *Worker) pollUntil(ctx context.Context, deadline time.Time) bool {
 		case <-ctx.Done():
 			return false
 		case <-tick.C:
-			w.notified(time.Time{})
+			w.Notify()
 		}
 	}
 	return true
