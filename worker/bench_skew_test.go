@@ -18,6 +18,7 @@ package worker_test
 import (
 	"context"
 	"encoding/json"
+	"sync"
 	"testing"
 	"time"
 
@@ -246,4 +247,63 @@ func BenchmarkAppendCost(b *testing.B) {
 	b.ReportMetric(medianOf(floorUs), "floor-p50-us")
 	b.ReportMetric(medianOf(ratio), "append/floor")
 	b.ReportMetric(medianOf(listeningUs), "append-listening-p50-us")
+}
+
+// BenchmarkHotStreamInstances: four workers (in this process) while four goroutines append
+// 2,000 one-event Appends to one hot stream and one event to each of 500 cold streams,
+// interleaved. Every Append to the backlogged hot stream names its group's old due time
+// (wh_append), so each notification moves every worker's next claim back to it
+// (BENCHMARKS.md §16): the cost shows as the queue's drain after the last Append.
+func BenchmarkHotStreamInstances(b *testing.B) {
+	ctx := context.Background()
+	var emptyAfter, total, coldDone []float64
+	for range b.N {
+		d := freshDB(b, "hotinst")
+		cfg := worker.Config{Perspectives: []worker.Perspective{sumPerspective("bench_hot_inst")}}
+		register(b, d.Pool, cfg)
+		var ws []*worker.Worker
+		for range 4 {
+			ws = append(ws, benchStartOn(b, d.Pool, cfg))
+		}
+		hot := uuid.New()
+		cold := make([]uuid.UUID, 500)
+		for i := range cold {
+			cold[i] = uuid.New()
+		}
+		start := time.Now()
+		var wg sync.WaitGroup
+		for g := range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := g; i < 2000; i += 4 {
+					require.NoError(b, worker.Append(ctx, d.Pool, events(hot, newIDs(b, 1))...))
+					if i%4 == 0 {
+						require.NoError(b, worker.Append(ctx, d.Pool, events(cold[i/4], newIDs(b, 1))...))
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		appended := time.Now()
+		cd := false
+		benchWait(b, 2*time.Minute, 2*time.Millisecond, "drained", func() bool {
+			var n int
+			require.NoError(b, d.Pool.QueryRow(ctx, `SELECT count(*)::int FROM wh_perspective_events`).Scan(&n))
+			done, _ := activeModels(b, d.Pool, "bench_hot_inst", cold, hot)
+			if !cd && done == len(cold) {
+				cd = true
+				coldDone = append(coldDone, ms(time.Since(start)))
+			}
+			return n == 0
+		})
+		emptyAfter = append(emptyAfter, ms(time.Since(appended)))
+		total = append(total, ms(time.Since(start)))
+		for _, w := range ws {
+			benchStop(b, w)
+		}
+	}
+	b.ReportMetric(medianOf(emptyAfter), "empty-after-ms")
+	b.ReportMetric(medianOf(total), "total-ms")
+	b.ReportMetric(medianOf(coldDone), "cold-done-ms")
 }
