@@ -665,8 +665,8 @@ func TestAppendCommittedAfterAClaimPassedItsDueTimeIsAppliedBeforeAFullClaim(t *
 
 // An Append that adds rows to a pair's queued group (they take its due time) while a job
 // applies that group, and commits after the job has ended and its group has been looked up
-// again, has its rows in a group every claim has passed. Its notification names the group's due time, and the worker's next
-// claim starts there.
+// again, has its rows in a group every claim has passed. Its notification names the group's
+// due time, and the worker's next claim starts there.
 func TestAppendJoiningAGroupCommittedAfterItsJobIsAppliedBeforeAFullClaim(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
