@@ -575,11 +575,12 @@ type QueueEnqueueStreamFromParams struct {
 	FromEventID uuid.UUID
 }
 
-// Queues a stream's stored events from an event on (inclusive) for a build: what a
-// catch-up could not apply (a failing event and the ones after it) is left to the normal
-// path, which retries it with backoff. Due at the transaction's start, which the listening
-// workers are told (wh_notify_queued: the claims may pass that time before the catch-up
-// commits). Returns the rows queued.
+// Queues a stream's stored events from an event on (inclusive; the nil UUID: all of them)
+// for a build: what a catch-up could not apply (a failing event and the ones after it) is
+// left to the normal path, which retries it with backoff; a rebuild queues the whole
+// stream. Events the pair skipped stay skipped. Due at the transaction's start, which the
+// listening workers are told (wh_notify_queued: the claims may pass that time before the
+// catch-up commits). Returns the rows queued.
 func (q *Queries) QueueEnqueueStreamFrom(ctx context.Context, arg QueueEnqueueStreamFromParams) (int64, error) {
 	row := q.db.QueryRow(ctx, queueEnqueueStreamFrom, arg.BuildKey, arg.StreamID, arg.FromEventID)
 	var column_1 int64

@@ -236,15 +236,12 @@ type Querier interface {
 	// transaction running meanwhile may lie before it: its Append's notification names its due
 	// time, and the worker's next claim starts there (worker/schedule.go, notified).
 	QueueDuePairs(ctx context.Context, arg QueueDuePairsParams) ([]QueueDuePairsRow, error)
-	// Enqueues every stored event of one stream for one perspective (rebuild), due now, which
-	// the listening workers are told (wh_notify_queued). Events the pair skipped stay skipped.
-	// Returns the rows queued.
-	QueueEnqueueStream(ctx context.Context, arg QueueEnqueueStreamParams) (int64, error)
-	// Queues a stream's stored events from an event on (inclusive) for a build: what a
-	// catch-up could not apply (a failing event and the ones after it) is left to the normal
-	// path, which retries it with backoff. Due at the transaction's start, which the listening
-	// workers are told (wh_notify_queued: the claims may pass that time before the catch-up
-	// commits). Returns the rows queued.
+	// Queues a stream's stored events from an event on (inclusive; the nil UUID: all of them)
+	// for a build: what a catch-up could not apply (a failing event and the ones after it) is
+	// left to the normal path, which retries it with backoff; a rebuild queues the whole
+	// stream. Events the pair skipped stay skipped. Due at the transaction's start, which the
+	// listening workers are told (wh_notify_queued: the claims may pass that time before the
+	// catch-up commits). Returns the rows queued.
 	QueueEnqueueStreamFrom(ctx context.Context, arg QueueEnqueueStreamFromParams) (int64, error)
 	// The queued events of the given pairs: at most per_pair_limit per pair, the lowest event
 	// IDs of each.

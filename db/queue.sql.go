@@ -381,37 +381,6 @@ func (q *Queries) QueueDuePairs(ctx context.Context, arg QueueDuePairsParams) ([
 	return items, nil
 }
 
-const queueEnqueueStream = `-- name: QueueEnqueueStream :one
-WITH queued AS (
-    INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)
-    SELECT e.stream_id, $1::text, e.event_id
-    FROM wh_event_store e
-    WHERE e.stream_id = $2
-      AND NOT EXISTS (SELECT 1 FROM wh_skipped_events s
-                      WHERE s.stream_id = e.stream_id AND s.perspective_name = $1::text
-                        AND s.event_id = e.event_id)
-    ON CONFLICT DO NOTHING
-    RETURNING 1
-)
-SELECT count(*)::bigint FROM queued
-WHERE (SELECT count(*) FROM (SELECT wh_notify_queued(now()) WHERE EXISTS (SELECT 1 FROM queued)) n) >= 0
-`
-
-type QueueEnqueueStreamParams struct {
-	PerspectiveName string
-	StreamID        uuid.UUID
-}
-
-// Enqueues every stored event of one stream for one perspective (rebuild), due now, which
-// the listening workers are told (wh_notify_queued). Events the pair skipped stay skipped.
-// Returns the rows queued.
-func (q *Queries) QueueEnqueueStream(ctx context.Context, arg QueueEnqueueStreamParams) (int64, error) {
-	row := q.db.QueryRow(ctx, queueEnqueueStream, arg.PerspectiveName, arg.StreamID)
-	var column_1 int64
-	err := row.Scan(&column_1)
-	return column_1, err
-}
-
 const queueIDsForPair = `-- name: QueueIDsForPair :many
 SELECT q.event_id FROM wh_perspective_events q
 WHERE (q.stream_id, q.perspective_name) = (SELECT $1::uuid, $2::text)

@@ -85,11 +85,12 @@ WHERE b.build_key = @build_key
   AND b.catchup_event_id IS NOT DISTINCT FROM sqlc.narg(from_event_id)::uuid;
 
 -- name: QueueEnqueueStreamFrom :one
--- Queues a stream's stored events from an event on (inclusive) for a build: what a
--- catch-up could not apply (a failing event and the ones after it) is left to the normal
--- path, which retries it with backoff. Due at the transaction's start, which the listening
--- workers are told (wh_notify_queued: the claims may pass that time before the catch-up
--- commits). Returns the rows queued.
+-- Queues a stream's stored events from an event on (inclusive; the nil UUID: all of them)
+-- for a build: what a catch-up could not apply (a failing event and the ones after it) is
+-- left to the normal path, which retries it with backoff; a rebuild queues the whole
+-- stream. Events the pair skipped stay skipped. Due at the transaction's start, which the
+-- listening workers are told (wh_notify_queued: the claims may pass that time before the
+-- catch-up commits). Returns the rows queued.
 WITH queued AS (
     INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)
     SELECT e.stream_id, @build_key::text, e.event_id

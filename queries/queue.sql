@@ -261,21 +261,3 @@ WHERE q.perspective_name IN (
         SELECT b.build_key FROM wh_perspective_builds b
         WHERE b.perspective_name = @perspective_name AND b.state <> 'retired')
   AND (sqlc.narg(stream_id)::uuid IS NULL OR q.stream_id = sqlc.narg(stream_id)::uuid);
-
--- name: QueueEnqueueStream :one
--- Enqueues every stored event of one stream for one perspective (rebuild), due now, which
--- the listening workers are told (wh_notify_queued). Events the pair skipped stay skipped.
--- Returns the rows queued.
-WITH queued AS (
-    INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)
-    SELECT e.stream_id, @perspective_name::text, e.event_id
-    FROM wh_event_store e
-    WHERE e.stream_id = @stream_id
-      AND NOT EXISTS (SELECT 1 FROM wh_skipped_events s
-                      WHERE s.stream_id = e.stream_id AND s.perspective_name = @perspective_name::text
-                        AND s.event_id = e.event_id)
-    ON CONFLICT DO NOTHING
-    RETURNING 1
-)
-SELECT count(*)::bigint FROM queued
-WHERE (SELECT count(*) FROM (SELECT wh_notify_queued(now()) WHERE EXISTS (SELECT 1 FROM queued)) n) >= 0;

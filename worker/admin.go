@@ -59,7 +59,7 @@ func (a *Admin) Rebuild(ctx context.Context, streamID uuid.UUID, perspectiveName
 		if err := a.store.Purge(ctx, k, holder); err != nil {
 			return err
 		}
-		n, err := a.store.q.QueueEnqueueStream(ctx, db.QueueEnqueueStreamParams{StreamID: streamID, PerspectiveName: k.Perspective})
+		n, err := a.store.q.QueueEnqueueStreamFrom(ctx, db.QueueEnqueueStreamFromParams{BuildKey: k.Perspective, StreamID: streamID, FromEventID: uuid.Nil})
 		queued += n
 		return err
 	})
