@@ -1522,6 +1522,20 @@ func psRowsOf(t testing.TB, ctx context.Context, d *pgtest.DB, key string) int {
 		+ (SELECT count(*) FROM wh_perspective_cursors WHERE perspective_name = $1)`, key)
 }
 
+// psRetiredBuild registers a new perspective's versions 1 and 2 and returns the key of its
+// version 1 build, retired two hours ago (past any grace), version 2 being active.
+func psRetiredBuild(t *testing.T, ctx context.Context, d *pgtest.DB, store worker.Store, prefix string) string {
+	t.Helper()
+	c := uniqueName(prefix)
+	for _, v := range []int{1, 2} {
+		_, err := store.Register(ctx, c, v)
+		require.NoError(t, err)
+	}
+	gsExec(t, ctx, d.Pool, `UPDATE wh_perspective_builds SET state = 'retired', retired_at = now() - interval '2 hours' WHERE build_key = $1`, c)
+	gsExec(t, ctx, d.Pool, `UPDATE wh_perspective_builds SET state = 'active' WHERE build_key = $1`, c+"@v2.1")
+	return c
+}
+
 // Every instance queues a cleanup every PollInterval, so two instances clean the same
 // retired build at once. Cleaning on until Cleanup reports nothing more must leave none of
 // the build's rows, and cleaned_at is set only then: not while another transaction holds
@@ -1532,13 +1546,7 @@ func TestPGStoreCleanupIsNotMarkedDoneWhileAnotherTransactionHoldsItsLastPairs(t
 	ctx := context.Background()
 	d := isolatedDB(t)
 	store := psStore(d)
-	c := uniqueName("ps_clean_held")
-	for _, v := range []int{1, 2} {
-		_, err := store.Register(ctx, c, v)
-		require.NoError(t, err)
-	}
-	gsExec(t, ctx, d.Pool, `UPDATE wh_perspective_builds SET state = 'retired', retired_at = now() - interval '2 hours' WHERE build_key = $1`, c)
-	gsExec(t, ctx, d.Pool, `UPDATE wh_perspective_builds SET state = 'active' WHERE build_key = $1`, c+"@v2.1")
+	c := psRetiredBuild(t, ctx, d, store, "ps_clean_held")
 	for _, s := range psSortedStreams(3) {
 		p := worker.Pair{Stream: s, Perspective: c}
 		ids := newIDs(t, 2)
@@ -1574,13 +1582,7 @@ func TestPGStoreCleanupRacingAnotherInstanceLeavesNoRows(t *testing.T) {
 	ctx := context.Background()
 	d := isolatedDB(t)
 	store := psStore(d)
-	c := uniqueName("ps_clean_race")
-	for _, v := range []int{1, 2} {
-		_, err := store.Register(ctx, c, v)
-		require.NoError(t, err)
-	}
-	gsExec(t, ctx, d.Pool, `UPDATE wh_perspective_builds SET state = 'retired', retired_at = now() - interval '2 hours' WHERE build_key = $1`, c)
-	gsExec(t, ctx, d.Pool, `UPDATE wh_perspective_builds SET state = 'active' WHERE build_key = $1`, c+"@v2.1")
+	c := psRetiredBuild(t, ctx, d, store, "ps_clean_race")
 	for _, s := range psSortedStreams(5) {
 		p := worker.Pair{Stream: s, Perspective: c}
 		ids := newIDs(t, 2)
