@@ -12,6 +12,48 @@ import (
 	"github.com/google/uuid"
 )
 
+const appendLockHolders = `-- name: AppendLockHolders :many
+SELECT l.pid::int4 AS pid,
+       COALESCE((extract(epoch FROM clock_timestamp() - a.xact_start) * 1000000)::bigint, -1)::bigint AS xact_age_micros
+FROM pg_catalog.pg_locks l
+LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ShareLock'
+  AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = current_database())
+  AND l.classid = (7214082031553392641::bigint >> 32)::oid
+  AND l.objid = (7214082031553392641::bigint & 4294967295)::oid
+  AND l.objsubid = 1
+ORDER BY a.xact_start NULLS LAST, l.pid
+`
+
+type AppendLockHoldersRow struct {
+	Pid           int32
+	XactAgeMicros int64
+}
+
+// The server processes whose transactions hold the shared side of the append lock (they
+// appended events and have not ended), with how long their transactions have been open
+// (-1: not visible to this role), longest first. An advisory lock on one bigint key is
+// classid (its high 32 bits), objid (its low 32 bits) and objsubid 1 in pg_locks.
+func (q *Queries) AppendLockHolders(ctx context.Context) ([]AppendLockHoldersRow, error) {
+	rows, err := q.db.Query(ctx, appendLockHolders)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []AppendLockHoldersRow{}
+	for rows.Next() {
+		var i AppendLockHoldersRow
+		if err := rows.Scan(&i.Pid, &i.XactAgeMicros); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const backendPID = `-- name: BackendPID :one
 SELECT pg_backend_pid()::int4 AS pid
 `
@@ -229,11 +271,20 @@ func (q *Queries) QueueProbe(ctx context.Context, payload string) error {
 
 const registerLock = `-- name: RegisterLock :exec
 SELECT pg_advisory_xact_lock(7214082031553392641)
+FROM (SELECT set_config('lock_timeout', ($1::int)::text, true)) s
 `
 
-// The exclusive side of the append lock, held by the (short) transaction that adds a build.
-func (q *Queries) RegisterLock(ctx context.Context) error {
-	_, err := q.db.Exec(ctx, registerLock)
+// The exclusive side of the append lock, held by the (short) transaction that adds or
+// promotes a build, waited for wait_ms at most: the transaction's lock_timeout is set to it
+// first (for its later statements too), so a lock not granted by then fails with SQLSTATE
+// 55P03 and the caller tries again in a new transaction (worker/pgstore_builds.go,
+// underAppendLock). A request that waits makes every later Append wait behind it, since
+// PostgreSQL queues a shared request behind a waiting exclusive one: unbounded, a
+// transaction that appended and stays open would hold up every Append until it ends. The
+// subquery runs first: its volatile set_config keeps it from being pulled up into the
+// outer query.
+func (q *Queries) RegisterLock(ctx context.Context, waitMs int32) error {
+	_, err := q.db.Exec(ctx, registerLock, waitMs)
 	return err
 }
 

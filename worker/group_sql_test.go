@@ -75,7 +75,7 @@ func gsRegister(t *testing.T, ctx context.Context, prefix string) string {
 func gsUnregister(t *testing.T, ctx context.Context, names ...string) {
 	t.Helper()
 	require.NoError(t, pgx.BeginFunc(ctx, testDB.Pool, func(tx pgx.Tx) error {
-		if err := pgq.New(tx).RegisterLock(ctx); err != nil {
+		if err := pgq.New(tx).RegisterLock(ctx, 60000); err != nil { // waits up to a minute
 			return err
 		}
 		_, err := tx.Exec(ctx, `DELETE FROM wh_perspectives WHERE perspective_name = ANY($1)`, names)

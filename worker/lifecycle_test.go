@@ -467,3 +467,81 @@ func TestRegistrationUnderConcurrentAppendsWithThreeInstances(t *testing.T) {
 		"three instances registered one build")
 	t.Logf("%d streams, %d events converged", len(stored), n)
 }
+
+// A worker started beside a transaction that appended events and stays open (a business
+// transaction around Append): its registration waits for that transaction without holding
+// up the Appends that come meanwhile (PostgreSQL would queue them behind a waiting exclusive
+// lock request), logs after a while which transaction it waits for, and starts once that
+// commits; its new perspective then has every event, the open transaction's included.
+func TestStartBesideAnOpenAppendTransactionHoldsUpNoAppend(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := isolatedDB(t)
+	open, err := d.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = open.Rollback(context.Background()) }()
+	first := uuid.New()
+	require.NoError(t, worker.Append(ctx, open, events(first, newIDs(t, 1))...))
+	var holder int32
+	require.NoError(t, open.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&holder))
+
+	name := uniqueName("open_append")
+	logs := &logCapture{}
+	cfg := worker.Config{Perspectives: []worker.Perspective{newVLedger(name, 1)}, Logger: slog.New(logs), PollInterval: 20 * time.Millisecond}
+	if d.DirectURL != d.URL {
+		cfg.ListenConnect = func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, d.DirectURL) }
+	}
+	w, err := worker.New(d.Pool, cfg)
+	require.NoError(t, err)
+	started := make(chan error, 1)
+	go func() { started <- w.Start(ctx) }()
+	t.Cleanup(func() { require.NoError(t, w.Stop(context.Background())) })
+	eventually(t, 10*time.Second, "the registration waiting for the append lock", func() bool {
+		return psLockWaiters(t, ctx, d, "advisory") == 1
+	})
+
+	others := make([]uuid.UUID, 5)
+	for i := range others {
+		others[i] = uuid.New()
+		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := worker.Append(actx, d.Pool, events(others[i], newIDs(t, 2))...)
+		cancel()
+		require.NoError(t, err, "Append %d while the registration waits", i)
+	}
+	select {
+	case err := <-started:
+		t.Fatalf("Start returned while a transaction that appended was open: %v", err)
+	default:
+	}
+
+	const warning = "waiting for transactions that appended events to end (registering, rebuilding or promoting a build " +
+		"waits until every Append in flight has committed; Appends are not held up meanwhile)"
+	eventually(t, 20*time.Second, "the wait logged", func() bool { return logs.count(warning) > 0 })
+	require.Equal(t, 1, logs.count(warning), "logged once")
+	var holders string
+	logs.mu.Lock()
+	for _, r := range logs.records {
+		if r.Message == warning {
+			r.Attrs(func(a slog.Attr) bool {
+				if a.Key == "holders" {
+					holders = a.Value.String()
+				}
+				return true
+			})
+		}
+	}
+	logs.mu.Unlock()
+	require.Contains(t, holders, fmt.Sprintf("server pid %d (open ", holder), "the log names the open transaction")
+
+	require.NoError(t, open.Commit(ctx))
+	select {
+	case err := <-started:
+		require.NoError(t, err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("Start did not return after the open transaction committed")
+	}
+	waitModelIn(t, d, name, first, 1)
+	for _, s := range others {
+		waitModelIn(t, d, name, s, 2)
+	}
+}

@@ -15,6 +15,13 @@ func isUniqueViolation(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "23505"
 }
 
+// isLockTimeout reports whether err is a lock wait that outlasted lock_timeout (SQLSTATE
+// 55P03, lock_not_available).
+func isLockTimeout(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+}
+
 // isConnectionError reports whether err says that the database could not be reached or
 // went away (a restart, a failover, a network fault), rather than anything about the pair:
 // its work is then left queued for the next claim, not backed off. An error of the

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"sync"
@@ -32,6 +33,8 @@ type pgStore struct {
 	listenConnect func(context.Context) (*pgx.Conn, error) // Config.ListenConnect
 
 	skippedBy string // who the failure policy's skips are recorded as skipped by
+
+	log *slog.Logger // nil: logs nothing (an Admin's store)
 }
 
 var _ Store = (*pgStore)(nil)

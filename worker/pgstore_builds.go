@@ -7,6 +7,9 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -47,7 +50,8 @@ func (s *pgStore) Register(ctx context.Context, perspective string, version int)
 // read, then again under the exclusive side of the append lock when it asks for a build:
 // every Append in flight commits first (its events are in the store when the catch-up
 // reads it), every later one queues its events for the new build. The lock is held only
-// for these few statements, so no Append waits on a scan.
+// for these few statements, so no Append waits on a scan, and it is waited for in short
+// bounds (underAppendLock), so no Append waits on a transaction that appended and stays open.
 func (s *pgStore) addBuild(ctx context.Context, perspective string, plan func([]Build) (*Build, error)) ([]Build, *Build, error) {
 	builds, err := s.Builds(ctx, []string{perspective})
 	if err != nil {
@@ -57,10 +61,8 @@ func (s *pgStore) addBuild(ctx context.Context, perspective string, plan func([]
 		return builds, nil, err
 	}
 	var added *Build
-	err = s.inTx(ctx, func(q *db.Queries) error {
-		if err := q.RegisterLock(ctx); err != nil {
-			return err
-		}
+	err = s.underAppendLock(ctx, func(q *db.Queries) error {
+		added = nil // from an attempt that did not commit
 		if _, err := q.PerspectiveRegister(ctx, perspective); err != nil {
 			return err
 		}
@@ -95,6 +97,84 @@ func (s *pgStore) addBuild(ctx context.Context, perspective string, plan func([]
 		return nil, nil, err
 	}
 	return builds, added, nil
+}
+
+// The exclusive side of the append lock is waited for in bounds that grow from
+// appendLockFirstWait to appendLockMaxWait, each attempt followed by a pause as long (give or
+// take a quarter), during which Appends run: while an exclusive request waits, every Append
+// that comes waits behind it (see RegisterLock in queries/events.sql). After
+// appendLockWarnAfter the wait is logged once, with the transactions that hold it up.
+const (
+	appendLockFirstWait = 50 * time.Millisecond
+	appendLockMaxWait   = 400 * time.Millisecond
+	appendLockWarnAfter = 5 * time.Second
+)
+
+// underAppendLock runs fn in a transaction that holds the exclusive side of the append lock
+// (queries/events.sql): every Append in flight has committed, and every later one waits for
+// this transaction. It tries again, in a new transaction, until the lock is granted within
+// a bound or ctx ends, so fn may run more than once and must not keep what an attempt that
+// did not commit set. A lock that fn's statements wait for is bounded likewise (the
+// transaction's lock_timeout) and tried again the same way.
+func (s *pgStore) underAppendLock(ctx context.Context, fn func(q *db.Queries) error) error {
+	began, wait, warned := time.Now(), appendLockFirstWait, false
+	for {
+		locked := false
+		err := s.inTx(ctx, func(q *db.Queries) error {
+			if err := q.RegisterLock(ctx, int32(wait.Milliseconds())); err != nil {
+				return err
+			}
+			locked = true
+			return fn(q)
+		})
+		if err != nil && !locked && ctx.Err() != nil {
+			return s.appendLockGivenUp(ctx)
+		}
+		if !isLockTimeout(err) {
+			return err
+		}
+		if !warned && time.Since(began) >= appendLockWarnAfter && s.log != nil {
+			warned = true
+			s.log.Warn("waiting for transactions that appended events to end (registering, rebuilding or promoting a build "+
+				"waits until every Append in flight has committed; Appends are not held up meanwhile)",
+				slog.Duration("waited", time.Since(began)), slog.String("holders", s.appendLockHolders(ctx)))
+		}
+		pause := wait*3/4 + rand.N(wait/2)
+		select {
+		case <-ctx.Done():
+			return s.appendLockGivenUp(ctx)
+		case <-time.After(pause):
+		}
+		wait = min(2*wait, appendLockMaxWait)
+	}
+}
+
+// appendLockGivenUp is the error of a wait for the append lock that ctx ended.
+func (s *pgStore) appendLockGivenUp(ctx context.Context) error {
+	return fmt.Errorf("wait for the append lock (held by transactions that appended events and are still open: %s): %w",
+		s.appendLockHolders(context.WithoutCancel(ctx)), ctx.Err())
+}
+
+// appendLockHolders names the server processes whose transactions hold the append lock, and
+// how long each has been open, for a log line or an error.
+func (s *pgStore) appendLockHolders(ctx context.Context) string {
+	ctx, cancel := context.WithTimeout(ctx, releaseTimeout)
+	defer cancel()
+	rows, err := s.q.AppendLockHolders(ctx)
+	if err != nil {
+		return "unknown: " + err.Error()
+	}
+	if len(rows) == 0 {
+		return "none now"
+	}
+	names := make([]string, len(rows))
+	for i, r := range rows {
+		names[i] = fmt.Sprintf("server pid %d", r.Pid)
+		if r.XactAgeMicros >= 0 {
+			names[i] += fmt.Sprintf(" (open %s)", (time.Duration(r.XactAgeMicros) * time.Microsecond).Round(time.Millisecond))
+		}
+	}
+	return strings.Join(names, ", ")
 }
 
 func (s *pgStore) CatchUp(ctx context.Context, req CatchUpRequest, fold func(CatchUpPage) []PairWrite) (CatchUpResult, error) {
@@ -276,12 +356,10 @@ const readAheadTimeout = 30 * time.Second
 
 func (s *pgStore) Promote(ctx context.Context, perspective, key string, force bool) (bool, error) {
 	promoted := false
-	err := s.inTx(ctx, func(q *db.Queries) error {
-		// Serialized with registration (and other promotions) by the append lock's
-		// exclusive side, held for these few statements.
-		if err := q.RegisterLock(ctx); err != nil {
-			return err
-		}
+	// Serialized with registration (and other promotions) by the append lock's exclusive
+	// side, held for these few statements.
+	err := s.underAppendLock(ctx, func(q *db.Queries) error {
+		promoted = false // from an attempt that did not commit
 		rows, err := q.BuildsOf(ctx, []string{perspective})
 		if err != nil {
 			return err

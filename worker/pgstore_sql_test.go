@@ -917,7 +917,9 @@ func TestPGStoreApplyRecordsFailuresAndRollsBackTheWholeGroup(t *testing.T) {
 // Register: a name's first registration adds an active build keyed by the name; a newer
 // version adds a building one beside it; an older version than the active one, or a second
 // call, adds nothing; a name that is another perspective's build key is refused. Only a
-// registration that adds a build takes the exclusive append lock.
+// registration that adds a build takes the exclusive append lock; it waits for the Appends in
+// flight without holding up the Appends that come meanwhile, and when its context ends first
+// it names the transactions it waited for.
 func TestPGStoreRegisterBuildsAndTheAppendLock(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -1023,6 +1025,31 @@ func TestPGStoreRegisterBuildsAndTheAppendLock(t *testing.T) {
 	default:
 	}
 	require.Zero(t, psCount(t, ctx, d, `SELECT count(*) FROM wh_perspective_builds WHERE perspective_name = $1`, s))
+
+	// Meanwhile no Append waits for the open one: PostgreSQL queues a shared request behind
+	// a waiting exclusive one, so the registration waits in short bounds and gives way between
+	// them (underAppendLock).
+	for i := range 5 {
+		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		err := worker.Append(actx, d.Pool, events(uuid.New(), newIDs(t, 1))...)
+		cancel()
+		require.NoError(t, err, "Append %d while a registration waits for an Append transaction that stays open", i)
+	}
+
+	// A registration whose context ends first says which transactions held it up, and adds
+	// nothing.
+	var holder int32
+	require.NoError(t, appendTx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&holder))
+	gaveUp := uniqueName("ps_reg_gave_up")
+	short, cancel := context.WithTimeout(ctx, time.Second)
+	_, err = store.Register(short, gaveUp, 1)
+	cancel()
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorContains(t, err, "append lock")
+	require.ErrorContains(t, err, fmt.Sprintf("server pid %d (open ", holder), "the error names the open Append transaction")
+	require.Zero(t, psCount(t, ctx, d, `SELECT count(*) FROM wh_perspective_builds WHERE perspective_name = $1`, gaveUp))
+	require.Zero(t, psCount(t, ctx, d, `SELECT count(*) FROM wh_perspectives WHERE perspective_name = $1`, gaveUp))
+
 	require.NoError(t, appendTx.Commit(ctx))
 	res := <-done
 	require.NoError(t, res.err)

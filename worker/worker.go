@@ -96,6 +96,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Worker, error) {
 	store := newPGStore(pool, cfg.RetryBackoff, cfg.MaxRetryBackoff)
 	store.listenConnect = cfg.ListenConnect
 	store.skippedBy = "worker " + cfg.InstanceID.String()
+	store.log = cfg.Logger.With(slog.String("instance", cfg.InstanceID.String()))
 	return newWorker(store, cfg)
 }
 
