@@ -11,10 +11,11 @@ import (
 )
 
 type Querier interface {
-	// The server processes whose transactions hold the shared side of the append lock (they
-	// appended events and have not ended), with how long their transactions have been open
-	// (-1: not visible to this role), longest first. An advisory lock on one bigint key is
-	// classid (its high 32 bits), objid (its low 32 bits) and objsubid 1 in pg_locks.
+	// The transactions holding the shared side of the append lock (they appended events and have
+	// not ended): each one's virtual transaction ID (which names it alone, while it runs), its
+	// server process (0: a prepared transaction) and how long it has been open (-1: not visible
+	// to this role), longest first. An advisory lock on one bigint key is classid (its high 32
+	// bits), objid (its low 32 bits) and objsubid 1 in pg_locks.
 	AppendLockHolders(ctx context.Context) ([]AppendLockHoldersRow, error)
 	// The process ID of the server backend that runs the statement (see pgq.Pooled).
 	BackendPID(ctx context.Context) (int32, error)
@@ -274,15 +275,20 @@ type Querier interface {
 	// a listener sends it to itself to check that its session receives notifications.
 	QueueProbe(ctx context.Context, payload string) error
 	// The exclusive side of the append lock, held by the (short) transaction that adds or
-	// promotes a build, waited for wait_ms at most: the transaction's lock_timeout is set to it
-	// first (for its later statements too), so a lock not granted by then fails with SQLSTATE
-	// 55P03 and the caller tries again in a new transaction (worker/pgstore_builds.go,
+	// promotes a build, waited for wait_ms at most (the transaction's lock_timeout, set back to
+	// what it was once the lock is granted): a lock not granted by then fails with SQLSTATE
+	// 55P03, and the caller tries again in a new transaction (worker/pgstore_builds.go,
 	// underAppendLock). A request that waits makes every later Append wait behind it, since
 	// PostgreSQL queues a shared request behind a waiting exclusive one: unbounded, a
 	// transaction that appended and stays open would hold up every Append until it ends. The
-	// subquery runs first: its volatile set_config keeps it from being pulled up into the
-	// outer query.
+	// order is the data's: the innermost subquery (OFFSET 0: not pulled up) reads the value
+	// before, the one around it sets the bound (a volatile output, kept and evaluated as its row
+	// is made), and the lock is an argument of the call that sets the value back. (As a WHERE
+	// clause the lock would be pushed down below the bound.)
 	RegisterLock(ctx context.Context, waitMs int32) error
+	// The exclusive side of the append lock if no transaction holds it now (false otherwise): a
+	// try never queues, so no Append waits behind it (see RegisterLock).
+	RegisterLockTry(ctx context.Context) (bool, error)
 	// In the transaction that adds a build: see wh_registration.
 	RegistrationBump(ctx context.Context) error
 	// The skipped events of a perspective's builds that are not retired (or of all when

@@ -9,23 +9,33 @@ LISTEN wh_perspective_events;
 
 -- name: RegisterLock :exec
 -- The exclusive side of the append lock, held by the (short) transaction that adds or
--- promotes a build, waited for wait_ms at most: the transaction's lock_timeout is set to it
--- first (for its later statements too), so a lock not granted by then fails with SQLSTATE
--- 55P03 and the caller tries again in a new transaction (worker/pgstore_builds.go,
+-- promotes a build, waited for wait_ms at most (the transaction's lock_timeout, set back to
+-- what it was once the lock is granted): a lock not granted by then fails with SQLSTATE
+-- 55P03, and the caller tries again in a new transaction (worker/pgstore_builds.go,
 -- underAppendLock). A request that waits makes every later Append wait behind it, since
 -- PostgreSQL queues a shared request behind a waiting exclusive one: unbounded, a
 -- transaction that appended and stays open would hold up every Append until it ends. The
--- subquery runs first: its volatile set_config keeps it from being pulled up into the
--- outer query.
-SELECT pg_advisory_xact_lock(7214082031553392641)
-FROM (SELECT set_config('lock_timeout', (@wait_ms::int)::text, true)) s;
+-- order is the data's: the innermost subquery (OFFSET 0: not pulled up) reads the value
+-- before, the one around it sets the bound (a volatile output, kept and evaluated as its row
+-- is made), and the lock is an argument of the call that sets the value back. (As a WHERE
+-- clause the lock would be pushed down below the bound.)
+SELECT set_config('lock_timeout', s.before || left(pg_advisory_xact_lock(7214082031553392641)::text, 0), true)
+FROM (SELECT b.before, set_config('lock_timeout', (@wait_ms::int)::text, true) AS bound
+      FROM (SELECT current_setting('lock_timeout') AS before OFFSET 0) b) s;
+
+-- name: RegisterLockTry :one
+-- The exclusive side of the append lock if no transaction holds it now (false otherwise): a
+-- try never queues, so no Append waits behind it (see RegisterLock).
+SELECT pg_try_advisory_xact_lock(7214082031553392641)::bool AS locked;
 
 -- name: AppendLockHolders :many
--- The server processes whose transactions hold the shared side of the append lock (they
--- appended events and have not ended), with how long their transactions have been open
--- (-1: not visible to this role), longest first. An advisory lock on one bigint key is
--- classid (its high 32 bits), objid (its low 32 bits) and objsubid 1 in pg_locks.
-SELECT l.pid::int4 AS pid,
+-- The transactions holding the shared side of the append lock (they appended events and have
+-- not ended): each one's virtual transaction ID (which names it alone, while it runs), its
+-- server process (0: a prepared transaction) and how long it has been open (-1: not visible
+-- to this role), longest first. An advisory lock on one bigint key is classid (its high 32
+-- bits), objid (its low 32 bits) and objsubid 1 in pg_locks.
+SELECT l.virtualtransaction::text AS transaction,
+       COALESCE(l.pid, 0)::int4 AS pid,
        COALESCE((extract(epoch FROM clock_timestamp() - a.xact_start) * 1000000)::bigint, -1)::bigint AS xact_age_micros
 FROM pg_catalog.pg_locks l
 LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
@@ -34,7 +44,7 @@ WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ShareLock'
   AND l.classid = (7214082031553392641::bigint >> 32)::oid
   AND l.objid = (7214082031553392641::bigint & 4294967295)::oid
   AND l.objsubid = 1
-ORDER BY a.xact_start NULLS LAST, l.pid;
+ORDER BY a.xact_start NULLS LAST, l.virtualtransaction;
 
 -- name: EventsAppend :one
 -- Stores the events, enqueues one row per (event, build being built or active), makes sure

@@ -496,9 +496,7 @@ func TestStartBesideAnOpenAppendTransactionHoldsUpNoAppend(t *testing.T) {
 	started := make(chan error, 1)
 	go func() { started <- w.Start(ctx) }()
 	t.Cleanup(func() { require.NoError(t, w.Stop(context.Background())) })
-	eventually(t, 10*time.Second, "the registration waiting for the append lock", func() bool {
-		return psLockWaiters(t, ctx, d, "advisory") == 1
-	})
+	time.Sleep(300 * time.Millisecond) // its first bounded wait has run out
 
 	others := make([]uuid.UUID, 5)
 	for i := range others {

@@ -3,6 +3,7 @@ package worker
 // Builds on PostgreSQL: registration, catch-up pages, promotion, cleanup, status.
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -99,79 +100,117 @@ func (s *pgStore) addBuild(ctx context.Context, perspective string, plan func([]
 	return builds, added, nil
 }
 
-// The exclusive side of the append lock is waited for in bounds that grow from
-// appendLockFirstWait to appendLockMaxWait, each attempt followed by a pause as long (give or
-// take a quarter), during which Appends run: while an exclusive request waits, every Append
-// that comes waits behind it (see RegisterLock in queries/events.sql). After
-// appendLockWarnAfter the wait is logged once, with the transactions that hold it up.
+// The exclusive side of the append lock is waited for in bounds: while an exclusive request
+// waits, every Append that comes waits behind it (see RegisterLock in queries/events.sql).
+// The first wait lasts appendLockFirstWait, time enough for the Appends in flight to commit.
+// When a wait runs out, the transactions that held the lock then (the blockers: one that
+// appended and stays open, say) are waited out without queueing: every appendLockPoll the
+// lock is only tried, which never queues, until they have all ended or a try gets it. Then
+// it is waited for again, each bound twice the last (up to appendLockMaxWait), for when
+// overlapping Appends keep it held. An Append waits for a registration at most that bound,
+// when a wait begins, never for the transactions it waits out. After appendLockWarnAfter the
+// wait is logged once, naming them.
 const (
 	appendLockFirstWait = 50 * time.Millisecond
 	appendLockMaxWait   = 400 * time.Millisecond
+	appendLockPoll      = 50 * time.Millisecond
 	appendLockWarnAfter = 5 * time.Second
 )
 
+// errAppendLockTaken is a try of the append lock that found it held.
+var errAppendLockTaken = errors.New("the append lock is held")
+
 // underAppendLock runs fn in a transaction that holds the exclusive side of the append lock
 // (queries/events.sql): every Append in flight has committed, and every later one waits for
-// this transaction. It tries again, in a new transaction, until the lock is granted within
-// a bound or ctx ends, so fn may run more than once and must not keep what an attempt that
-// did not commit set. A lock that fn's statements wait for is bounded likewise (the
-// transaction's lock_timeout) and tried again the same way.
+// this transaction. It tries again, in a new transaction, until it has the lock or ctx ends,
+// so fn may run more than once and must not keep what an attempt that did not commit set.
+// A statement of fn that outlasts the session's lock_timeout, if it has one, is tried again
+// the same way.
 func (s *pgStore) underAppendLock(ctx context.Context, fn func(q *db.Queries) error) error {
 	began, wait, warned := time.Now(), appendLockFirstWait, false
+	var blockers map[string]bool // the transactions that held the lock when the last wait ran out
 	for {
-		locked := false
+		locked, try := false, len(blockers) > 0
 		err := s.inTx(ctx, func(q *db.Queries) error {
-			if err := q.RegisterLock(ctx, int32(wait.Milliseconds())); err != nil {
+			if try {
+				if ok, err := q.RegisterLockTry(ctx); err != nil || !ok {
+					return cmp.Or(err, errAppendLockTaken)
+				}
+			} else if err := q.RegisterLock(ctx, int32(wait.Milliseconds())); err != nil {
 				return err
 			}
 			locked = true
 			return fn(q)
 		})
-		if err != nil && !locked && ctx.Err() != nil {
+		switch {
+		case err == nil:
+			return nil
+		case !locked && ctx.Err() != nil:
 			return s.appendLockGivenUp(ctx)
-		}
-		if !isLockTimeout(err) {
+		case !errors.Is(err, errAppendLockTaken) && !isLockTimeout(err):
 			return err
 		}
-		if !warned && time.Since(began) >= appendLockWarnAfter && s.log != nil {
+		hctx, cancel := context.WithTimeout(ctx, appendLockHoldersTimeout)
+		holders, herr := s.q.AppendLockHolders(hctx)
+		cancel()
+		held := make(map[string]bool, len(holders))
+		for _, h := range holders {
+			held[h.Transaction] = true
+		}
+		switch {
+		case herr != nil:
+			blockers = nil // not known: wait again
+		case !try && !locked: // the wait ran out: wait the holders out, then wait longer
+			blockers, wait = held, min(2*wait, appendLockMaxWait)
+		default:
+			for t := range blockers {
+				if !held[t] {
+					delete(blockers, t)
+				}
+			}
+		}
+		if !warned && time.Since(began) >= appendLockWarnAfter && s.log != nil && herr == nil {
 			warned = true
 			s.log.Warn("waiting for transactions that appended events to end (registering, rebuilding or promoting a build "+
 				"waits until every Append in flight has committed; Appends are not held up meanwhile)",
-				slog.Duration("waited", time.Since(began)), slog.String("holders", s.appendLockHolders(ctx)))
+				slog.Duration("waited", time.Since(began)), slog.String("holders", holderNames(holders)))
 		}
-		pause := wait*3/4 + rand.N(wait/2)
 		select {
 		case <-ctx.Done():
 			return s.appendLockGivenUp(ctx)
-		case <-time.After(pause):
+		case <-time.After(appendLockPoll*3/4 + rand.N(appendLockPoll/2)):
 		}
-		wait = min(2*wait, appendLockMaxWait)
 	}
 }
+
+// appendLockHoldersTimeout bounds the look-up of the append lock's holders.
+const appendLockHoldersTimeout = time.Second
 
 // appendLockGivenUp is the error of a wait for the append lock that ctx ended.
 func (s *pgStore) appendLockGivenUp(ctx context.Context) error {
-	return fmt.Errorf("wait for the append lock (held by transactions that appended events and are still open: %s): %w",
-		s.appendLockHolders(context.WithoutCancel(ctx)), ctx.Err())
+	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), appendLockHoldersTimeout)
+	defer cancel()
+	names := "unknown"
+	if holders, err := s.q.AppendLockHolders(hctx); err == nil {
+		names = holderNames(holders)
+	}
+	return fmt.Errorf("wait for the append lock (held by transactions that appended events and are still open: %s): %w", names, ctx.Err())
 }
 
-// appendLockHolders names the server processes whose transactions hold the append lock, and
-// how long each has been open, for a log line or an error.
-func (s *pgStore) appendLockHolders(ctx context.Context) string {
-	ctx, cancel := context.WithTimeout(ctx, releaseTimeout)
-	defer cancel()
-	rows, err := s.q.AppendLockHolders(ctx)
-	if err != nil {
-		return "unknown: " + err.Error()
-	}
-	if len(rows) == 0 {
+// holderNames names the transactions holding the append lock, and how long each has been
+// open, for a log line or an error.
+func holderNames(holders []db.AppendLockHoldersRow) string {
+	if len(holders) == 0 {
 		return "none now"
 	}
-	names := make([]string, len(rows))
-	for i, r := range rows {
-		names[i] = fmt.Sprintf("server pid %d", r.Pid)
-		if r.XactAgeMicros >= 0 {
-			names[i] += fmt.Sprintf(" (open %s)", (time.Duration(r.XactAgeMicros) * time.Microsecond).Round(time.Millisecond))
+	names := make([]string, len(holders))
+	for i, h := range holders {
+		names[i] = fmt.Sprintf("server pid %d", h.Pid)
+		if h.Pid == 0 {
+			names[i] = "a prepared transaction " + h.Transaction
+		}
+		if h.XactAgeMicros >= 0 {
+			names[i] += fmt.Sprintf(" (open %s)", (time.Duration(h.XactAgeMicros) * time.Microsecond).Round(time.Millisecond))
 		}
 	}
 	return strings.Join(names, ", ")

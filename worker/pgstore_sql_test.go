@@ -918,8 +918,8 @@ func TestPGStoreApplyRecordsFailuresAndRollsBackTheWholeGroup(t *testing.T) {
 // version adds a building one beside it; an older version than the active one, or a second
 // call, adds nothing; a name that is another perspective's build key is refused. Only a
 // registration that adds a build takes the exclusive append lock; it waits for the Appends in
-// flight without holding up the Appends that come meanwhile, and when its context ends first
-// it names the transactions it waited for.
+// flight without queueing for them (two registrations at once), so the Appends that come
+// meanwhile go on, and when its context ends first it names the transactions it waited for.
 func TestPGStoreRegisterBuildsAndTheAppendLock(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -1006,34 +1006,43 @@ func TestPGStoreRegisterBuildsAndTheAppendLock(t *testing.T) {
 	require.Equal(t, want, summary(bs))
 	require.Zero(t, psLockWaiters(t, ctx, d, ""))
 
-	s := uniqueName("ps_reg_wait")
+	// Two registrations that add builds wait for it (two instances starting at once).
+	s, s2 := uniqueName("ps_reg_wait"), uniqueName("ps_reg_wait2")
 	type result struct {
 		builds []worker.Build
 		err    error
 	}
-	done := make(chan result, 1)
+	done, done2 := make(chan result, 1), make(chan result, 1)
 	go func() {
 		bs, err := store.Register(ctx, s, 1)
 		done <- result{bs, err}
 	}()
-	eventually(t, 10*time.Second, "the adding registration waiting for the append lock", func() bool {
-		return psLockWaiters(t, ctx, d, "advisory") == 1
-	})
-	select {
-	case r := <-done:
-		t.Fatalf("Register returned while an Append held the shared append lock: %v", r.err)
-	default:
+	go func() {
+		bs, err := store.Register(ctx, s2, 1)
+		done2 <- result{bs, err}
+	}()
+	time.Sleep(500 * time.Millisecond) // their first bounded waits have run out
+	for _, c := range []chan result{done, done2} {
+		select {
+		case r := <-c:
+			t.Fatalf("Register returned while an Append held the shared append lock: %v", r.err)
+		default:
+		}
 	}
-	require.Zero(t, psCount(t, ctx, d, `SELECT count(*) FROM wh_perspective_builds WHERE perspective_name = $1`, s))
+	require.Zero(t, psCount(t, ctx, d, `SELECT count(*) FROM wh_perspective_builds WHERE perspective_name IN ($1, $2)`, s, s2))
 
-	// Meanwhile no Append waits for the open one: PostgreSQL queues a shared request behind
-	// a waiting exclusive one, so the registration waits in short bounds and gives way between
-	// them (underAppendLock).
+	// Meanwhile neither queues for the lock (PostgreSQL would queue every Append that comes
+	// behind a waiting exclusive request): they wait the open transaction out with tries
+	// (underAppendLock), and Appends go on.
+	for i := range 100 {
+		require.Zero(t, psLockWaiters(t, ctx, d, "advisory"), "sample %d: a session waits for the append lock", i)
+		time.Sleep(10 * time.Millisecond)
+	}
 	for i := range 5 {
 		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		err := worker.Append(actx, d.Pool, events(uuid.New(), newIDs(t, 1))...)
 		cancel()
-		require.NoError(t, err, "Append %d while a registration waits for an Append transaction that stays open", i)
+		require.NoError(t, err, "Append %d while registrations wait for an Append transaction that stays open", i)
 	}
 
 	// A registration whose context ends first says which transactions held it up, and adds
@@ -1041,7 +1050,7 @@ func TestPGStoreRegisterBuildsAndTheAppendLock(t *testing.T) {
 	var holder int32
 	require.NoError(t, appendTx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&holder))
 	gaveUp := uniqueName("ps_reg_gave_up")
-	short, cancel := context.WithTimeout(ctx, time.Second)
+	short, cancel := context.WithTimeout(ctx, 3*time.Second)
 	_, err = store.Register(short, gaveUp, 1)
 	cancel()
 	require.ErrorIs(t, err, context.DeadlineExceeded)
@@ -1051,10 +1060,15 @@ func TestPGStoreRegisterBuildsAndTheAppendLock(t *testing.T) {
 	require.Zero(t, psCount(t, ctx, d, `SELECT count(*) FROM wh_perspectives WHERE perspective_name = $1`, gaveUp))
 
 	require.NoError(t, appendTx.Commit(ctx))
-	res := <-done
-	require.NoError(t, res.err)
-	require.Equal(t, []bk{{s, s, 1, 1, worker.BuildActive}}, summary(res.builds))
-	require.Equal(t, []bk{{s, s, 1, 1, worker.BuildActive}}, stored(s))
+	for _, c := range []struct {
+		name string
+		done chan result
+	}{{s, done}, {s2, done2}} {
+		res := <-c.done
+		require.NoError(t, res.err)
+		require.Equal(t, []bk{{c.name, c.name, 1, 1, worker.BuildActive}}, summary(res.builds))
+		require.Equal(t, []bk{{c.name, c.name, 1, 1, worker.BuildActive}}, stored(c.name))
+	}
 }
 
 // psCatchUp is a catch-up request of the tests.
