@@ -103,22 +103,28 @@ func (s *pgStore) addBuild(ctx context.Context, perspective string, plan func([]
 // The exclusive side of the append lock is waited for in bounds: while an exclusive request
 // waits, every Append that comes waits behind it (see RegisterLock in queries/events.sql).
 // The first wait lasts appendLockFirstWait, time enough for the Appends in flight to commit.
-// When a wait runs out, the transactions that held the lock then (the blockers: one that
-// appended and stays open, say) are waited out without queueing: every appendLockPoll the
-// lock is only tried, which never queues, until they have all ended or a try gets it. Then
-// it is waited for again, each bound twice the last (up to appendLockMaxWait), for when
-// overlapping Appends keep it held. An Append waits for a registration at most that bound,
-// when a wait begins, never for the transactions it waits out. After appendLockWarnAfter the
-// wait is logged once, naming them.
+// When a wait runs out, the transactions that hold the lock just after (the blockers: one
+// that appended and stays open, say) are waited out without queueing: every appendLockPoll
+// the lock is only tried, which never queues, until they have all ended or a try gets it.
+// Then it is waited for again, each bound twice the last (up to appendLockMaxWait), for when
+// overlapping Appends keep it held. An Append waits for one registration at most that bound,
+// when a wait begins (several waiting at once can add theirs up), never for the transactions
+// it waits out. Append transactions that each stay open longer than appendLockMaxWait and
+// keep overlapping hold a registration off until there is a gap between them. After
+// appendLockWarnAfter the wait is logged once, naming the holders.
 const (
 	appendLockFirstWait = 50 * time.Millisecond
-	appendLockMaxWait   = 400 * time.Millisecond
+	appendLockMaxWait   = time.Second
 	appendLockPoll      = 50 * time.Millisecond
 	appendLockWarnAfter = 5 * time.Second
 )
 
 // errAppendLockTaken is a try of the append lock that found it held.
 var errAppendLockTaken = errors.New("the append lock is held")
+
+// unknownHolders stands for the holders of the append lock when a wait ran out and they could
+// not be looked up: the next look-up's holders take their place.
+const unknownHolders = "?"
 
 // underAppendLock runs fn in a transaction that holds the exclusive side of the append lock
 // (queries/events.sql): every Append in flight has committed, and every later one waits for
@@ -128,7 +134,7 @@ var errAppendLockTaken = errors.New("the append lock is held")
 // the same way.
 func (s *pgStore) underAppendLock(ctx context.Context, fn func(q *db.Queries) error) error {
 	began, wait, warned := time.Now(), appendLockFirstWait, false
-	var blockers map[string]bool // the transactions that held the lock when the last wait ran out
+	var blockers map[string]bool // the transactions that held the lock just after the last wait ran out
 	for {
 		locked, try := false, len(blockers) > 0
 		err := s.inTx(ctx, func(q *db.Queries) error {
@@ -157,11 +163,15 @@ func (s *pgStore) underAppendLock(ctx context.Context, fn func(q *db.Queries) er
 		for _, h := range holders {
 			held[h.Transaction] = true
 		}
+		ranOut := !try && !locked // a bounded wait ran out: wait its holders out, then wait longer
 		switch {
-		case herr != nil:
-			blockers = nil // not known: wait again
-		case !try && !locked: // the wait ran out: wait the holders out, then wait longer
+		case ranOut && herr != nil:
+			blockers, wait = map[string]bool{unknownHolders: true}, min(2*wait, appendLockMaxWait)
+		case ranOut:
 			blockers, wait = held, min(2*wait, appendLockMaxWait)
+		case herr != nil: // keep trying
+		case blockers[unknownHolders]: // the holders not seen when the wait ran out: those seen now
+			blockers = held
 		default:
 			for t := range blockers {
 				if !held[t] {

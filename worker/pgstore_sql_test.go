@@ -1021,7 +1021,7 @@ func TestPGStoreRegisterBuildsAndTheAppendLock(t *testing.T) {
 		bs, err := store.Register(ctx, s2, 1)
 		done2 <- result{bs, err}
 	}()
-	time.Sleep(500 * time.Millisecond) // their first bounded waits have run out
+	time.Sleep(time.Second) // their first bounded waits (50 ms) have run out
 	for _, c := range []chan result{done, done2} {
 		select {
 		case r := <-c:
