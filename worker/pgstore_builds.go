@@ -215,9 +215,10 @@ func holderNames(holders []db.AppendLockHoldersRow) string {
 	}
 	names := make([]string, len(holders))
 	for i, h := range holders {
-		names[i] = fmt.Sprintf("server pid %d", h.Pid)
 		if h.Pid == 0 {
 			names[i] = "a prepared transaction " + h.Transaction
+		} else {
+			names[i] = fmt.Sprintf("server pid %d", h.Pid)
 		}
 		if h.XactAgeMicros >= 0 {
 			names[i] += fmt.Sprintf(" (open %s)", (time.Duration(h.XactAgeMicros) * time.Microsecond).Round(time.Millisecond))

@@ -72,11 +72,12 @@ type Store interface {
 	MarkFailed(ctx context.Context, p Pair, f Failure, decide func(failures int) FailureAction) (FailureAction, error)
 	// Listen calls notify once subscribed to the queue's notification (which every committed
 	// Append that queued rows sends, and every other statement that makes rows due), and then
-	// for each notification, until ctx ends or the subscription fails. Each call says where the rows it announces may lie: due at from or later, in the
-	// claim's order; the zero time when that is not known (once subscribed: rows queued
-	// before; a notification that names no due time). It returns ErrNotificationsLost when
-	// the connection cannot receive notifications at all (it goes through a pooler): the
-	// worker then polls only, and says so once.
+	// for each notification, until ctx ends or the subscription fails. Each call says where
+	// the rows it announces may lie: due at from or later, in the claim's order; the zero
+	// time when that is not known (once subscribed: rows queued before; a notification that
+	// names no due time). It returns ErrNotificationsLost when the connection cannot receive
+	// notifications at all (it goes through a pooler): the worker then polls only, and says
+	// so once.
 	Listen(ctx context.Context, notify func(from time.Time)) error
 	// Status reports every build with its catch-up progress and queue (metrics).
 	Status(ctx context.Context) ([]BuildStatus, error)
