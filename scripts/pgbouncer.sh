@@ -7,6 +7,7 @@
 #                                         and waits until it answers
 #   scripts/pgbouncer.sh stop DIR         stops the PgBouncer started in DIR (by its PID) and
 #                                         removes DIR
+#   scripts/pgbouncer.sh running DIR      exits 0 when the PgBouncer started in DIR runs, 1 if not
 #   scripts/pgbouncer.sh url PORT         prints the URL through it (no database, no query)
 #
 # Every database of the server is reachable through it under its own name (a wildcard
@@ -25,7 +26,7 @@
 set -euo pipefail
 URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}"
 
-usage() { echo "usage: $0 start DIR PORT | stop DIR | url PORT" >&2; exit 2; }
+usage() { echo "usage: $0 start DIR PORT | stop DIR | running DIR | url PORT" >&2; exit 2; }
 
 # host, port and user of URL (postgres://user[:pw]@host:port/db?...).
 hostport=${URL#*://}; hostport=${hostport#*@}; hostport=${hostport%%/*}; hostport=${hostport%%\?*}
@@ -158,12 +159,19 @@ EOF
   exit 1
 }
 
+# running DIR: whether the PgBouncer started in DIR runs; its PID is printed when it does.
+# Only the PgBouncer of this directory: a stale pidfile's PID may be another process's now.
+running() {
+  local dir=$1 pid
+  [ -f "$dir/pgbouncer.pid" ] || return 1
+  pid=$(cat "$dir/pgbouncer.pid")
+  { tr '\0' ' ' < "/proc/$pid/cmdline"; } 2>/dev/null | grep -q -- "$dir/pgbouncer.ini" || return 1
+  echo "$pid"
+}
+
 stop() {
   local dir=$1 pid
-  [ -f "$dir/pgbouncer.pid" ] || { rm -rf "$dir"; return 0; }
-  pid=$(cat "$dir/pgbouncer.pid")
-  # Only the PgBouncer of this directory: a stale pidfile's PID may be another process's now.
-  if ! tr '\0' ' ' < "/proc/$pid/cmdline" 2>/dev/null | grep -q -- "$dir/pgbouncer.ini"; then
+  if ! pid=$(running "$dir"); then
     rm -rf "$dir"
     return 0
   fi
@@ -179,6 +187,7 @@ stop() {
 case "${1:-}" in
   start) [ $# -eq 3 ] || usage; start "$2" "$3" ;;
   stop)  [ $# -eq 2 ] || usage; stop "$2" ;;
+  running) [ $# -eq 2 ] || usage; running "$2" >/dev/null ;;
   url)   [ $# -eq 2 ] || usage; echo "postgres://$user@127.0.0.1:$2/" ;;
   *) usage ;;
 esac

@@ -158,3 +158,6 @@ var IsConnectionError = isConnectionError
 
 // PerspectiveError wraps err as an error of a perspective's Apply.
 func PerspectiveError(err error) error { return perspectiveError{err} }
+
+// GraceAfter is graceAfter: a context that ends grace after ctx ends.
+var GraceAfter = graceAfter

@@ -298,17 +298,26 @@ func (s *pgStore) Listen(ctx context.Context, notify func(from time.Time)) error
 		defer cancel()
 		_ = conn.Close(cctx)
 	}()
+	// The statements that subscribe are let finish when ctx ends (up to probeTimeout after):
+	// pgx cancels a statement by sending the server a cancel request, which PgBouncer before
+	// 1.21 can exit on, and closes its connection. Only the wait for notifications ends with
+	// ctx (an interrupted read: no cancel request).
+	sctx, cancelStatements := graceAfter(ctx, probeTimeout)
+	defer cancelStatements()
 	if s.listenConnect == nil {
-		if pooled, _, _, err := pgq.Pooled(ctx, conn); err != nil || pooled {
+		if pooled, _, _, err := pgq.Pooled(sctx, conn); err != nil || pooled {
 			return cmp.Or(err, ErrNotificationsLost)
 		}
 	}
-	if err := pgq.New(conn).QueueListen(ctx); err != nil {
+	if err := pgq.New(conn).QueueListen(sctx); err != nil {
 		return err
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
 	}
 	notify(time.Time{}) // events appended before the subscription took effect, anywhere
 	probe := probePrefix + uuid.NewString()
-	if err := s.q.QueueProbe(ctx, probe); err != nil {
+	if err := s.q.QueueProbe(sctx, probe); err != nil {
 		return fmt.Errorf("send a probe notification: %w", err)
 	}
 	deadline, cancel := context.WithTimeout(ctx, probeTimeout)
@@ -366,6 +375,20 @@ const probePrefix = "probe:"
 
 // probeTimeout bounds the wait for a listener's probe notification.
 const probeTimeout = 2 * time.Second
+
+// graceAfter returns a context that ends grace after ctx ends (or when cancel is called),
+// for statements that should finish rather than be cancelled when ctx ends.
+func graceAfter(ctx context.Context, grace time.Duration) (context.Context, context.CancelFunc) {
+	gctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() {
+		select {
+		case <-gctx.Done():
+		case <-time.After(grace):
+			cancel()
+		}
+	})
+	return gctx, func() { stop(); cancel() }
+}
 
 // comparePairs orders pairs by stream, then perspective.
 func comparePairs(a, b Pair) int {

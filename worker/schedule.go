@@ -302,7 +302,11 @@ func (s *schedule) nextDue(now time.Time) time.Duration {
 // queue, in groups of at most GroupSize pairs. It claims when woken (an Append's
 // notification, a finished job) or every PollInterval, and never waits for a job: one long
 // rewind occupies one slot while the others go on. When loopCtx ends it starts nothing
-// more and returns once the running jobs have reported; opsCtx is the jobs' context.
+// more and returns once the running jobs have reported. opsCtx is the context of its own
+// claims and reads as well as of the jobs: a graceful stop lets a claim under way finish
+// (and runs what it claimed) rather than cancel it. A cancelled query costs its pooled
+// connection, and pgx then sends the server a cancel request, which PgBouncer before 1.21
+// can exit on (README, "Connection poolers").
 func (w *Worker) loop(loopCtx, opsCtx context.Context) {
 	s := newSchedule(w.cfg.LockOptions.LockTimeout, w.log, w.logPair)
 	var maintained time.Time // when maintain last ran: every PollInterval
@@ -318,9 +322,12 @@ func (w *Worker) loop(loopCtx, opsCtx context.Context) {
 	unreachable := false // the last claim could not reach the database: retry it soon
 	done := loopCtx.Done()
 	for {
+		if !stopping && loopCtx.Err() != nil {
+			stopping, done = true, nil // between two steps: start nothing more
+		}
 		if !stopping {
 			if time.Since(maintained) >= w.cfg.PollInterval {
-				w.maintain(loopCtx, s)
+				w.maintain(opsCtx, s)
 				maintained = time.Now()
 			}
 			for running < w.cfg.Concurrency {
@@ -332,8 +339,8 @@ func (w *Worker) loop(loopCtx, opsCtx context.Context) {
 			}
 			if poll && running < w.cfg.Concurrency {
 				var err error
-				poll, err = w.claimAndStart(loopCtx, s, w.cfg.Concurrency-running, start)
-				unreachable = w.noteReachable(loopCtx, unreachable, err)
+				poll, err = w.claimAndStart(opsCtx, s, w.cfg.Concurrency-running, start)
+				unreachable = w.noteReachable(opsCtx, unreachable, err)
 				if poll {
 					continue // the claim was full and slots are still free
 				}

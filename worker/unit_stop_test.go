@@ -168,6 +168,87 @@ func TestUnitStopNeverReleasesTheLockOfARunningOperation(t *testing.T) {
 	})
 }
 
+// Stop while the loop's claim is under way lets the claim finish, uncancelled, and runs
+// what it claimed before it returns. A cancelled query would cost its pooled connection, and
+// pgx would send the server a cancel request, which PgBouncer before 1.21 can exit on.
+func TestUnitStopLetsTheClaimUnderWayFinish(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := worker.Pair{Stream: uuid.New(), Perspective: utBuilds()[0].Key}
+		ev := worker.Event{ID: uuid.Must(uuid.NewV7()), StreamID: p.Stream, Type: "n", Data: json.RawMessage(`{"n":1}`)}
+		claiming, release := make(chan struct{}), make(chan struct{})
+		var (
+			n           atomic.Int32
+			claimCtxErr atomic.Value
+		)
+		store := utLoopStore()
+		store.ClaimFunc = func(ctx context.Context, req worker.ClaimRequest) (worker.Claimed, error) {
+			if n.Add(1) > 1 {
+				return worker.Claimed{}, nil
+			}
+			close(claiming)
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+			claimCtxErr.Store(errString(ctx.Err()))
+			if ctx.Err() != nil {
+				return worker.Claimed{}, ctx.Err()
+			}
+			return worker.Claimed{Pairs: []worker.Pair{p}}, nil
+		}
+		store.ApplyFunc = func(ctx context.Context, pairs []worker.Pair, perPair int, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
+			writes := decide([]worker.PairState{{Pair: p, Events: []worker.Event{ev}, Model: json.RawMessage(`{"seq":[]}`)}})
+			assert.Len(t, writes, 1) // not require: a job goroutine
+			return nil, ctx.Err()
+		}
+		w, err := worker.NewWithStore(store, worker.Config{
+			Perspectives: []worker.Perspective{utPerspective(utName, nil)},
+			PollOnly:     true,
+			Logger:       utLogger(&utLogBuf{}),
+		})
+		require.NoError(t, err)
+		require.NoError(t, w.Start(context.Background()))
+		<-claiming
+		stopped := make(chan error, 1)
+		go func() { stopped <- w.Stop(context.Background()) }()
+		synctest.Wait()
+		select {
+		case err := <-stopped:
+			close(release)
+			t.Fatalf("Stop returned (%v) while its claim was under way", err)
+		default:
+		}
+		close(release)
+		require.NoError(t, <-stopped)
+		assert.Equal(t, "", claimCtxErr.Load(), "the claim under way was not cancelled")
+		assert.Len(t, store.ApplyCalls(), 1, "what it claimed was applied before Stop returned")
+		assert.Len(t, store.ClaimCalls(), 1, "no claim after Stop")
+	})
+}
+
+// The context the listener's subscribing statements run under outlasts the listener's by
+// its grace, and ends at once when cancelled.
+func TestUnitGraceAfterOutlastsItsParentByTheGrace(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		parent, cancelParent := context.WithCancel(context.Background())
+		ctx, cancel := worker.GraceAfter(parent, 2*time.Second)
+		defer cancel()
+		start := time.Now()
+		cancelParent()
+		synctest.Wait()
+		require.NoError(t, ctx.Err(), "not ended with its parent")
+		<-ctx.Done()
+		assert.Equal(t, 2*time.Second, time.Since(start), "ended the grace after its parent")
+
+		parent, cancelParent = context.WithCancel(context.Background())
+		defer cancelParent()
+		ctx, cancel = worker.GraceAfter(parent, 2*time.Second)
+		cancel()
+		require.ErrorIs(t, ctx.Err(), context.Canceled, "cancel ends it at once")
+		synctest.Wait() // and nothing of it is left running (the bubble would not end)
+	})
+}
+
 // A pair whose job ended is looked up again by the next claim, and by that claim only: with
 // nothing to wake the loop (no notification, a one-minute poll) no other claim follows. The
 // rows that Appends add to its group later are announced by their notifications.
