@@ -56,16 +56,16 @@ start() { # DIR PORT PREPARED
   PGBOUNCER_PREPARED=$3 scripts/pgbouncer.sh start "$1" "$2"
 }
 
-dir=$(mktemp -d /tmp/perspectives-pgbouncer.XXXXXX)
 port=$(free_port)
+dir=$(mktemp -d /tmp/perspectives-pgbouncer.XXXXXX)
 start "$dir" "$port" ""
 for mode in exec simple_protocol; do
   suite "$dir" "$port" "" "sslmode=disable&default_query_exec_mode=$mode" \
     "the installed PgBouncer (transaction mode), default_query_exec_mode=$mode"
 done
 
-pdir=$(mktemp -d /tmp/perspectives-pgbouncer.XXXXXX)
 pport=$(free_port "$port")
+pdir=$(mktemp -d /tmp/perspectives-pgbouncer.XXXXXX)
 start "$pdir" "$pport" 1
 suite "$pdir" "$pport" 1 "sslmode=disable" \
   "a PgBouncer keeping prepared statements (transaction mode), pgx's default mode"

@@ -309,6 +309,9 @@ func (s *pgStore) Listen(ctx context.Context, notify func(from time.Time)) error
 			return cmp.Or(err, ErrNotificationsLost)
 		}
 	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
 	if err := pgq.New(conn).QueueListen(sctx); err != nil {
 		return err
 	}

@@ -306,7 +306,7 @@ func (s *schedule) nextDue(now time.Time) time.Duration {
 // claims and reads as well as of the jobs: a graceful stop lets a claim under way finish
 // (and runs what it claimed) rather than cancel it. A cancelled query costs its pooled
 // connection, and pgx then sends the server a cancel request, which PgBouncer before 1.21
-// can exit on (README, "Connection poolers").
+// can exit on (README, "Behind PgBouncer in transaction mode").
 func (w *Worker) loop(loopCtx, opsCtx context.Context) {
 	s := newSchedule(w.cfg.LockOptions.LockTimeout, w.log, w.logPair)
 	var maintained time.Time // when maintain last ran: every PollInterval
@@ -329,6 +329,9 @@ func (w *Worker) loop(loopCtx, opsCtx context.Context) {
 			if time.Since(maintained) >= w.cfg.PollInterval {
 				w.maintain(opsCtx, s)
 				maintained = time.Now()
+				if loopCtx.Err() != nil {
+					continue // stopped during the read: start nothing it queued
+				}
 			}
 			for running < w.cfg.Concurrency {
 				j, ok := s.popPending(time.Now())
@@ -337,7 +340,7 @@ func (w *Worker) loop(loopCtx, opsCtx context.Context) {
 				}
 				start(j)
 			}
-			if poll && running < w.cfg.Concurrency {
+			if poll && running < w.cfg.Concurrency && loopCtx.Err() == nil {
 				var err error
 				poll, err = w.claimAndStart(opsCtx, s, w.cfg.Concurrency-running, start)
 				unreachable = w.noteReachable(opsCtx, unreachable, err)

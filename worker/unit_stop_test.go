@@ -226,6 +226,49 @@ func TestUnitStopLetsTheClaimUnderWayFinish(t *testing.T) {
 	})
 }
 
+// Stop while the loop reads the builds lets the read finish, and then starts nothing: not
+// the jobs the read would queue (here a cleanup), not a claim.
+func TestUnitStopDuringTheBuildsReadStartsNothingAfter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		reading, release := make(chan struct{}), make(chan struct{})
+		var (
+			n          atomic.Int32
+			readCtxErr atomic.Value
+		)
+		store := utLoopStore()
+		store.BuildsFunc = func(ctx context.Context, _ []string) ([]worker.Build, error) {
+			if n.Add(1) == 1 {
+				close(reading)
+				select {
+				case <-release:
+				case <-ctx.Done():
+				}
+				readCtxErr.Store(errString(ctx.Err()))
+			}
+			return utBuilds(), ctx.Err()
+		}
+		store.ClaimFunc = func(context.Context, worker.ClaimRequest) (worker.Claimed, error) {
+			return worker.Claimed{}, nil
+		}
+		w, err := worker.NewWithStore(store, worker.Config{
+			Perspectives: []worker.Perspective{utPerspective(utName, nil)},
+			PollOnly:     true,
+			Logger:       utLogger(&utLogBuf{}),
+		})
+		require.NoError(t, err)
+		require.NoError(t, w.Start(context.Background()))
+		<-reading
+		stopped := make(chan error, 1)
+		go func() { stopped <- w.Stop(context.Background()) }()
+		synctest.Wait()
+		close(release)
+		require.NoError(t, <-stopped)
+		assert.Equal(t, "", readCtxErr.Load(), "the read under way was not cancelled")
+		assert.Empty(t, store.ClaimCalls(), "no claim after Stop")
+		assert.Empty(t, store.CleanupCalls(), "no job the read queued was started after Stop")
+	})
+}
+
 // The context the listener's subscribing statements run under outlasts the listener's by
 // its grace, and ends at once when cancelled.
 func TestUnitGraceAfterOutlastsItsParentByTheGrace(t *testing.T) {
