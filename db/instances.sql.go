@@ -15,10 +15,10 @@ import (
 
 const instanceBeat = `-- name: InstanceBeat :exec
 
-INSERT INTO wh_instances (instance_id, host, pid, heartbeat_interval, perspectives, versions, rates, claimed_at)
-VALUES ($1, $2, $3, make_interval(secs => $4::float8),
-        $5::text[], $6::integer[], $7::float8[],
-        now() - make_interval(secs => $8::float8))
+INSERT INTO wh_instances (host, pid, heartbeat_interval, perspectives, versions, rates, claimed_at, instance_id)
+VALUES ($1, $2, make_interval(secs => $3::float8),
+        $4::text[], $5::integer[], $6::float8[],
+        now() - make_interval(secs => $7::float8), $8)
 ON CONFLICT (instance_id) DO UPDATE
 SET last_seen_at = now(),
     claimed_at = EXCLUDED.claimed_at,
@@ -31,7 +31,6 @@ SET last_seen_at = now(),
 `
 
 type InstanceBeatParams struct {
-	InstanceID        uuid.UUID
 	Host              string
 	Pid               int32
 	HeartbeatSeconds  float64
@@ -39,6 +38,7 @@ type InstanceBeatParams struct {
 	Versions          []int32
 	Rates             []float64
 	ClaimedAgoSeconds pgtype.Float8
+	InstanceID        uuid.UUID
 }
 
 // Worker instances' heartbeats (wh_instances, schema/000004_operations.up.sql). Liveness is
@@ -46,9 +46,10 @@ type InstanceBeatParams struct {
 // of its heartbeat intervals.
 // Records an instance as running now: inserts its row (started now) or refreshes it, with
 // when it last claimed work (claimed_ago_seconds before now; NULL: it has stopped claiming).
+// Its first heartbeat only, and again when InstanceRefresh found no row (the parameters are
+// InstanceRefresh's, in the same order).
 func (q *Queries) InstanceBeat(ctx context.Context, arg InstanceBeatParams) error {
 	_, err := q.db.Exec(ctx, instanceBeat,
-		arg.InstanceID,
 		arg.Host,
 		arg.Pid,
 		arg.HeartbeatSeconds,
@@ -56,6 +57,7 @@ func (q *Queries) InstanceBeat(ctx context.Context, arg InstanceBeatParams) erro
 		arg.Versions,
 		arg.Rates,
 		arg.ClaimedAgoSeconds,
+		arg.InstanceID,
 	)
 	return err
 }
@@ -68,6 +70,50 @@ DELETE FROM wh_instances WHERE instance_id = $1
 func (q *Queries) InstanceDelete(ctx context.Context, instanceID uuid.UUID) error {
 	_, err := q.db.Exec(ctx, instanceDelete, instanceID)
 	return err
+}
+
+const instanceRefresh = `-- name: InstanceRefresh :execrows
+UPDATE wh_instances
+SET host = $1,
+    pid = $2,
+    heartbeat_interval = make_interval(secs => $3::float8),
+    perspectives = $4::text[],
+    versions = $5::integer[],
+    rates = $6::float8[],
+    claimed_at = now() - make_interval(secs => $7::float8),
+    last_seen_at = now()
+WHERE instance_id = $8
+`
+
+type InstanceRefreshParams struct {
+	Host              string
+	Pid               int32
+	HeartbeatSeconds  float64
+	Perspectives      []string
+	Versions          []int32
+	Rates             []float64
+	ClaimedAgoSeconds pgtype.Float8
+	InstanceID        uuid.UUID
+}
+
+// Refreshes an instance's row as InstanceBeat does, and never inserts it: a heartbeat that
+// runs late on the server (its client gave up on it) after Stop deleted the row does not
+// bring the row back. 0 rows: there is no row.
+func (q *Queries) InstanceRefresh(ctx context.Context, arg InstanceRefreshParams) (int64, error) {
+	result, err := q.db.Exec(ctx, instanceRefresh,
+		arg.Host,
+		arg.Pid,
+		arg.HeartbeatSeconds,
+		arg.Perspectives,
+		arg.Versions,
+		arg.Rates,
+		arg.ClaimedAgoSeconds,
+		arg.InstanceID,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
 
 const instancesForget = `-- name: InstancesForget :execrows

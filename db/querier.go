@@ -114,9 +114,15 @@ type Querier interface {
 	// of its heartbeat intervals.
 	// Records an instance as running now: inserts its row (started now) or refreshes it, with
 	// when it last claimed work (claimed_ago_seconds before now; NULL: it has stopped claiming).
+	// Its first heartbeat only, and again when InstanceRefresh found no row (the parameters are
+	// InstanceRefresh's, in the same order).
 	InstanceBeat(ctx context.Context, arg InstanceBeatParams) error
 	// Removes an instance's row at its clean stop.
 	InstanceDelete(ctx context.Context, instanceID uuid.UUID) error
+	// Refreshes an instance's row as InstanceBeat does, and never inserts it: a heartbeat that
+	// runs late on the server (its client gave up on it) after Stop deleted the row does not
+	// bring the row back. 0 rows: there is no row.
+	InstanceRefresh(ctx context.Context, arg InstanceRefreshParams) (int64, error)
 	// Deletes the rows of instances gone (not seen) for longer than forget_seconds: what an
 	// instance killed without a clean stop leaves behind.
 	InstancesForget(ctx context.Context, forgetSeconds float64) (int64, error)

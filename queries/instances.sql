@@ -5,10 +5,12 @@
 -- name: InstanceBeat :exec
 -- Records an instance as running now: inserts its row (started now) or refreshes it, with
 -- when it last claimed work (claimed_ago_seconds before now; NULL: it has stopped claiming).
-INSERT INTO wh_instances (instance_id, host, pid, heartbeat_interval, perspectives, versions, rates, claimed_at)
-VALUES (@instance_id, @host, @pid, make_interval(secs => @heartbeat_seconds::float8),
+-- Its first heartbeat only, and again when InstanceRefresh found no row (the parameters are
+-- InstanceRefresh's, in the same order).
+INSERT INTO wh_instances (host, pid, heartbeat_interval, perspectives, versions, rates, claimed_at, instance_id)
+VALUES (@host, @pid, make_interval(secs => @heartbeat_seconds::float8),
         @perspectives::text[], @versions::integer[], @rates::float8[],
-        now() - make_interval(secs => sqlc.narg(claimed_ago_seconds)::float8))
+        now() - make_interval(secs => sqlc.narg(claimed_ago_seconds)::float8), @instance_id)
 ON CONFLICT (instance_id) DO UPDATE
 SET last_seen_at = now(),
     claimed_at = EXCLUDED.claimed_at,
@@ -18,6 +20,21 @@ SET last_seen_at = now(),
     perspectives = EXCLUDED.perspectives,
     versions = EXCLUDED.versions,
     rates = EXCLUDED.rates;
+
+-- name: InstanceRefresh :execrows
+-- Refreshes an instance's row as InstanceBeat does, and never inserts it: a heartbeat that
+-- runs late on the server (its client gave up on it) after Stop deleted the row does not
+-- bring the row back. 0 rows: there is no row.
+UPDATE wh_instances
+SET host = @host,
+    pid = @pid,
+    heartbeat_interval = make_interval(secs => @heartbeat_seconds::float8),
+    perspectives = @perspectives::text[],
+    versions = @versions::integer[],
+    rates = @rates::float8[],
+    claimed_at = now() - make_interval(secs => sqlc.narg(claimed_ago_seconds)::float8),
+    last_seen_at = now()
+WHERE instance_id = @instance_id;
 
 -- name: InstanceDelete :exec
 -- Removes an instance's row at its clean stop.

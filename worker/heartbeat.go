@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"os"
 	"slices"
@@ -24,6 +25,10 @@ const heartbeatTimeout = 2 * time.Second
 // killed) is kept after it was last seen: an instance that starts deletes older ones.
 const instanceForgetAfter = 24 * time.Hour
 
+// errInstanceRowGone is a heartbeat's error when the instance's row was deleted while it
+// runs (by hand, or by another instance after instanceForgetAfter without a heartbeat).
+var errInstanceRowGone = errors.New("the instance's row was deleted while it runs: it is written again at the next heartbeat")
+
 // instanceRecord is what the heartbeat records of an instance.
 type instanceRecord struct {
 	ID           uuid.UUID
@@ -44,6 +49,8 @@ type instanceRecord struct {
 type instanceRecorder interface {
 	// beat inserts or refreshes the instance's row, last seen now (database clock).
 	beat(ctx context.Context, r instanceRecord) error
+	// refresh refreshes the instance's row, and never inserts it: false when there is none.
+	refresh(ctx context.Context, r instanceRecord) (bool, error)
 	// forget deletes the instance's row.
 	forget(ctx context.Context, id uuid.UUID) error
 	// forgetGone deletes the rows of instances not seen for longer than after.
@@ -67,8 +74,9 @@ type heartbeat struct {
 	// row never says it claims.
 	claimed func() time.Time
 
-	mu      sync.Mutex // one write at a time (the run goroutine's, beatNow's)
-	failing bool       // the last write failed
+	mu       sync.Mutex // one write at a time (the run goroutine's, beatNow's)
+	failing  bool       // the last write failed
+	recorded bool       // the row was written: later writes only refresh it
 
 	quit chan struct{} // closed by stop: the loop ends after the write in progress
 	done chan struct{}
@@ -134,8 +142,22 @@ func (h *heartbeat) write(ctx context.Context) {
 			h.row.Claiming, h.row.ClaimedAgo = true, max(now.Sub(at), 0)
 		}
 	}
+	// Only the first write inserts the row (and the one after a refresh found none). A
+	// refresh that runs on the server after its client gave up on it cannot bring back the
+	// row that stop deletes next, which would show the instance alive, and claiming, for
+	// three more intervals.
 	wctx, cancel := context.WithTimeout(ctx, heartbeatTimeout)
-	err := h.rec.beat(wctx, h.row)
+	var err error
+	if h.recorded {
+		var found bool
+		if found, err = h.rec.refresh(wctx, h.row); err == nil && !found {
+			h.recorded = false
+			err = errInstanceRowGone
+		}
+	} else {
+		err = h.rec.beat(wctx, h.row)
+		h.recorded = err == nil
+	}
 	cancel()
 	was := h.failing
 	h.failing = err != nil
@@ -167,9 +189,9 @@ func (h *heartbeat) rates(now time.Time) {
 }
 
 // stop ends the heartbeats and deletes the instance's row (with a fresh short context). A
-// write in progress ends first (within heartbeatTimeout), not cancelled: a statement
-// cancelled from the client may still commit on the server, after the deletion, and bring the
-// row back (the instance seen alive for three more intervals, its streams not shared out).
+// write in progress ends first (within heartbeatTimeout), not cancelled; one that its client
+// gave up on and that runs on the server after the deletion only refreshes (see write), so
+// it cannot bring the row back.
 func (h *heartbeat) stop() {
 	close(h.quit)
 	<-h.done

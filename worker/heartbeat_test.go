@@ -51,6 +51,11 @@ func (f *fakeInstances) beat(ctx context.Context, r instanceRecord) error {
 	return nil
 }
 
+// refresh is beat on a row that is there.
+func (f *fakeInstances) refresh(ctx context.Context, r instanceRecord) (bool, error) {
+	return true, f.beat(ctx, r)
+}
+
 func (f *fakeInstances) forget(_ context.Context, id uuid.UUID) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()

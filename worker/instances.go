@@ -75,15 +75,25 @@ func (a *Admin) Instances(ctx context.Context) ([]Instance, error) {
 var _ instanceRecorder = (*pgStore)(nil)
 
 func (s *pgStore) beat(ctx context.Context, r instanceRecord) error {
+	return s.q.InstanceBeat(ctx, db.InstanceBeatParams(instanceParams(r)))
+}
+
+func (s *pgStore) refresh(ctx context.Context, r instanceRecord) (bool, error) {
+	n, err := s.q.InstanceRefresh(ctx, instanceParams(r))
+	return n > 0, err
+}
+
+// instanceParams is r as InstanceRefresh's (and InstanceBeat's) parameters.
+func instanceParams(r instanceRecord) db.InstanceRefreshParams {
 	names, versions := make([]string, len(r.Perspectives)), make([]int32, len(r.Perspectives))
 	for i, p := range r.Perspectives {
 		names[i], versions[i] = p.Name, int32(p.Version)
 	}
-	return s.q.InstanceBeat(ctx, db.InstanceBeatParams{
+	return db.InstanceRefreshParams{
 		InstanceID: r.ID, Host: r.Host, Pid: int32(r.PID), HeartbeatSeconds: r.Interval.Seconds(),
 		Perspectives: names, Versions: versions, Rates: append(make([]float64, 0, len(names)), r.Rates...),
 		ClaimedAgoSeconds: pgtype.Float8{Float64: r.ClaimedAgo.Seconds(), Valid: r.Claiming},
-	})
+	}
 }
 
 func (s *pgStore) forget(ctx context.Context, id uuid.UUID) error {

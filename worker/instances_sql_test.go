@@ -106,6 +106,49 @@ func TestHeartbeatWrittenAtStartRefreshedAndDeletedAtStop(t *testing.T) {
 	require.Zero(t, buildOf(t, a, name, 1).LiveInstances)
 }
 
+// A heartbeat that waits on the instance's row while a deletion of it commits does not bring
+// the row back. (Stop deletes the row after the last heartbeat returned; a heartbeat whose
+// client gave up on it after heartbeatTimeout may still run on the server after that.) The
+// next heartbeat of the running instance writes the row again.
+func TestHeartbeatRunningAfterItsRowIsDeletedDoesNotBringItBack(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	a := newAdmin(t)
+	w, err := worker.New(testDB.Pool, worker.Config{
+		Perspectives: []worker.Perspective{ledgerPerspective(uniqueName("hb_gone"))},
+		Logger:       quietLogger(), ListenConnect: directListen(),
+	})
+	require.NoError(t, err)
+	w.SetHeartbeatInterval(time.Hour) // no periodic heartbeat: only the test's
+	require.NoError(t, w.Start(ctx))
+	t.Cleanup(func() { require.NoError(t, w.Stop(ctx)) })
+	_, ok := instanceOf(t, a, w.InstanceID())
+	require.True(t, ok, "the row is written at Start")
+
+	tx, err := testDB.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "DELETE FROM wh_instances WHERE instance_id = $1", w.InstanceID())
+	require.NoError(t, err)
+	beaten := make(chan struct{})
+	go func() { defer close(beaten); w.BeatNow() }()
+	eventually(t, 5*time.Second, "the heartbeat waits on the row the deletion holds", func() bool {
+		var n int
+		require.NoError(t, testDB.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%wh_instances%'`).Scan(&n))
+		return n > 0
+	})
+	require.NoError(t, tx.Commit(ctx))
+	<-beaten
+	_, ok = instanceOf(t, a, w.InstanceID())
+	require.False(t, ok, "the heartbeat did not bring the deleted row back")
+
+	w.BeatNow()
+	in, ok := instanceOf(t, a, w.InstanceID())
+	require.True(t, ok, "the next heartbeat writes the running instance's row again")
+	require.True(t, in.Alive)
+}
+
 // The heartbeat says when the instance last claimed work, and says at once when it stops
 // claiming: from the start of Stop, while its operations still finish, the other instances
 // share its streams out among themselves (QueueDuePairs counts only instances claiming).
