@@ -168,6 +168,32 @@ func TestUnitStopNeverReleasesTheLockOfARunningOperation(t *testing.T) {
 	})
 }
 
+// utStopWhileBlocked starts a polling worker on store, waits until one of its store calls
+// blocks (blocked closed), calls Stop, checks that Stop waits for that call, then lets the
+// call return (closes release) and returns Stop's error. Inside a synctest bubble.
+func utStopWhileBlocked(t *testing.T, store *mocks.StoreMock, blocked <-chan struct{}, release chan struct{}) error {
+	t.Helper()
+	w, err := worker.NewWithStore(store, worker.Config{
+		Perspectives: []worker.Perspective{utPerspective(utName, nil)},
+		PollOnly:     true,
+		Logger:       utLogger(&utLogBuf{}),
+	})
+	require.NoError(t, err)
+	require.NoError(t, w.Start(context.Background()))
+	<-blocked
+	stopped := make(chan error, 1)
+	go func() { stopped <- w.Stop(context.Background()) }()
+	synctest.Wait()
+	select {
+	case err := <-stopped:
+		close(release)
+		t.Fatalf("Stop returned (%v) while its store call was under way", err)
+	default:
+	}
+	close(release)
+	return <-stopped
+}
+
 // Stop while the loop's claim is under way lets the claim finish, uncancelled, and runs
 // what it claimed before it returns. A cancelled query would cost its pooled connection, and
 // pgx would send the server a cancel request, which PgBouncer before 1.21 can exit on.
@@ -201,25 +227,7 @@ func TestUnitStopLetsTheClaimUnderWayFinish(t *testing.T) {
 			assert.Len(t, writes, 1) // not require: a job goroutine
 			return nil, ctx.Err()
 		}
-		w, err := worker.NewWithStore(store, worker.Config{
-			Perspectives: []worker.Perspective{utPerspective(utName, nil)},
-			PollOnly:     true,
-			Logger:       utLogger(&utLogBuf{}),
-		})
-		require.NoError(t, err)
-		require.NoError(t, w.Start(context.Background()))
-		<-claiming
-		stopped := make(chan error, 1)
-		go func() { stopped <- w.Stop(context.Background()) }()
-		synctest.Wait()
-		select {
-		case err := <-stopped:
-			close(release)
-			t.Fatalf("Stop returned (%v) while its claim was under way", err)
-		default:
-		}
-		close(release)
-		require.NoError(t, <-stopped)
+		require.NoError(t, utStopWhileBlocked(t, store, claiming, release))
 		assert.Equal(t, "", claimCtxErr.Load(), "the claim under way was not cancelled")
 		assert.Len(t, store.ApplyCalls(), 1, "what it claimed was applied before Stop returned")
 		assert.Len(t, store.ClaimCalls(), 1, "no claim after Stop")
@@ -250,19 +258,7 @@ func TestUnitStopDuringTheBuildsReadStartsNothingAfter(t *testing.T) {
 		store.ClaimFunc = func(context.Context, worker.ClaimRequest) (worker.Claimed, error) {
 			return worker.Claimed{}, nil
 		}
-		w, err := worker.NewWithStore(store, worker.Config{
-			Perspectives: []worker.Perspective{utPerspective(utName, nil)},
-			PollOnly:     true,
-			Logger:       utLogger(&utLogBuf{}),
-		})
-		require.NoError(t, err)
-		require.NoError(t, w.Start(context.Background()))
-		<-reading
-		stopped := make(chan error, 1)
-		go func() { stopped <- w.Stop(context.Background()) }()
-		synctest.Wait()
-		close(release)
-		require.NoError(t, <-stopped)
+		require.NoError(t, utStopWhileBlocked(t, store, reading, release))
 		assert.Equal(t, "", readCtxErr.Load(), "the read under way was not cancelled")
 		assert.Empty(t, store.ClaimCalls(), "no claim after Stop")
 		assert.Empty(t, store.CleanupCalls(), "no job the read queued was started after Stop")
