@@ -55,7 +55,7 @@ func (h *handler) retry(ctx context.Context, r *http.Request) (string, string, e
 			return back, "", err
 		}
 	}
-	n, err := h.admin.Retry(ctx, name, stream)
+	n, err := h.admin.Retry(ctx, stream, name)
 	if err != nil {
 		return back, "", err
 	}

@@ -127,7 +127,7 @@ func deref(s *string) string {
 // failures until an application succeeds: when it fails again its failure policy acts at
 // once (a parked pair parks again). It returns the number of pairs it made due (0: none was
 // failing).
-func (a *Admin) Retry(ctx context.Context, perspectiveName string, streamID uuid.UUID) (int, error) {
+func (a *Admin) Retry(ctx context.Context, streamID uuid.UUID, perspectiveName string) (int, error) {
 	if err := a.registered(ctx, perspectiveName); err != nil {
 		return 0, fmt.Errorf("worker: retry: %w", err)
 	}

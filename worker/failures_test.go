@@ -110,14 +110,14 @@ func TestPoisonEventParksItsPairUntilRetriedOrSkipped(t *testing.T) {
 	require.Equal(t, 4, failedPair(t, admin, name, bad).Attempts, "not retried while parked")
 
 	// Retry: tried once more at once, and parked again.
-	n, err := admin.Retry(ctx, name, bad)
+	n, err := admin.Retry(ctx, bad, name)
 	require.NoError(t, err)
 	require.Equal(t, 1, n)
 	eventually(t, 20*time.Second, "retried", func() bool {
 		p := failedPair(t, admin, name, bad)
 		return p != nil && p.Parked && p.Attempts == 5
 	})
-	n, err = admin.Retry(ctx, name, good)
+	n, err = admin.Retry(ctx, good, name)
 	require.NoError(t, err)
 	require.Zero(t, n, "a pair that is not failing is not retried")
 
@@ -242,7 +242,7 @@ func TestAdminFailureActionsRefuseBadInput(t *testing.T) {
 			_, err := admin.Skip(ctx, stream, name+"_nope", evs[0].ID, "alice")
 			return err
 		}(), "not registered"},
-		{"retry unknown", func() error { _, err := admin.Retry(ctx, name+"_nope", uuid.Nil); return err }(), "not registered"},
+		{"retry unknown", func() error { _, err := admin.Retry(ctx, uuid.Nil, name+"_nope"); return err }(), "not registered"},
 		{"limit", func() error { _, err := admin.Failed(ctx, name, 0); return err }(), "limit"},
 		{"bad name", func() error { _, err := admin.Skipped(ctx, "bad\x00name", 1); return err }(), "perspective name"},
 	} {
@@ -259,7 +259,7 @@ func TestAdminFailureActionsRefuseBadInput(t *testing.T) {
 	// with one attempt, every failing pair is parked and stays so until retried).
 	all, err := admin.Failed(ctx, name, worker.MaxListed)
 	require.NoError(t, err)
-	n, err := admin.Retry(ctx, name, uuid.Nil)
+	n, err := admin.Retry(ctx, uuid.Nil, name)
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, n, len(all))
 	eventually(t, 20*time.Second, "this test's pair retried once more and parked again", func() bool {

@@ -107,7 +107,7 @@ func runRetry(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	defer pool.Close()
-	n, err := admin.Retry(ctx, *name, sid)
+	n, err := admin.Retry(ctx, sid, *name)
 	if err != nil {
 		return err
 	}
