@@ -31,8 +31,8 @@ type LineAdded struct {
 	Amount int `json:"amount"`
 }
 
-// The README's quickstart: migrate, run a worker with the Postgres locker, append events
-// and read the model.
+// Migrate, run a worker with the Postgres locker, append events, wait until they are
+// applied and read the model (the README's quickstart is the same program).
 func Example() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, databaseURL())
@@ -71,24 +71,27 @@ func Example() {
 	defer w.Stop(context.Background())
 
 	order := uuid.New()
-	err = worker.Append(ctx, pool,
-		worker.Event{StreamID: order, Type: "LineAdded", Data: json.RawMessage(`{"amount": 25}`)},
-		worker.Event{StreamID: order, Type: "LineAdded", Data: json.RawMessage(`{"amount": 10}`)},
-	)
-	if err != nil {
+	events := []worker.Event{
+		{StreamID: order, Type: "LineAdded", Data: json.RawMessage(`{"amount": 25}`)},
+		{StreamID: order, Type: "LineAdded", Data: json.RawMessage(`{"amount": 10}`)},
+	}
+	if err := worker.Append(ctx, pool, events...); err != nil { // or in your pgx.Tx; gives each event a UUIDv7
 		log.Fatal(err)
 	}
 
+	// The worker applies events in the background: wait until the last one is in the model.
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := worker.WaitFor(wctx, pool, "order_totals", order, events[1].ID); err != nil {
+		log.Fatal(err)
+	}
+	raw, _, err := worker.LoadModel(ctx, pool, "order_totals", order)
+	if err != nil {
+		log.Fatal(err)
+	}
 	var totals OrderTotals
-	for totals.Lines < 2 { // the worker applies the events within a poll interval
-		time.Sleep(20 * time.Millisecond)
-		raw, ok, err := worker.LoadModel(ctx, pool, "order_totals", order)
-		if err != nil {
-			log.Fatal(err)
-		}
-		if ok {
-			_ = json.Unmarshal(raw, &totals)
-		}
+	if err := json.Unmarshal(raw, &totals); err != nil {
+		log.Fatal(err)
 	}
 	fmt.Printf("lines=%d total=%d\n", totals.Lines, totals.Total)
 	// Output: lines=2 total=35
