@@ -24,6 +24,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -125,6 +126,30 @@ func CreateEmpty(ctx context.Context, prefix string) (*DB, error) {
 	return d, nil
 }
 
+// empties are the databases EmptyURL made, dropped by Main after the run.
+var (
+	emptiesMu sync.Mutex
+	empties   []*DB
+)
+
+// EmptyURL makes a new, unmigrated database named after prefix and returns its URL on the
+// server itself (no pooler): for examples, which have no t.Cleanup. Main drops it after the
+// run.
+func EmptyURL(prefix string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	d, err := CreateEmpty(ctx, prefix)
+	if err != nil {
+		return "", err
+	}
+	d.Pool.Close()
+	d.Pool = nil
+	emptiesMu.Lock()
+	empties = append(empties, d)
+	emptiesMu.Unlock()
+	return d.DirectURL, nil
+}
+
 // Close closes the pool and drops the database.
 func (d *DB) Close() {
 	if d.Pool != nil {
@@ -180,6 +205,12 @@ func Main(m *testing.M, prefix string, dst **DB) int {
 	*dst = d
 	code := m.Run()
 	d.Close()
+	emptiesMu.Lock()
+	for _, e := range empties {
+		e.Close()
+	}
+	empties = nil
+	emptiesMu.Unlock()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
 			fmt.Fprintf(os.Stderr, "goleak: %v\n", err)
