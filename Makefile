@@ -38,9 +38,8 @@ test: db ## run every test against PostgreSQL, with the race detector, then the 
 test-pooler: db ## the locker, worker, fx and CLI tests through PgBouncer in transaction mode (1.18: exec, simple_protocol; >= 1.21: prepared statements)
 	./scripts/test-pooler.sh
 
-bench: db ## run the benchmarks (see BENCHMARKS.md)
-	@echo "load average before (1, 5, 15 min): $$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)"
-	set -o pipefail; go test -run '^$$' -bench "$${BENCH:-.}" -benchtime 1x -count "$${BENCH_COUNT:-3}" -p 1 -timeout 30m ./... 2>&1 | go run ./bench
+bench: db ## run the benchmarks and write their results into BENCHMARKS.md (BENCH=regexp, BENCH_COUNT=n)
+	set -o pipefail; go test -run '^$$' -bench "$${BENCH:-.}" -benchtime 1x -count "$${BENCH_COUNT:-3}" -p 1 -timeout 30m ./... 2>&1 | go run ./bench -write BENCHMARKS.md
 
 demo: db ## run the demo: several workers, late events, a killed instance, a consistency check
 	go run ./cmd/perspectives demo

@@ -1,15 +1,24 @@
-// Command bench summarises `go test -bench` output: it copies its input to stdout as it
-// reads it, then prints, for every benchmark and metric, the median over the runs (-count)
-// with the minimum and maximum, and the targets of the issues with the median measured and
-// whether it is met. It never fails on a missed target: speed is reported, not asserted.
+// Command bench is the harness of make bench. It reads `go test -bench` output on its
+// standard input and copies it to its standard output as it reads, then prints, for every
+// benchmark and figure, the median over the runs (-count) with the minimum and maximum, and
+// every target (catalog.go) with the median measured and whether it is met. It never fails
+// on a missed target: speed is reported, not asserted.
 //
 //	go test -run '^$' -bench . -benchtime 1x -count 3 -p 1 ./... 2>&1 | go run ./bench
+//	go test -run '^$' -bench . -benchtime 1x -count 3 -p 1 ./... 2>&1 | go run ./bench -write BENCHMARKS.md
 //
-// `make bench` runs exactly that. BENCHMARKS.md explains every figure.
+// With -write it also rewrites the generated parts of that file: the index of the
+// benchmarks (from catalog.go) always, and the results of the run (the run's facts, the
+// targets table, every figure) only when the run measured every benchmark of the catalog and
+// nothing failed, so that a partial run (BENCH=...) never replaces a whole one. make bench
+// runs the second form; `go run ./bench -write BENCHMARKS.md < /dev/null` rewrites the index
+// alone. This package's test checks that BENCHMARKS.md describes exactly the benchmark
+// functions of the repository and the targets of the catalog.
 package main
 
 import (
 	"bufio"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -17,73 +26,48 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
+	"unicode/utf8"
 )
 
-// target is one figure of the issues with its bound.
-type target struct {
-	bench, metric string
-	atMost        bool // the figure must be <= bound (else >= bound)
-	bound         float64
-	what          string
-}
+var (
+	benchLine = regexp.MustCompile(`^(Benchmark\S+?)(?:-\d+)?\s+(\d+)\s+(.+)$`)
+	// The header go test prints before a benchmark's log lines.
+	benchHeader = regexp.MustCompile(`^--- BENCH: (Benchmark\S+?)(?:-\d+)?$`)
+	// A log line of a benchmark that left a variant out: "not run: <variant>: <reason>".
+	notRunLine = regexp.MustCompile(`^\s+\S+:\d+: not run: (\S+): (.+)$`)
+)
 
-var targets = []target{
-	{"BenchmarkLockCycle/conc=1", "lock/floor", true, 1.10, "lock cycle ≤ 1.10× the floor, concurrency 1"},
-	{"BenchmarkLockCycle/conc=8", "lock/floor", true, 1.10, "lock cycle ≤ 1.10× the floor, concurrency 8"},
-	{"BenchmarkWorkerDrain", "worker-events/s", false, 50000, "drain ≥ 50,000 events/s (default config)"},
-	{"BenchmarkWorkerDrain", "worker/baseline", false, 0.6, "drain ≥ 0.6× the hand-written baseline"},
-	{"BenchmarkWakeupLatency", "idle-p50-ms", true, 10, "wake-up at idle, median ≤ 10 ms"},
-	{"BenchmarkWakeupLatency", "late-p50-ms", true, 25, "late event (rewind), median ≤ 25 ms"},
-	{"BenchmarkRewindCost", "100k/1k-rewind", true, 1.5, "100k-event rewind ≤ 1.5× the 1k rewind (worker time)"},
-	{"BenchmarkRewindCost", "100k/1k-e2e", true, 1.5, "100k-event rewind ≤ 1.5× the 1k rewind (Append to model)"},
-	{"BenchmarkRewindCost", "100k/1k-peak-heap", true, 1.25, "peak heap of a rewind flat in stream length (100k/1k ≤ 1.25)"},
-	{"BenchmarkIsolation", "during/normal", false, 0.9, "other streams during a long rewind ≥ 0.9× normal"},
-	{"BenchmarkTakeover/poll=1s", "takeover/bound", true, 1, "takeover ≤ LockTimeout + PollInterval + 1s (poll 1s)"},
-	{"BenchmarkTakeover/poll=100ms", "takeover/bound", true, 1, "takeover ≤ LockTimeout + PollInterval + 1s (poll 100ms)"},
-	// Issue 12: the lifecycle over 1,000,000 stored events (20,000 streams × 50).
-	{"BenchmarkLifecycle", "register-start-ms", true, 1000, "registration: Start of a new perspective ≤ 1 s"},
-	{"BenchmarkLifecycle", "register-append-max-ms", true, 50, "registration: slowest Append meanwhile ≤ 50 ms"},
-	{"BenchmarkLifecycle", "register-queue-rows", true, 20000, "registration: queue rows ≤ 1 per stream (20,000)"},
-	{"BenchmarkLifecycle", "catchup/floor", false, 0.8, "catch-up throughput ≥ 0.8× the hand-written floor"},
-	{"BenchmarkLifecycle", "during-build/idle", true, 2, "Append → v1 model while v2 builds ≤ 2× idle"},
-	// Issue 15: wake-up from the caller's clock (before Append is called).
-	{"BenchmarkWakeupLatency", "idle-call-p50-ms", true, 10, "wake-up at idle from the Append call, median ≤ 10 ms"},
-	{"BenchmarkWakeupLatency", "late-call-p50-ms", true, 25, "late event from the Append call, median ≤ 25 ms"},
-	{"BenchmarkStarvation", "hot-applied-at-cold-done-%", true, 20, "100 cold streams done before 20% of a hot stream's 2,000 Appends"},
-	{"BenchmarkAppendCost", "append/floor", true, 1.5, "Append of 1 event ≤ 1.5× a one-statement floor"},
-	{"BenchmarkWorkerDrain", "worker/baseline", false, 0.9, "drain ≥ 0.9× the hand-written baseline (issue 15)"},
-	{"BenchmarkLiveTraffic", "live-empty-after-ms", true, 100, "live traffic, fresh database: queue empty ≤ 100 ms after the last Append"},
-	{"BenchmarkLiveTraffic", "live-snapshot-rows", true, 0, "live traffic: snapshot rows ≤ pairs with ≥ EveryNEvents events (0 here)"},
-	{"BenchmarkInstances", "x4-throughput/x1", false, 1, "4 worker processes: throughput ≥ 1 process's"},
-	{"BenchmarkInstances", "x4-claims/event/x1", true, 1.2, "4 worker processes: claims per applied event ≤ 1.2× 1 process's"},
-	{"BenchmarkScale", "large/small-per-event", true, 1.5, "drain per-event cost, large vs 100k events ≤ 1.5× (10M: PERSPECTIVES_BENCH_SCALE_STREAMS=1000000)"},
-	// Issue 13: through PgBouncer in transaction mode, against direct: with a PgBouncer that
-	// keeps prepared statements (>= 1.21, pgx's default mode; the setting the README gives),
-	// and with Debian 12's 1.18, which cannot (pgx's exec mode: every statement planned again).
-	{"BenchmarkLockCyclePooled/conc=1", "prepared/lock", true, 1.3, "lock cycle through PgBouncer ≥ 1.21 keeping prepared statements ≤ 1.3× direct, concurrency 1"},
-	{"BenchmarkLockCyclePooled/conc=8", "prepared/lock", true, 1.3, "lock cycle through PgBouncer ≥ 1.21 keeping prepared statements ≤ 1.3× direct, concurrency 8"},
-	{"BenchmarkWorkerDrain", "prepared/direct-time", true, 1.3, "drain through PgBouncer ≥ 1.21 keeping prepared statements ≤ 1.3× the direct drain's time"},
-	{"BenchmarkLockCyclePooled/conc=1", "pooled/lock", true, 1.3, "lock cycle through PgBouncer 1.18 (exec mode) ≤ 1.3× direct, concurrency 1"},
-	{"BenchmarkLockCyclePooled/conc=8", "pooled/lock", true, 1.3, "lock cycle through PgBouncer 1.18 (exec mode) ≤ 1.3× direct, concurrency 8"},
-	{"BenchmarkWorkerDrain", "pooled/direct-time", true, 1.3, "drain through PgBouncer 1.18 (exec mode) ≤ 1.3× the direct drain's time"},
-}
-
-var benchLine = regexp.MustCompile(`^(Benchmark\S+?)(?:-\d+)?\s+(\d+)\s+(.+)$`)
-
+// series are the figures of one benchmark.
 type series struct {
 	order []string             // metric units in first-seen order
 	vals  map[string][]float64 // unit -> one value per run
 }
 
+// run is what the input told.
+type run struct {
+	results map[string]*series
+	names   []string                     // benchmarks in first-seen order
+	notRun  map[string]map[string]string // benchmark -> variant -> reason
+	failed  []string                     // lines that report a failure
+	current string                       // the benchmark whose log lines follow
+}
+
+func newRun() *run {
+	return &run{results: map[string]*series{}, notRun: map[string]map[string]string{}}
+}
+
 func main() {
-	results := map[string]*series{}
-	var names []string
+	write := flag.String("write", "", "rewrite the generated parts of this file (BENCHMARKS.md)")
+	flag.Parse()
+	info := startInfo()
+	r := newRun()
 	in := bufio.NewReader(os.Stdin)
 	for {
 		line, err := in.ReadString('\n')
 		if line != "" {
 			fmt.Print(line)
-			parse(strings.TrimRight(line, "\n"), results, &names)
+			r.parse(strings.TrimRight(line, "\n"))
 		}
 		if err == io.EOF {
 			break
@@ -93,11 +77,35 @@ func main() {
 			os.Exit(1)
 		}
 	}
-	report(results, names)
+	info.finish()
+	report(os.Stdout, r)
+	fmt.Printf("\nload average (1, 5, 15 min): %s at the start, %s at the end\n", info.loadStart, info.loadEnd)
+	if *write != "" {
+		if err := writeDoc(*write, r, func() []string { return runFacts(*write, r, info) }); err != nil {
+			fmt.Fprintln(os.Stderr, "bench:", err)
+			os.Exit(1)
+		}
+	}
 }
 
-// parse records the metrics of one benchmark result line.
-func parse(line string, results map[string]*series, names *[]string) {
+// parse records what one line of go test's output tells.
+func (r *run) parse(line string) {
+	switch {
+	case strings.HasPrefix(line, "--- FAIL"), line == "FAIL", strings.HasPrefix(line, "FAIL\t"), strings.HasPrefix(line, "panic: "):
+		r.failed = append(r.failed, line)
+		return
+	}
+	if m := benchHeader.FindStringSubmatch(line); m != nil {
+		r.current = m[1]
+		return
+	}
+	if m := notRunLine.FindStringSubmatch(line); m != nil && r.current != "" {
+		if r.notRun[r.current] == nil {
+			r.notRun[r.current] = map[string]string{}
+		}
+		r.notRun[r.current][m[1]] = m[2]
+		return
+	}
 	m := benchLine.FindStringSubmatch(line)
 	if m == nil {
 		return
@@ -106,11 +114,11 @@ func parse(line string, results map[string]*series, names *[]string) {
 	if len(fields)%2 != 0 {
 		return
 	}
-	s := results[m[1]]
+	s := r.results[m[1]]
 	if s == nil {
 		s = &series{vals: map[string][]float64{}}
-		results[m[1]] = s
-		*names = append(*names, m[1])
+		r.results[m[1]] = s
+		r.names = append(r.names, m[1])
 	}
 	for i := 0; i < len(fields); i += 2 {
 		v, err := strconv.ParseFloat(fields[i], 64)
@@ -128,6 +136,86 @@ func parse(line string, results map[string]*series, names *[]string) {
 	}
 }
 
+// missing are the benchmarks of the catalog the run has no result of.
+func (r *run) missing() []string {
+	var out []string
+	for _, b := range benchmarks {
+		if !slices.ContainsFunc(r.names, func(n string) bool { return n == b.name || strings.HasPrefix(n, b.name+"/") }) {
+			out = append(out, b.name)
+		}
+	}
+	return out
+}
+
+// runs is the largest number of runs of any figure.
+func (r *run) runs() int {
+	n := 0
+	for _, s := range r.results {
+		for _, xs := range s.vals {
+			n = max(n, len(xs))
+		}
+	}
+	return n
+}
+
+// verdict is what the run tells of t: the median measured (nil when not measured) and
+// "met", "MISSED", "not run (reason)" or "not measured".
+func (r *run) verdict(t target) (xs []float64, verdict string) {
+	if s := r.results[t.bench]; s != nil && len(s.vals[t.metric]) > 0 {
+		xs = s.vals[t.metric]
+		v := median(xs)
+		if (t.atMost && v <= t.bound) || (!t.atMost && v >= t.bound) {
+			return xs, "met"
+		}
+		return xs, "MISSED"
+	}
+	if reason, ok := r.notRun[t.bench][t.needs]; ok && t.needs != "" {
+		return nil, "not run (" + reason + ")"
+	}
+	return nil, "not measured"
+}
+
+func (t target) bounds() string {
+	if t.atMost {
+		return "≤ " + num(t.bound)
+	}
+	return "≥ " + num(t.bound)
+}
+
+func report(w io.Writer, r *run) {
+	if len(r.names) == 0 {
+		fmt.Fprintln(w, "\nbench: no benchmark results in the input")
+	} else {
+		fmt.Fprintln(w, "\n==== Summary: median over runs (min … max, runs) ====")
+		for _, name := range r.names {
+			s := r.results[name]
+			fmt.Fprintf(w, "\n%s\n", name)
+			for _, unit := range s.order {
+				xs := s.vals[unit]
+				fmt.Fprintf(w, "  %-26s %14s   (%s … %s, %d)\n", unit, num(median(xs)), num(slices.Min(xs)), num(slices.Max(xs)), len(xs))
+			}
+		}
+	}
+	fmt.Fprintln(w, "\n==== Targets ====")
+	width := 0
+	for _, t := range targets {
+		width = max(width, utf8.RuneCountInString(t.what))
+	}
+	for _, t := range targets {
+		xs, verdict := r.verdict(t)
+		if xs == nil {
+			fmt.Fprintf(w, "  %-8s %-*s %s\n", "-", width, t.what, verdict)
+			continue
+		}
+		fmt.Fprintf(w, "  %-8s %-*s %s = %s (target %s)\n", verdict, width, t.what, t.metric, num(median(xs)), t.bounds())
+	}
+	for _, name := range sortedKeys(r.notRun) {
+		for _, v := range sortedKeys(r.notRun[name]) {
+			fmt.Fprintf(w, "  not run: %s, variant %s: %s\n", name, v, r.notRun[name][v])
+		}
+	}
+}
+
 func median(xs []float64) float64 {
 	s := slices.Clone(xs)
 	slices.Sort(s)
@@ -137,52 +225,25 @@ func median(xs []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
-func report(results map[string]*series, names []string) {
-	if len(names) == 0 {
-		fmt.Println("\nbench: no benchmark results in the input")
-		return
-	}
-	fmt.Println("\n==== Summary: median over runs (min … max, runs) ====")
-	for _, name := range names {
-		s := results[name]
-		fmt.Printf("\n%s\n", name)
-		for _, unit := range s.order {
-			xs := s.vals[unit]
-			fmt.Printf("  %-26s %14s   (%s … %s, %d)\n", unit, num(median(xs)), num(slices.Min(xs)), num(slices.Max(xs)), len(xs))
-		}
-	}
-	fmt.Println("\n==== Targets ====")
-	for _, t := range targets {
-		s := results[t.bench]
-		if s == nil || len(s.vals[t.metric]) == 0 {
-			fmt.Printf("  %-8s %-70s not measured\n", "-", t.what)
-			continue
-		}
-		v := median(s.vals[t.metric])
-		met := v >= t.bound
-		op := "≥"
-		if t.atMost {
-			met, op = v <= t.bound, "≤"
-		}
-		verdict := "MISSED"
-		if met {
-			verdict = "met"
-		}
-		fmt.Printf("  %-8s %-70s %s = %s (target %s %s)\n", verdict, t.what, t.metric, num(v), op, num(t.bound))
-	}
-	if load, err := os.ReadFile("/proc/loadavg"); err == nil {
-		fmt.Printf("\nload average at the end (1, 5, 15 min): %s", strings.Join(strings.Fields(string(load))[:3], " "))
-		fmt.Println()
-	}
-}
-
 func num(v float64) string {
 	switch {
-	case v >= 1000:
+	case v >= 1000 || v <= -1000:
 		return strconv.FormatFloat(v, 'f', 0, 64)
-	case v >= 10:
+	case v >= 10 || v <= -10:
 		return strconv.FormatFloat(v, 'f', 1, 64)
 	default:
 		return strconv.FormatFloat(v, 'f', 3, 64)
 	}
 }
+
+// loadAvg is the machine's load average (1, 5, 15 min), "unknown" where it cannot be read.
+func loadAvg() string {
+	data, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(data)); err == nil && len(f) >= 3 {
+		return strings.Join(f[:3], " ")
+	}
+	return "unknown"
+}
+
+// utc is t as the results show it.
+func utc(t time.Time) string { return t.UTC().Format("2006-01-02 15:04 UTC") }

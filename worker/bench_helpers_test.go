@@ -55,8 +55,8 @@ func benchClaim(b *testing.B, owner string) bool {
 // durations) through an OpenTelemetry manual reader. Every gauge is dropped: their callbacks
 // query the database at every collection (the queue gauges one statement, the others
 // BuildsStatus, which counts the queue too), and the benchmarks collect every few
-// milliseconds: BuildsStatus alone took a quarter of a core of a 1M-event drain's server CPU
-// (29 ms a collection) before the builds' gauges were dropped as well.
+// milliseconds: BuildsStatus alone would take a quarter of a core of a 1M-event drain's
+// server CPU (29 ms a collection).
 type benchMetrics struct {
 	reader *sdkmetric.ManualReader
 	mp     *sdkmetric.MeterProvider

@@ -1,6 +1,6 @@
 package worker_test
 
-// Many instances (issue 15, item 5): the same backlog drained by one worker process and by
+// Many instances: the same backlog drained by one worker process and by
 // four, each a process of its own (this test binary run again as a worker), on a database
 // created for the run. Reported per variant (instancesVariants): events/s and its ratio to
 // one default process, the claims (QueueDuePairs statements) per applied event and their
@@ -49,7 +49,8 @@ const benchWorkerEnv = "PERSPECTIVES_BENCH_WORKER_DB"
 const benchWorkerConcEnv = "PERSPECTIVES_BENCH_WORKER_CONCURRENCY"
 
 // benchCPUProfileEnv names a directory to which each worker process writes its CPU profile,
-// from its worker's start to its stop, as <pid>.prof (for go tool pprof; BENCHMARKS.md §15).
+// from its worker's start to its stop, as <pid>.prof (for go tool pprof;
+// BENCHMARKS.md, section BenchmarkInstances).
 const benchCPUProfileEnv = "PERSPECTIVES_BENCH_CPUPROFILE"
 
 const (

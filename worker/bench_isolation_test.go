@@ -1,12 +1,12 @@
 package worker_test
 
-// Isolation (issue 7, item 5): the throughput of other streams while one stream is under
-// a long rewind, against their throughput with no rewind, measured in the same run,
-// interleaved. The perspective is slow (2 ms per event) for one stream, and only while
-// armed; the late event sits before that stream's oldest snapshot, so the rewind replays
-// its 1500 events (≈3 s). The other streams' backlog (100 streams × 50 events) is appended
-// once the replay has started; throughput is its events over the time from the first
-// Append to the worker's events.applied counter covering them (PollInterval 10ms).
+// Isolation: the throughput of other streams while one stream is under a long rewind,
+// against their throughput with no rewind, measured in the same run, interleaved. The
+// perspective is slow (2 ms per event) for one stream, and only while armed; the late event
+// sits before that stream's oldest snapshot, so the rewind replays its 1500 events (≈3 s).
+// The other streams' backlog (100 streams × 50 events) is appended once the replay has
+// started; throughput is its events over the time from the first Append to the worker's
+// events.applied counter covering them (PollInterval 10ms).
 
 import (
 	"bytes"

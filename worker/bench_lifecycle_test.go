@@ -1,11 +1,10 @@
 package worker_test
 
-// The perspective lifecycle at scale (issue 12), on a store of 1,000,000 events (20,000
-// streams × 50):
+// The perspective lifecycle at scale, on a store of 1,000,000 events (20,000 streams × 50):
 //
 //   - registration: Start of a new perspective, while another goroutine appends one event
 //     at a time; the slowest of those Appends; queue rows written by registration.
-//   - catch-up throughput against a hand-written floor measured in the same run: one SQL
+//   - catch-up throughput against a hand-written baseline measured in the same run: one SQL
 //     pass that reads the store in (stream, event) order, folds each stream with the same
 //     perspective code, and writes one model per stream in batches.
 //   - blue/green: Append → v1 model latency while v2 builds over the store, against the

@@ -1,6 +1,6 @@
 package worker_test
 
-// Rewind cost against stream length (issue 7, item 4): one late event 50 events before the
+// Rewind cost against stream length: one late event 50 events before the
 // end of streams of 1k, 10k and 100k events, snapshots every 100 events. Reported per
 // length: the time from Append returning to the model including the late event (LoadModel
 // polled every millisecond; PollInterval 10ms as a fallback, the wake-up is LISTEN/NOTIFY),

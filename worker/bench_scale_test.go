@@ -1,8 +1,8 @@
 package worker_test
 
-// Scale of data (issue 15, item 7): a queue bulk-loaded with 10 events for each of 10,000
-// streams (100k events) and for each of many more streams, on a database created
-// for the run and never analyzed, drained by one default worker. Reported per size: events/s,
+// Scale of data: a queue bulk-loaded with 10 events for each of 10,000 streams (100k
+// events) and for each of many more streams, on a database created for the run and never
+// analyzed, drained by one default worker. Reported per size: events/s,
 // the worker's time per event (ms per 1,000 events) and the claims' median and p99 latency
 // (QueueDuePairs, from the worker's pool), and the ratios large/small. The load writes the
 // rows Append would (events, cursors, queue rows) with INSERT ... SELECT, which is what a
@@ -11,7 +11,8 @@ package worker_test
 //
 // The large size is 100,000 streams (1M events) in make bench; the 10M case takes ten
 // minutes a run here (most of it the load): PERSPECTIVES_BENCH_SCALE_STREAMS=1000000 sets
-// the large size's streams (BENCHMARKS.md §9 has the command and its figures).
+// the large size's streams (BENCHMARKS.md, section BenchmarkScale; the command is under
+// "Reproduce").
 
 import (
 	"context"
@@ -98,8 +99,8 @@ func scaleRun(b *testing.B, streams int) (time.Duration, []float64) {
 	require.NoError(b, err)
 	defer pool.Close()
 	// The end is the worker's count of committed applications, not a look at the queue:
-	// that look (a sequential scan every 20 ms, as this benchmark had) reads, and prunes,
-	// every dead row the drain has left, which at 10M events is a vacuum of its own.
+	// such a look (a sequential scan) reads, and prunes, every dead row the drain has left,
+	// which at 10M events would be a vacuum of its own.
 	m := newBenchMetrics()
 	cfg.MeterProvider = m.mp
 	start := time.Now()

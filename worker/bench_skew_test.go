@@ -1,6 +1,6 @@
 package worker_test
 
-// Skew and live traffic (issue 15), each on a database created for the run, never analyzed
+// Skew and live traffic, each on a database created for the run, never analyzed
 // (autovacuum's thresholds are not reached within a run), as a new user's would be:
 //
 //   - BenchmarkStarvation: one hot stream queued by 2,000 separate Appends (20,000 events),
@@ -11,7 +11,7 @@ package worker_test
 //     every 100 events): how long after the last Append returns the queue is empty (target:
 //     ≤ 100 ms), and the snapshot rows written (target: no more than the pairs with at least
 //     EveryNEvents events, here none).
-//   - BenchmarkAppendCost: Append of one event against a one-statement floor that does the
+//   - BenchmarkAppendCost: Append of one event against a one-statement baseline that does the
 //     same writes (the event row and one queue row) by hand, interleaved, without a worker
 //     (target: ≤ 1.5×); and Append while a worker listens and applies.
 
@@ -253,7 +253,7 @@ func BenchmarkAppendCost(b *testing.B) {
 // 2,000 one-event Appends to one hot stream and one event to each of 500 cold streams,
 // interleaved. Every Append to the backlogged hot stream names its group's old due time
 // (wh_append), so each notification moves every worker's next claim back to it
-// (BENCHMARKS.md §16): the cost shows as the queue's drain after the last Append.
+// (BENCHMARKS.md, section BenchmarkHotStreamInstances): the cost shows as the queue's drain after the last Append.
 func BenchmarkHotStreamInstances(b *testing.B) {
 	ctx := context.Background()
 	var emptyAfter, total, coldDone []float64

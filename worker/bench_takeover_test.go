@@ -1,6 +1,6 @@
 package worker_test
 
-// Takeover latency (issue 7, item 6): another instance takes the stream lock of a pair
+// Takeover latency: another instance takes the stream lock of a pair
 // and disappears (its lock is left to expire: LockTimeout 2s); a late event for that pair
 // is appended at once. The latency is the time from the foreign acquire returning to the
 // model including the late event (LoadModel polled every 5 ms); the bound is

@@ -1,12 +1,11 @@
 package worker_test
 
-// Wake-up latency (issue 7, item 3; issue 15, item 4): the time to the model including the
-// event, from the caller's clock (before Append is called: "call") and from Append returning
-// (issue 7's figure), measured through the public API only (Append, then LoadModel polled
-// every millisecond), with an idle worker at the default PollInterval (1 s) and the Postgres
-// locker. "idle": a new event at the end of a stream that is up to date. "late": an event
-// older than the stream's cursor, which the worker must rewind for (lock, replay of the
-// ~20-event stream, fenced commit, release).
+// Wake-up latency: the time to the model including the event, from the caller's clock
+// (before Append is called: "call") and from Append returning, measured through the public
+// API only (Append, then LoadModel polled every millisecond), with an idle worker at the
+// default PollInterval (1 s) and the Postgres locker. "idle": a new event at the end of a
+// stream that is up to date. "late": an event older than the stream's cursor, which the
+// worker must rewind for (lock, replay of the ~20-event stream, fenced commit, release).
 
 import (
 	"context"

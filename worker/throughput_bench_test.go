@@ -1,16 +1,18 @@
 package worker_test
 
-// Worker throughput (issue 7, item 2): events applied per second by one instance draining a
-// backlog of 1,000 streams × 50 events, against a hand-written baseline that performs the
-// same reads and writes with as few batched statements as it can, measured in the same run
-// and interleaved (every round runs every variant once, in a rotating order, each from the
-// same restored backlog).
+// Worker throughput: events applied per second by one instance draining a backlog of
+// 1,000 streams × 50 events, against a hand-written baseline that performs the same reads
+// and writes with as few batched statements as it can, measured in the same run and
+// interleaved (every round runs every variant once, in a rotating order, each from the same
+// restored backlog).
 
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"sync"
@@ -76,9 +78,9 @@ type drainVariant struct {
 	cfg       worker.Config
 	base      bool // the hand-written baseline instead of the worker
 	instances int  // workers draining together (0: one)
-	// on a pool through a PgBouncer of the benchmark's own in transaction mode: "exec"
-	// (Debian 12's 1.18, pgx exec mode) or "prepared" (>= 1.21 keeping prepared statements,
-	// pgx's default mode); "": direct
+	// on a pool through a PgBouncer of the benchmark's own in transaction mode: "exec" (the
+	// installed PgBouncer, pgx exec mode) or "prepared" (>= 1.21 keeping prepared
+	// statements, pgx's default mode); "": direct
 	pooler string
 }
 
@@ -90,7 +92,7 @@ var drainVariants = []drainVariant{
 	{name: "c8", cfg: worker.Config{Concurrency: 8}},
 	{name: "b1000", cfg: worker.Config{BatchSize: 1000}},
 	{name: "x2", cfg: worker.Config{Concurrency: 2}, instances: 2}, // two instances, 2 slots each
-	{name: "pooled", cfg: worker.Config{}, pooler: "exec"},         // defaults, through PgBouncer 1.18
+	{name: "pooled", cfg: worker.Config{}, pooler: "exec"},         // defaults, through the installed PgBouncer
 	{name: "prepared", cfg: worker.Config{}, pooler: "prepared"},   // defaults, through PgBouncer >= 1.21
 }
 
@@ -99,13 +101,16 @@ var drainRound int
 // BenchmarkWorkerDrain measures events applied per second by one instance draining a
 // backlog of 1000 streams × 50 events (queue rows and cursor rows in place, perspective
 // registered; the worker only drains), for the default configuration, Concurrency 1, 2 and
-// 8, BatchSize 1000, two instances, through each of two PgBouncers (pooled: 1.18 with pgx's
-// exec mode; prepared: one keeping prepared statements, pgx's default mode), and the
-// hand-written baseline. Each iteration is one round of every
-// variant; the figures are events/s per variant and worker/baseline, and where the time
-// goes: statements and commits per stream, streams per claim (QueueDuePairs), statements in
-// flight on average (time inside statements / wall time), and the CPU cores used by the
-// server processes of the test database and by this process.
+// 8, BatchSize 1000, two instances, through each of two PgBouncers (pooled: the installed
+// one with pgx's exec mode; prepared: one keeping prepared statements, pgx's default mode),
+// and the hand-written baseline. Each iteration is one round of every variant; the figures
+// are events/s per variant and worker/baseline, and where the time goes: statements and
+// commits per stream, streams per claim (QueueDuePairs), statements in flight on average
+// (time inside statements / wall time), and the CPU cores used by the server processes of
+// the test database and by this process. Where the installed PgBouncer is older than 1.21
+// (and the system's package sources offer no newer one) the prepared variant is not run:
+// the benchmark logs "not run: prepared: <reason>", which the harness (bench/) reports for
+// its targets.
 //
 // PERSPECTIVES_BENCH_DRAIN=worker,baseline runs only the variants named (for profiling);
 // PERSPECTIVES_BENCH_VERBOSE=1 logs every variant's statements (count and time by name).
@@ -120,6 +125,12 @@ func BenchmarkWorkerDrain(b *testing.B) {
 		variants = slices.DeleteFunc(slices.Clone(variants), func(v drainVariant) bool {
 			return !slices.Contains(strings.Split(only, ","), v.name)
 		})
+	}
+	if slices.ContainsFunc(variants, func(v drainVariant) bool { return v.pooler == "prepared" }) {
+		if why := preparedPoolerMissing(b); why != "" {
+			b.Logf("not run: prepared: %s", why)
+			variants = slices.DeleteFunc(slices.Clone(variants), func(v drainVariant) bool { return v.pooler == "prepared" })
+		}
 	}
 	verbose := os.Getenv("PERSPECTIVES_BENCH_VERBOSE") != ""
 	tracer := newStmtTracer()
@@ -199,6 +210,34 @@ func BenchmarkWorkerDrain(b *testing.B) {
 			b.ReportMetric(medianOf(fig["worker"]["events/s"])/medianOf(fig[name]["events/s"]), name+"/direct-time")
 		}
 	}
+}
+
+// preparedMissing caches preparedPoolerMissing's answer for the test binary: the script may
+// run apt-get to find it.
+var preparedMissing *string
+
+// preparedPoolerMissing is why a PgBouncer keeping prepared statements cannot run here, ""
+// when it can: scripts/pgbouncer.sh prepared installs one when the system's package sources
+// offer it, and exits 3 when the installed PgBouncer is older than 1.21.
+func preparedPoolerMissing(b *testing.B) string {
+	b.Helper()
+	if preparedMissing == nil {
+		why := ""
+		out, err := exec.Command("bash", "../scripts/pgbouncer.sh", "prepared").Output()
+		var exit *exec.ExitError
+		if errors.As(err, &exit) && exit.ExitCode() == 3 {
+			why = "PgBouncer < 1.21 installed"
+			b.Logf("installed PgBouncer: %s; the system's package sources offer no newer one", strings.TrimSpace(string(out)))
+		} else if err != nil {
+			var stderr []byte
+			if exit != nil {
+				stderr = exit.Stderr
+			}
+			b.Fatalf("scripts/pgbouncer.sh prepared: %v\n%s", err, stderr)
+		}
+		preparedMissing = &why
+	}
+	return *preparedMissing
 }
 
 // drainSetup registers the perspective, appends the backlog (which enqueues it and creates

@@ -1,0 +1,106 @@
+package main
+
+// benchmark is one benchmark function of the repository, as BENCHMARKS.md's index lists it.
+type benchmark struct {
+	name     string // the function
+	file     string // its file, from the repository's root
+	what     string // what it measures
+	baseline string // what it is compared with, measured in the same run
+}
+
+// benchmarks are every benchmark function of the repository's *_test.go files, in the order
+// of BENCHMARKS.md. The test of this package fails when a function is missing here, or here
+// and not in the repository, or without its section in BENCHMARKS.md.
+var benchmarks = []benchmark{
+	{"BenchmarkLockCycle", "locker/bench_test.go",
+		"one lock cycle of the Postgres locker (TryAcquire + Renew + Release) at concurrency 1 and 8, with durable and with asynchronous commits",
+		"the lock-cycle floor (three raw primary-key UPDATEs of the same columns) and session advisory locks, interleaved cycle by cycle"},
+	{"BenchmarkLockCyclePooled", "locker/bench_test.go",
+		"the same lock cycle through PgBouncer in transaction mode: in pgx's exec mode, and through a PgBouncer >= 1.21 that keeps prepared statements",
+		"the same cycle direct (pgx's default mode) and the floor, interleaved cycle by cycle"},
+	{"BenchmarkWorkerDrain", "worker/throughput_bench_test.go",
+		"events applied per second draining a backlog of 1,000 streams × 50 events, by the default worker and eight other variants",
+		"a hand-written drain doing the same reads and writes in as few batched statements as it can; every variant from the same restored backlog, in a rotating order"},
+	{"BenchmarkWakeupLatency", "worker/bench_wakeup_test.go",
+		"Append → model latency with an idle worker at the default PollInterval, for a new event and for a late event (a rewind)",
+		"none: bounds in milliseconds"},
+	{"BenchmarkRewindCost", "worker/bench_rewind_test.go",
+		"the time and Go heap of a rewind for a late event near the end of streams of 1k, 10k and 100k events",
+		"the rewind of the 1k-event stream, interleaved"},
+	{"BenchmarkIsolation", "worker/bench_isolation_test.go",
+		"the throughput of 100 other streams while one stream is under a rewind of about 3 seconds",
+		"the same drain with no rewind, interleaved"},
+	{"BenchmarkTakeover", "worker/bench_takeover_test.go",
+		"the time until a late event is applied on a pair whose lock another instance took and abandoned, at PollInterval 1 s and 100 ms",
+		"the bound LockTimeout + PollInterval + 1 s"},
+	{"BenchmarkLifecycle", "worker/bench_lifecycle_test.go",
+		"registration, catch-up and a blue/green build of a perspective over a store of 1,000,000 events",
+		"a hand-written one-pass fold of the store (catch-up); the same Append → model latency with nothing building (blue/green)"},
+	{"BenchmarkStarvation", "worker/bench_skew_test.go",
+		"how much of a hot stream's 2,000-Append backlog is applied by the time 100 cold streams queued behind it are done",
+		"none: a share of the hot stream"},
+	{"BenchmarkLiveTraffic", "worker/bench_skew_test.go",
+		"how long after the last of 1,000 Appends to 2,000 streams the queue is empty, on a fresh database, and the snapshot rows written",
+		"none: bounds"},
+	{"BenchmarkAppendCost", "worker/bench_skew_test.go",
+		"the latency of Append of one event, without and with a worker listening",
+		"one hand-written statement writing the event row and its queue row, interleaved"},
+	{"BenchmarkHotStreamInstances", "worker/bench_skew_test.go",
+		"four workers behind one hot stream appended to one event at a time, with 500 cold streams interleaved",
+		"none; no target"},
+	{"BenchmarkScale", "worker/bench_scale_test.go",
+		"the drain's cost per event and the claims' latency on a bulk-loaded queue of 1M events (10M with a knob)",
+		"the same drain of 100k events, in the same run"},
+	{"BenchmarkInstances", "worker/bench_instances_test.go",
+		"the same backlog (8,000 streams × 25 events) drained by one worker process and by four",
+		"one process with the default configuration, on the same restored backlog"},
+}
+
+// target is a figure with its bound.
+type target struct {
+	bench, metric string
+	atMost        bool // the figure must be <= bound (else >= bound)
+	bound         float64
+	what          string
+	// needs names the variant the figure comes from when a run may leave that variant out
+	// (the benchmark then logs "not run: <variant>: <reason>"): "prepared", a PgBouncer that
+	// keeps prepared statements (>= 1.21), used only when the installed one is.
+	needs string
+}
+
+// targets are the figures with a bound, in the order of BENCHMARKS.md's results table.
+var targets = []target{
+	{"BenchmarkLockCycle/conc=1", "lock/floor", true, 1.10, "lock cycle ≤ 1.10× the floor, concurrency 1", ""},
+	{"BenchmarkLockCycle/conc=8", "lock/floor", true, 1.10, "lock cycle ≤ 1.10× the floor, concurrency 8", ""},
+	{"BenchmarkLockCyclePooled/conc=1", "pooled/lock", true, 1.3, "lock cycle through PgBouncer in pgx's exec mode ≤ 1.3× direct, concurrency 1", ""},
+	{"BenchmarkLockCyclePooled/conc=8", "pooled/lock", true, 1.3, "lock cycle through PgBouncer in pgx's exec mode ≤ 1.3× direct, concurrency 8", ""},
+	{"BenchmarkLockCyclePooled/conc=1", "prepared/lock", true, 1.3, "lock cycle through PgBouncer >= 1.21 keeping prepared statements ≤ 1.3× direct, concurrency 1", "prepared"},
+	{"BenchmarkLockCyclePooled/conc=8", "prepared/lock", true, 1.3, "lock cycle through PgBouncer >= 1.21 keeping prepared statements ≤ 1.3× direct, concurrency 8", "prepared"},
+	{"BenchmarkWorkerDrain", "worker-events/s", false, 50000, "drain ≥ 50,000 events/s (default configuration)", ""},
+	{"BenchmarkWorkerDrain", "worker/baseline", false, 0.6, "drain ≥ 0.6× the hand-written baseline", ""},
+	{"BenchmarkWorkerDrain", "worker/baseline", false, 0.9, "drain ≥ 0.9× the hand-written baseline", ""},
+	{"BenchmarkWorkerDrain", "pooled/direct-time", true, 1.3, "drain through PgBouncer in pgx's exec mode ≤ 1.3× the direct drain's time", ""},
+	{"BenchmarkWorkerDrain", "prepared/direct-time", true, 1.3, "drain through PgBouncer >= 1.21 keeping prepared statements ≤ 1.3× the direct drain's time", "prepared"},
+	{"BenchmarkWakeupLatency", "idle-p50-ms", true, 10, "wake-up at idle, median ≤ 10 ms from Append returning", ""},
+	{"BenchmarkWakeupLatency", "late-p50-ms", true, 25, "late event (rewind), median ≤ 25 ms from Append returning", ""},
+	{"BenchmarkWakeupLatency", "idle-call-p50-ms", true, 10, "wake-up at idle, median ≤ 10 ms from the Append call", ""},
+	{"BenchmarkWakeupLatency", "late-call-p50-ms", true, 25, "late event (rewind), median ≤ 25 ms from the Append call", ""},
+	{"BenchmarkRewindCost", "100k/1k-rewind", true, 1.5, "100k-event rewind ≤ 1.5× the 1k rewind (worker time)", ""},
+	{"BenchmarkRewindCost", "100k/1k-e2e", true, 1.5, "100k-event rewind ≤ 1.5× the 1k rewind (Append to model)", ""},
+	{"BenchmarkRewindCost", "100k/1k-peak-heap", true, 1.25, "peak heap of a rewind flat in stream length (100k/1k ≤ 1.25)", ""},
+	{"BenchmarkIsolation", "during/normal", false, 0.9, "other streams during a long rewind ≥ 0.9× normal", ""},
+	{"BenchmarkTakeover/poll=1s", "takeover/bound", true, 1, "takeover ≤ LockTimeout + PollInterval + 1 s (poll 1 s)", ""},
+	{"BenchmarkTakeover/poll=100ms", "takeover/bound", true, 1, "takeover ≤ LockTimeout + PollInterval + 1 s (poll 100 ms)", ""},
+	{"BenchmarkLifecycle", "register-start-ms", true, 1000, "registration: Start of a new perspective ≤ 1 s", ""},
+	{"BenchmarkLifecycle", "register-append-max-ms", true, 50, "registration: slowest Append meanwhile ≤ 50 ms", ""},
+	{"BenchmarkLifecycle", "register-queue-rows", true, 20000, "registration: queue rows ≤ 1 per stream (20,000)", ""},
+	{"BenchmarkLifecycle", "catchup/floor", false, 0.8, "catch-up throughput ≥ 0.8× the hand-written baseline", ""},
+	{"BenchmarkLifecycle", "during-build/idle", true, 2, "Append → v1 model while v2 builds ≤ 2× idle", ""},
+	{"BenchmarkStarvation", "hot-applied-at-cold-done-%", true, 20, "100 cold streams done before 20% of a hot stream's 2,000 Appends are applied", ""},
+	{"BenchmarkLiveTraffic", "live-empty-after-ms", true, 100, "live traffic, fresh database: queue empty ≤ 100 ms after the last Append", ""},
+	{"BenchmarkLiveTraffic", "live-snapshot-rows", true, 0, "live traffic: snapshot rows ≤ pairs with ≥ EveryNEvents events (0 here)", ""},
+	{"BenchmarkAppendCost", "append/floor", true, 1.5, "Append of 1 event ≤ 1.5× the one-statement baseline", ""},
+	{"BenchmarkScale", "large/small-per-event", true, 1.5, "drain cost per event, the large queue (1M events) ≤ 1.5× 100k events", ""},
+	{"BenchmarkInstances", "x4-throughput/x1", false, 1, "4 worker processes: throughput ≥ 1 process's", ""},
+	{"BenchmarkInstances", "x4-claims/event/x1", true, 1.2, "4 worker processes: claims per applied event ≤ 1.2× 1 process's", ""},
+}
