@@ -39,7 +39,7 @@ test-pooler: db ## the locker, worker, fx and CLI tests through PgBouncer in tra
 	./scripts/test-pooler.sh
 
 bench: db ## run the benchmarks and write their results into BENCHMARKS.md (BENCH=regexp, BENCH_COUNT=n)
-	set -o pipefail; go test -run '^$$' -bench "$${BENCH:-.}" -benchtime 1x -count "$${BENCH_COUNT:-3}" -p 1 -timeout 30m ./... 2>&1 | go run ./bench -write BENCHMARKS.md
+	set -o pipefail; go test -run '^$$' -bench "$${BENCH:-.}" -benchtime 1x -count "$${BENCH_COUNT:-3}" -p 1 -timeout 60m ./... 2>&1 | go run ./bench -write BENCHMARKS.md
 
 demo: db ## run the demo: several workers, late events, a killed instance, a consistency check
 	go run ./cmd/perspectives demo
