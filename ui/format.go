@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/perspectives-go/perspectives/internal/shortid"
 	"github.com/perspectives-go/perspectives/worker"
 )
 
@@ -45,7 +46,7 @@ var funcs = template.FuncMap{
 	"ago":            ago,
 	"duration":       duration,
 	"count":          count,
-	"short":          short,
+	"short":          shortid.String, // the full ID goes in the element's title
 	"stamp":          stamp,
 	"runs":           runs,
 	"pct":            func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) },
@@ -126,10 +127,6 @@ func count(n int64) string {
 	}
 	return b.String()
 }
-
-// short is the last 12 hex digits of a UUID (the full one goes in a title): the random
-// part of a UUIDv7, whose first digits are its time and alike for IDs made close together.
-func short(id uuid.UUID) string { return "…" + id.String()[24:] }
 
 // stamp is t in UTC to the second.
 func stamp(t time.Time) string {

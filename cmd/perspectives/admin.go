@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"text/tabwriter"
@@ -13,8 +14,8 @@ import (
 	"github.com/perspectives-go/perspectives/schema"
 )
 
-func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	pool, err := parseAndConnect(ctx, "migrate", args, stderr)
+func runMigrate(ctx context.Context, dbURL string, stdout, _ io.Writer) error {
+	pool, err := connect(ctx, dbURL)
 	if err != nil {
 		return err
 	}
@@ -26,8 +27,8 @@ func runMigrate(ctx context.Context, args []string, stdout, stderr io.Writer) er
 	return nil
 }
 
-func runLocks(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	pool, err := parseAndConnect(ctx, "locks", args, stderr)
+func runLocks(ctx context.Context, dbURL string, stdout, _ io.Writer) error {
+	pool, err := connect(ctx, dbURL)
 	if err != nil {
 		return err
 	}
@@ -52,27 +53,25 @@ func runLocks(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return tw.Flush()
 }
 
-func runPurge(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs, dbURL := flags("purge", "purge --stream UUID --perspective NAME [--database-url URL]", stderr)
+func definePurge(fs *flag.FlagSet) runFunc {
 	stream := fs.String("stream", "", "stream ID (required)")
 	name := fs.String("perspective", "", "perspective name (required)")
-	if err := parse(fs, args); err != nil {
-		return err
+	return func(ctx context.Context, dbURL string, stdout, _ io.Writer) error {
+		sid, err := requiredStream(*stream)
+		if err != nil {
+			return err
+		}
+		pool, admin, err := openAdmin(ctx, dbURL, *name)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		if err := admin.Purge(ctx, sid, *name); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "purged %s of stream %s\n", *name, sid)
+		return nil
 	}
-	sid, err := requiredStream(*stream)
-	if err != nil {
-		return err
-	}
-	pool, admin, err := openAdmin(ctx, *dbURL, *name)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	if err := admin.Purge(ctx, sid, *name); err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "purged %s of stream %s\n", *name, sid)
-	return nil
 }
 
 func requiredStream(s string) (uuid.UUID, error) {

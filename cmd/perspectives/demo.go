@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"maps"
@@ -27,6 +28,7 @@ import (
 
 	"github.com/perspectives-go/perspectives/db"
 	"github.com/perspectives-go/perspectives/internal/pgq"
+	"github.com/perspectives-go/perspectives/internal/shortid"
 	"github.com/perspectives-go/perspectives/locker"
 	"github.com/perspectives-go/perspectives/schema"
 	"github.com/perspectives-go/perspectives/worker"
@@ -48,8 +50,7 @@ type demoConfig struct {
 	dbName      string
 }
 
-func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs, dbURL := flags("demo", "demo [flags]", stderr)
+func defineDemo(fs *flag.FlagSet) runFunc {
 	var c demoConfig
 	fs.IntVar(&c.instances, "instances", 3, "worker instances (separate processes)")
 	fs.IntVar(&c.streams, "streams", 120, "streams")
@@ -61,19 +62,18 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.BoolVar(&c.keep, "keep", false, "keep the "+demoDatabase+" database afterwards")
 	fs.StringVar(&c.dbName, "demo-database", demoDatabase, "name of the database the demo creates and drops")
 	fs.Uint64Var(&c.seed, "seed", uint64(time.Now().UnixNano()), "random seed")
-	if err := parse(fs, args); err != nil {
-		return err
+	return func(ctx context.Context, dbURL string, stdout, stderr io.Writer) error {
+		switch {
+		case c.instances < 2:
+			return errors.New("--instances must be at least 2 (one is killed)")
+		case c.streams < 1 || c.events < 2:
+			return errors.New("--streams must be at least 1 and --events at least 2")
+		case c.late < 0 || c.late >= 1:
+			return errors.New("--late must be in [0, 1)")
+		}
+		d := &demo{cfg: c, out: stdout, errw: &syncWriter{w: stderr}, rng: rand.New(rand.NewPCG(c.seed, 1))}
+		return d.run(ctx, dbURL)
 	}
-	switch {
-	case c.instances < 2:
-		return errors.New("--instances must be at least 2 (one is killed)")
-	case c.streams < 1 || c.events < 2:
-		return errors.New("--streams must be at least 1 and --events at least 2")
-	case c.late < 0 || c.late >= 1:
-		return errors.New("--late must be in [0, 1)")
-	}
-	d := &demo{cfg: c, out: stdout, errw: &syncWriter{w: stderr}, rng: rand.New(rand.NewPCG(c.seed, 1))}
-	return d.run(ctx, *dbURL)
 }
 
 type demo struct {
@@ -156,9 +156,9 @@ func (d *demo) run(ctx context.Context, dbURL string) (err error) {
 	}
 	stopKill()
 	if kill.midRewind {
-		d.logf("killed instance %s with SIGKILL while it held %d stream lock(s) mid-rewind", short(victim.id), len(kill.held))
+		d.logf("killed instance %s with SIGKILL while it held %d stream lock(s) mid-rewind", shortid.String(victim.id), len(kill.held))
 	} else {
-		d.logf("killed instance %s with SIGKILL (no rewind caught in progress)", short(victim.id))
+		d.logf("killed instance %s with SIGKILL (no rewind caught in progress)", shortid.String(victim.id))
 	}
 
 	if err := d.waitDrained(ctx, 3*time.Minute); err != nil {
@@ -203,7 +203,7 @@ func (d *demo) run(ctx context.Context, dbURL string) (err error) {
 	fmt.Fprintf(d.out, "  version change            version 2 built beside version 1 and promoted in %s; %d version-1 instances retired it\n",
 		changed.Round(10*time.Millisecond), sum.Retired)
 	fmt.Fprintf(d.out, "  poison event              stream %s parked after %d failures in %s; skipped by the operator, the event after it applied\n",
-		short(poison.stream), poison.attempts, poison.parkedIn.Round(10*time.Millisecond))
+		shortid.String(poison.stream), poison.attempts, poison.parkedIn.Round(10*time.Millisecond))
 	fmt.Fprintf(d.out, "  elapsed                   %s\n", time.Since(start).Round(100*time.Millisecond))
 	fmt.Fprintf(d.out, "consistent: %d of %d models match\n", matched, total)
 	if matched != total {
@@ -308,9 +308,9 @@ func (d *demo) waitReady(ctx context.Context, procs []*demoProc) error {
 		select {
 		case <-p.ready:
 		case err := <-p.exited:
-			return fmt.Errorf("worker instance %s exited at start: %v", short(p.id), err)
+			return fmt.Errorf("worker instance %s exited at start: %v", shortid.String(p.id), err)
 		case <-time.After(60 * time.Second):
-			return fmt.Errorf("worker instance %s did not start within 60s", short(p.id))
+			return fmt.Errorf("worker instance %s did not start within 60s", shortid.String(p.id))
 		case <-ctx.Done():
 			return ctx.Err()
 		}
@@ -611,7 +611,7 @@ func (d *demo) poison(ctx context.Context, all map[uuid.UUID][]worker.Event) (po
 		if i := slices.IndexFunc(failed, func(f worker.FailedPair) bool { return f.Stream == p.stream && f.Parked }); i >= 0 {
 			f := failed[i]
 			p.attempts, p.parkedIn = f.Attempts, time.Since(start)
-			d.logf("poison event %s parked stream %s (version %d) after %d failures: %s", short(f.Event), short(p.stream), f.Version, f.Attempts, clip(f.LastError, 100))
+			d.logf("poison event %s parked stream %s (version %d) after %d failures: %s", shortid.String(f.Event), shortid.String(p.stream), f.Version, f.Attempts, clip(f.LastError, 100))
 			break
 		}
 		if time.Now().After(deadline) {
@@ -626,11 +626,9 @@ func (d *demo) poison(ctx context.Context, all map[uuid.UUID][]worker.Event) (po
 	if _, err := admin.Skip(ctx, p.stream, demoPerspectiveName, bad.ID, "demo operator"); err != nil {
 		return p, err
 	}
-	d.logf("operator skipped event %s (perspectives skip); the event after it is applied next", short(bad.ID))
+	d.logf("operator skipped event %s (perspectives skip); the event after it is applied next", shortid.String(bad.ID))
 	return p, d.waitDrained(ctx, time.Minute)
 }
-
-func short(id uuid.UUID) string { return strings.SplitN(id.String(), "-", 2)[0] }
 
 // syncWriter serializes writes from the instances' output copiers.
 type syncWriter struct {

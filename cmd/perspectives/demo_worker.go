@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -74,54 +75,52 @@ func (h *statsHandler) snapshot() demoStats {
 
 // runDemoWorker runs one worker instance for the demo until it is signalled, then prints
 // its stats as one JSON line. It prints "ready" once started.
-func runDemoWorker(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs, dbURL := flags(demoWorkerCommand, demoWorkerCommand+" --instance UUID [flags]", stderr)
+func defineDemoWorker(fs *flag.FlagSet) runFunc {
 	instance := fs.String("instance", "", "instance ID")
 	lockTimeout := fs.Duration("lock-timeout", 4*time.Second, "stream lock timeout")
 	delay := fs.Duration("apply-delay", time.Millisecond, "time spent per applied event")
 	version := fs.Int("version", 1, "the version of the demo perspective this instance runs")
-	if err := parse(fs, args); err != nil {
-		return err
+	return func(ctx context.Context, dbURL string, stdout, stderr io.Writer) error {
+		id, err := uuid.Parse(*instance)
+		if err != nil {
+			return fmt.Errorf("--instance: %w", err)
+		}
+		pool, err := connect(ctx, dbURL)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		opts := locker.Options{LockTimeout: *lockTimeout, KeepAliveInterval: *lockTimeout / 4}
+		lk, err := locker.NewPostgres(pool, opts)
+		if err != nil {
+			return err
+		}
+		h := &statsHandler{s: demoStats{Instance: id.String()}}
+		w, err := worker.New(pool, worker.Config{
+			InstanceID:   id,
+			Perspectives: []worker.Perspective{demoPerspective(*version, *delay)},
+			Locker:       lk,
+			LockOptions:  opts,
+			Snapshots:    worker.SnapshotOptions{EveryNEvents: 10, MaxPerStream: 3},
+			PollInterval: 50 * time.Millisecond,
+			Logger:       slog.New(h),
+			RetryBackoff: 100 * time.Millisecond,
+			// The demo's poison event parks its pair after three tries (about 0.7 s).
+			FailurePolicy: worker.FailurePolicy{Attempts: 3},
+		})
+		if err != nil {
+			return err
+		}
+		if err := w.Start(ctx); err != nil {
+			return err
+		}
+		fmt.Fprintln(stdout, "ready")
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := w.Stop(sctx); err != nil {
+			return err
+		}
+		return json.NewEncoder(stdout).Encode(h.snapshot())
 	}
-	id, err := uuid.Parse(*instance)
-	if err != nil {
-		return fmt.Errorf("--instance: %w", err)
-	}
-	pool, err := connect(ctx, *dbURL)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	opts := locker.Options{LockTimeout: *lockTimeout, KeepAliveInterval: *lockTimeout / 4}
-	lk, err := locker.NewPostgres(pool, opts)
-	if err != nil {
-		return err
-	}
-	h := &statsHandler{s: demoStats{Instance: id.String()}}
-	w, err := worker.New(pool, worker.Config{
-		InstanceID:   id,
-		Perspectives: []worker.Perspective{demoPerspective(*version, *delay)},
-		Locker:       lk,
-		LockOptions:  opts,
-		Snapshots:    worker.SnapshotOptions{EveryNEvents: 10, MaxPerStream: 3},
-		PollInterval: 50 * time.Millisecond,
-		Logger:       slog.New(h),
-		RetryBackoff: 100 * time.Millisecond,
-		// The demo's poison event parks its pair after three tries (about 0.7 s).
-		FailurePolicy: worker.FailurePolicy{Attempts: 3},
-	})
-	if err != nil {
-		return err
-	}
-	if err := w.Start(ctx); err != nil {
-		return err
-	}
-	fmt.Fprintln(stdout, "ready")
-	<-ctx.Done()
-	sctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := w.Stop(sctx); err != nil {
-		return err
-	}
-	return json.NewEncoder(stdout).Encode(h.snapshot())
 }

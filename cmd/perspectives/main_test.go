@@ -329,7 +329,7 @@ func TestDemoSmall(t *testing.T) {
 	require.Contains(t, stdout, "consistent: 20 of 20 models match")
 	require.Contains(t, stdout, "killed instance")
 	require.Contains(t, stdout, "takeovers")
-	require.Regexp(t, `poison event +stream \w+ parked after 3 failures in .*; skipped by the operator`, stdout)
+	require.Regexp(t, `poison event +stream …[0-9a-f]{12} parked after 3 failures in .*; skipped by the operator`, stdout)
 	require.Contains(t, stdout, "(perspectives skip)")
 }
 

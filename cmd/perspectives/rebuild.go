@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"slices"
@@ -52,106 +53,104 @@ func openAdmin(ctx context.Context, dbURL, perspective string) (*pgxpool.Pool, *
 	return nil, nil, err
 }
 
-func runRebuild(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs, dbURL := flags("rebuild", "rebuild --perspective NAME [--stream UUID] [--wait] [--timeout 10m] [--database-url URL]", stderr)
+func defineRebuild(fs *flag.FlagSet) runFunc {
 	name := fs.String("perspective", "", "perspective name (required)")
 	stream := fs.String("stream", "", "one stream ID (default: the whole perspective, built beside its active version)")
 	wait := fs.Bool("wait", true, "wait for running workers to do the rebuild, showing progress")
 	timeout := fs.Duration("timeout", 10*time.Minute, "how long --wait waits")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	pool, admin, err := openAdmin(ctx, *dbURL, *name)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	wctx, cancel := context.WithTimeout(ctx, *timeout)
-	defer cancel()
-	if *stream != "" {
-		id, err := requiredStream(*stream)
+	return func(ctx context.Context, dbURL string, stdout, stderr io.Writer) error {
+		pool, admin, err := openAdmin(ctx, dbURL, *name)
 		if err != nil {
 			return err
 		}
-		return rebuildStream(ctx, pool, admin, *name, id, *wait, *timeout, stdout, stderr)
-	}
+		defer pool.Close()
+		wctx, cancel := context.WithTimeout(ctx, *timeout)
+		defer cancel()
+		if *stream != "" {
+			id, err := requiredStream(*stream)
+			if err != nil {
+				return err
+			}
+			return rebuildStream(ctx, pool, admin, *name, id, *wait, *timeout, stdout, stderr)
+		}
 
-	b, created, err := admin.RebuildPerspective(ctx, *name)
-	if err != nil {
-		return err
-	}
-	verb := "started"
-	if !created {
-		verb = "already under way:"
-	}
-	fmt.Fprintf(stdout, "rebuild of %s %s version %d, build %d, beside the active build (readers keep it until the rebuild is promoted)\n",
-		*name, verb, b.Version, b.N)
-	if !*wait {
-		return nil
-	}
-	var bar progress
-	watch := &workerWatch{admin: admin, name: *name, versions: []int{b.Version}, say: func(line string) {
-		if bar != nil {
-			bar.say(line)
-			return
-		}
-		fmt.Fprintln(stderr, line)
-	}}
-	saidCaughtUp := false
-	tick := time.NewTicker(200 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		v, err := admin.Versions(ctx) // not wctx: the timeout ends the wait, not a read
+		b, created, err := admin.RebuildPerspective(ctx, *name)
 		if err != nil {
-			if bar != nil {
-				bar.done()
-			}
-			return fmt.Errorf("waiting for workers: %w", err)
+			return err
 		}
-		var st *worker.BuildStatus
-		for i := range v.Builds {
-			if v.Builds[i].Key == b.Key {
-				st = &v.Builds[i]
-			}
+		verb := "started"
+		if !created {
+			verb = "already under way:"
 		}
-		if st == nil {
-			if bar != nil {
-				bar.done()
-			}
-			return fmt.Errorf("build %d of %s version %d is gone", b.N, *name, b.Version)
-		}
-		total := max(v.StoredEvents, st.CatchUpEvents)
-		if bar == nil {
-			bar = newProgress(stderr, "catch-up", "events", total)
-		}
-		if st.CatchUpDone {
-			bar.set(total, total) // it has read the whole store
-		} else {
-			bar.set(st.CatchUpEvents, total)
-		}
-		switch {
-		case st.State == worker.BuildActive:
-			bar.done()
-			fmt.Fprintln(stdout, "rebuild promoted: readers get it now")
+		fmt.Fprintf(stdout, "rebuild of %s %s version %d, build %d, beside the active build (readers keep it until the rebuild is promoted)\n",
+			*name, verb, b.Version, b.N)
+		if !*wait {
 			return nil
-		case st.State == worker.BuildRetired:
-			bar.done()
-			return fmt.Errorf("the rebuild was retired before it was promoted (a newer version was promoted)")
-		case st.CatchUpDone && !saidCaughtUp:
-			saidCaughtUp = true
-			bar.say(fmt.Sprintf("caught up with the store; waiting for its promotion (automatic, unless the workers run with ManualPromotion: then run perspectives promote --perspective %s --version %d)", *name, b.Version))
 		}
-		missing := watch.check(ctx)
-		select {
-		case <-wctx.Done():
-			bar.done()
-			why := fmt.Sprintf("are workers running %s version %d?", *name, b.Version)
-			if missing != "" {
-				why = missing
+		var bar progress
+		watch := &workerWatch{admin: admin, name: *name, versions: []int{b.Version}, say: func(line string) {
+			if bar != nil {
+				bar.say(line)
+				return
 			}
-			return fmt.Errorf("the rebuild read %d of %d events in %s: %s (the rebuild waits in the database; see: perspectives versions)",
-				st.CatchUpEvents, v.StoredEvents, *timeout, why)
-		case <-tick.C:
+			fmt.Fprintln(stderr, line)
+		}}
+		saidCaughtUp := false
+		tick := time.NewTicker(200 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			v, err := admin.Versions(ctx) // not wctx: the timeout ends the wait, not a read
+			if err != nil {
+				if bar != nil {
+					bar.done()
+				}
+				return fmt.Errorf("waiting for workers: %w", err)
+			}
+			var st *worker.BuildStatus
+			for i := range v.Builds {
+				if v.Builds[i].Key == b.Key {
+					st = &v.Builds[i]
+				}
+			}
+			if st == nil {
+				if bar != nil {
+					bar.done()
+				}
+				return fmt.Errorf("build %d of %s version %d is gone", b.N, *name, b.Version)
+			}
+			total := max(v.StoredEvents, st.CatchUpEvents)
+			if bar == nil {
+				bar = newProgress(stderr, "catch-up", "events", total)
+			}
+			if st.CatchUpDone {
+				bar.set(total, total) // it has read the whole store
+			} else {
+				bar.set(st.CatchUpEvents, total)
+			}
+			switch {
+			case st.State == worker.BuildActive:
+				bar.done()
+				fmt.Fprintln(stdout, "rebuild promoted: readers get it now")
+				return nil
+			case st.State == worker.BuildRetired:
+				bar.done()
+				return fmt.Errorf("the rebuild was retired before it was promoted (a newer version was promoted)")
+			case st.CatchUpDone && !saidCaughtUp:
+				saidCaughtUp = true
+				bar.say(fmt.Sprintf("caught up with the store; waiting for its promotion (automatic, unless the workers run with ManualPromotion: then run perspectives promote --perspective %s --version %d)", *name, b.Version))
+			}
+			missing := watch.check(ctx)
+			select {
+			case <-wctx.Done():
+				bar.done()
+				why := fmt.Sprintf("are workers running %s version %d?", *name, b.Version)
+				if missing != "" {
+					why = missing
+				}
+				return fmt.Errorf("the rebuild read %d of %d events in %s: %s (the rebuild waits in the database; see: perspectives versions)",
+					st.CatchUpEvents, v.StoredEvents, *timeout, why)
+			case <-tick.C:
+			}
 		}
 	}
 }

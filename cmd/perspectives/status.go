@@ -12,15 +12,12 @@ import (
 	"github.com/perspectives-go/perspectives/worker"
 )
 
-// exitParked is status's exit code when any pair is parked.
-const exitParked = 3
-
 // runStatus shows the worker instances (alive or gone, by their heartbeats) and, per
 // perspective and version, the queue, the lag, the failing and parked pairs and the live
 // instances running it, with a verdict that tells idle from stuck; then the failing pairs.
 // It exits with exitParked when any pair is parked.
-func runStatus(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	pool, err := parseAndConnect(ctx, "status", args, stderr)
+func runStatus(ctx context.Context, dbURL string, stdout, _ io.Writer) error {
+	pool, err := connect(ctx, dbURL)
 	if err != nil {
 		return err
 	}

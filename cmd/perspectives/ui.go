@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -21,77 +22,75 @@ const uiTokenEnv = "PERSPECTIVES_UI_TOKEN"
 const uiShutdownTimeout = 10 * time.Second
 
 // runUI serves the operators' web dashboard (package ui) until SIGINT or SIGTERM.
-func runUI(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs, dbURL := flags("ui", "ui [--addr 127.0.0.1:8080] [--read-only] [--token T] [--insecure-listen] [--database-url URL]", stderr)
+func defineUI(fs *flag.FlagSet) runFunc {
 	addr := fs.String("addr", "127.0.0.1:8080", "address to listen on (host:port); a loopback address unless a token is set")
 	readOnly := fs.Bool("read-only", false, "show no action buttons and refuse every action")
 	token := fs.String("token", "", "token every request needs (default: $"+uiTokenEnv+")")
 	insecure := fs.Bool("insecure-listen", false, "allow a non-loopback --addr without a token (something else must guard it)")
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	if *token == "" {
-		*token = os.Getenv(uiTokenEnv)
-	}
-	loopback, err := isLoopback(ctx, *addr)
-	if err != nil {
-		return err
-	}
-	if !loopback && *token == "" && !*insecure {
-		return fmt.Errorf("refusing to serve the dashboard on %s, which is not a loopback address, without a token: anyone who reaches it could retry, skip and force-release. "+
-			"Set --token or %s, or pass --insecure-listen when something else (a proxy with authentication, a firewall) guards it", *addr, uiTokenEnv)
-	}
+	return func(ctx context.Context, dbURL string, stdout, stderr io.Writer) error {
+		if *token == "" {
+			*token = os.Getenv(uiTokenEnv)
+		}
+		loopback, err := isLoopback(ctx, *addr)
+		if err != nil {
+			return err
+		}
+		if !loopback && *token == "" && !*insecure {
+			return fmt.Errorf("refusing to serve the dashboard on %s, which is not a loopback address, without a token: anyone who reaches it could retry, skip and force-release. "+
+				"Set --token or %s, or pass --insecure-listen when something else (a proxy with authentication, a firewall) guards it", *addr, uiTokenEnv)
+		}
 
-	pool, admin, err := connectAdmin(ctx, *dbURL)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	if _, err := admin.Versions(ctx); err != nil { // a database without the schema is said so now, not on every page
-		return err
-	}
-	log := slog.New(slog.NewTextHandler(stderr, nil))
-	h, err := ui.NewHandler(pool, ui.Options{ReadOnly: *readOnly, Token: *token, Logger: log})
-	if err != nil {
-		return err
-	}
-	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", *addr)
-	if err != nil {
-		return fmt.Errorf("listen: %w", err)
-	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
-		ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
+		pool, admin, err := connectAdmin(ctx, dbURL)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		if _, err := admin.Versions(ctx); err != nil { // a database without the schema is said so now, not on every page
+			return err
+		}
+		log := slog.New(slog.NewTextHandler(stderr, nil))
+		h, err := ui.NewHandler(pool, ui.Options{ReadOnly: *readOnly, Token: *token, Logger: log})
+		if err != nil {
+			return err
+		}
+		ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", *addr)
+		if err != nil {
+			return fmt.Errorf("listen: %w", err)
+		}
+		srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+			ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 
-	mode := "read-write"
-	if *readOnly {
-		mode = "read-only"
-	}
-	fmt.Fprintf(stdout, "dashboard on http://%s/ (%s", ln.Addr(), mode)
-	if *token != "" {
-		fmt.Fprint(stdout, "; token required: open it once as /?token=…, or send Authorization: Bearer …")
-	} else if !loopback {
-		fmt.Fprint(stdout, "; NO token, on a non-loopback address (--insecure-listen)")
-	}
-	fmt.Fprintln(stdout, "); Ctrl-C stops it")
+		mode := "read-write"
+		if *readOnly {
+			mode = "read-only"
+		}
+		fmt.Fprintf(stdout, "dashboard on http://%s/ (%s", ln.Addr(), mode)
+		if *token != "" {
+			fmt.Fprint(stdout, "; token required: open it once as /?token=…, or send Authorization: Bearer …")
+		} else if !loopback {
+			fmt.Fprint(stdout, "; NO token, on a non-loopback address (--insecure-listen)")
+		}
+		fmt.Fprintln(stdout, "); Ctrl-C stops it")
 
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
-	select {
-	case err := <-served:
-		return fmt.Errorf("serve: %w", err)
-	case <-ctx.Done():
+		served := make(chan error, 1)
+		go func() { served <- srv.Serve(ln) }()
+		select {
+		case err := <-served:
+			return fmt.Errorf("serve: %w", err)
+		case <-ctx.Done():
+		}
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), uiShutdownTimeout)
+		defer cancel()
+		err = srv.Shutdown(sctx)
+		if serr := <-served; serr != nil && !errors.Is(serr, http.ErrServerClosed) && err == nil {
+			err = serr
+		}
+		if err != nil {
+			return fmt.Errorf("shut down: %w", err)
+		}
+		fmt.Fprintln(stdout, "dashboard stopped")
+		return nil
 	}
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), uiShutdownTimeout)
-	defer cancel()
-	err = srv.Shutdown(sctx)
-	if serr := <-served; serr != nil && !errors.Is(serr, http.ErrServerClosed) && err == nil {
-		err = serr
-	}
-	if err != nil {
-		return fmt.Errorf("shut down: %w", err)
-	}
-	fmt.Fprintln(stdout, "dashboard stopped")
-	return nil
 }
 
 // isLoopback reports whether addr (host:port) listens on loopback addresses only: a

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"text/tabwriter"
@@ -11,8 +12,8 @@ import (
 	"github.com/perspectives-go/perspectives/worker"
 )
 
-func runVersions(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	pool, v, err := connectVersions(ctx, "versions", args, stderr)
+func runVersions(ctx context.Context, dbURL string, stdout, _ io.Writer) error {
+	pool, v, err := connectVersions(ctx, dbURL)
 	if err != nil {
 		return err
 	}
@@ -47,10 +48,9 @@ func runVersions(ctx context.Context, args []string, stdout, stderr io.Writer) e
 	return nil
 }
 
-// connectVersions parses a command's flags (--database-url only), connects and reads every
-// build's status; the caller closes the pool.
-func connectVersions(ctx context.Context, name string, args []string, stderr io.Writer) (*pgxpool.Pool, worker.Versions, error) {
-	pool, err := parseAndConnect(ctx, name, args, stderr)
+// connectVersions connects and reads every build's status; the caller closes the pool.
+func connectVersions(ctx context.Context, dbURL string) (*pgxpool.Pool, worker.Versions, error) {
+	pool, err := connect(ctx, dbURL)
 	if err != nil {
 		return nil, worker.Versions{}, err
 	}
@@ -88,25 +88,23 @@ func catchUpFigures(b worker.BuildStatus, v worker.Versions, now time.Time) (pro
 	return progress, fmt.Sprintf("%.0f events/s", perSec), (time.Duration(float64(left)/perSec) * time.Second).Round(time.Second).String()
 }
 
-func runPromote(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs, dbURL := flags("promote", "promote --perspective NAME --version N [--database-url URL]", stderr)
+func definePromote(fs *flag.FlagSet) runFunc {
 	name := fs.String("perspective", "", "perspective name (required)")
 	version := fs.Int("version", 0, "the version to make active (required; its catch-up must be done)")
-	if err := parse(fs, args); err != nil {
-		return err
+	return func(ctx context.Context, dbURL string, stdout, _ io.Writer) error {
+		if *version < 1 {
+			return fmt.Errorf("--version is required and must be positive")
+		}
+		pool, admin, err := openAdmin(ctx, dbURL, *name)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		b, err := admin.Promote(ctx, *name, *version)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "%s version %d (build %d) is active\n", *name, b.Version, b.N)
+		return nil
 	}
-	if *version < 1 {
-		return fmt.Errorf("--version is required and must be positive")
-	}
-	pool, admin, err := openAdmin(ctx, *dbURL, *name)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	b, err := admin.Promote(ctx, *name, *version)
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "%s version %d (build %d) is active\n", *name, b.Version, b.N)
-	return nil
 }
