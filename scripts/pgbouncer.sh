@@ -9,24 +9,29 @@
 #                                         removes DIR
 #   scripts/pgbouncer.sh running DIR      exits 0 when the PgBouncer started in DIR runs, 1 if not
 #   scripts/pgbouncer.sh url PORT         prints the URL through it (no database, no query)
+#   scripts/pgbouncer.sh prepared         makes sure a PgBouncer that keeps prepared statements
+#                                         is installed when the system's package sources offer
+#                                         one, prints the installed version, exits 0 when it is
+#                                         >= 1.21 and 3 when it is older
 #
 # Every database of the server is reachable through it under its own name (a wildcard
 # entry), as the user of DATABASE_URL, without a password (the test cluster trusts local TCP).
 #
 # When the server is on this machine and answers on its Unix socket as the user PgBouncer runs
 # as, PgBouncer reaches it through the socket, as a PgBouncer beside its database is usually
-# set up: a local TCP hop costs a lock cycle about a tenth more (BENCHMARKS.md §12).
-# PGBOUNCER_SERVER_HOST overrides the choice (a socket directory or a host name).
+# set up (a local TCP hop adds to every round trip). PGBOUNCER_SERVER_HOST overrides the
+# choice (a socket directory or a host name).
 #
+# PgBouncer comes from the system's package manager only (apt-get install pgbouncer, as root).
 # PGBOUNCER_PREPARED=1 starts a PgBouncer that keeps prepared statements in transaction mode
-# (max_prepared_statements, PgBouncer >= 1.21), for pgx's default query exec mode: the
-# installed one when it is new enough, else the package of Debian 13 (PgBouncer 1.24; Debian
-# 12 has 1.18), fetched from deb.debian.org into a cache directory with the C library it was
-# built for (Debian 12's is older) and run by that library's loader. Nothing is installed.
+# (max_prepared_statements, PgBouncer >= 1.21), for pgx's default query exec mode. When the
+# installed PgBouncer is older and the configured apt sources offer 1.21 or later, it is
+# upgraded through apt-get; when they do not (Debian 12 offers 1.18), start fails and says
+# which version is installed.
 set -euo pipefail
 URL="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable}"
 
-usage() { echo "usage: $0 start DIR PORT | stop DIR | running DIR | url PORT" >&2; exit 2; }
+usage() { echo "usage: $0 start DIR PORT | stop DIR | running DIR | url PORT | prepared" >&2; exit 2; }
 
 # host, port and user of URL (postgres://user[:pw]@host:port/db?...).
 hostport=${URL#*://}; hostport=${hostport#*@}; hostport=${hostport%%/*}; hostport=${hostport%%\?*}
@@ -51,43 +56,55 @@ install() {
 
 bin() { command -v pgbouncer 2>/dev/null || echo /usr/sbin/pgbouncer; }
 
+# The version of the PgBouncer at $1 as it prints it (1.18.0), "none" if there is none.
+version_name() {
+  local v
+  v=$("$1" --version 2>/dev/null | awk 'NR == 1 { print $2 }') || true
+  echo "${v:-none}"
+}
+
 # The version of the PgBouncer at $1 as one comparable number (1.21.0 -> 1021000), 0 if none.
 version_of() {
   local v
-  v=$("$1" --version 2>/dev/null | awk 'NR == 1 { print $2 }') || true
+  v=$(version_name "$1")
   [[ "$v" =~ ^([0-9]+)\.([0-9]+)(\.([0-9]+))? ]] || { echo 0; return; }
   echo $(( BASH_REMATCH[1] * 1000000 + BASH_REMATCH[2] * 1000 + ${BASH_REMATCH[4]:-0} ))
 }
 
-# prepared_bin prints a command that runs a PgBouncer >= 1.21 (see the header).
-prepared_bin() {
-  local sys cache root deb f
-  sys=$(bin)
-  if [ -x "$sys" ] && [ "$(version_of "$sys")" -ge 1021000 ]; then echo "$sys"; return 0; fi
-  cache="${XDG_CACHE_HOME:-$HOME/.cache}/perspectives/pgbouncer-debian13"
-  if [ ! -x "$cache/pgbouncer" ]; then
-    echo "pgbouncer: fetching Debian 13's PgBouncer and C library into $cache" >&2
-    [ "$(uname -m)" = x86_64 ] || { echo "pgbouncer: Debian 13's package is fetched for x86_64 only; install PgBouncer >= 1.21" >&2; exit 1; }
-    rm -rf "$cache.tmp" && mkdir -p "$cache.tmp/deb" "$cache.tmp/root"
-    deb=http://deb.debian.org/debian
-    curl -fsS --retry 3 -o "$cache.tmp/Packages.xz" "$deb/dists/trixie/main/binary-amd64/Packages.xz"
-    for pkg in pgbouncer libc6 libcares2 libevent-2.1-7t64; do
-      f=$(xz -dc "$cache.tmp/Packages.xz" | awk -v p="$pkg" '$0 == "Package: " p { found = 1 } found && /^Filename: / { print $2; exit }')
-      [ -n "$f" ] || { echo "pgbouncer: no package $pkg in Debian 13's index" >&2; exit 1; }
-      curl -fsS --retry 3 -o "$cache.tmp/deb/$pkg.deb" "$deb/$f"
-      dpkg-deb -x "$cache.tmp/deb/$pkg.deb" "$cache.tmp/root"
-    done
-    root=$cache/root
-    printf '#!/bin/sh\nexec "%s" --library-path "%s" "%s" "$@"\n' \
-      "$root/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" \
-      "$root/usr/lib/x86_64-linux-gnu:/usr/lib/x86_64-linux-gnu:/lib/x86_64-linux-gnu" \
-      "$root/usr/sbin/pgbouncer" > "$cache.tmp/pgbouncer"
-    chmod 755 "$cache.tmp/pgbouncer"
-    rm -rf "$cache.tmp/deb" "$cache.tmp/Packages.xz" "$cache"
-    mv "$cache.tmp" "$cache"
-    chmod -R a+rX "$cache"
+# candidate prints the version of pgbouncer that apt-get would install (1.18.0-1+deb12u1),
+# nothing when apt offers none.
+candidate() {
+  apt-cache policy pgbouncer 2>/dev/null | awk '$1 == "Candidate:" && $2 != "(none)" { print $2 }'
+}
+
+# new_enough VERSION: whether a Debian package version is 1.21 or later.
+new_enough() {
+  [ -n "$1" ] || return 1
+  if command -v dpkg >/dev/null 2>&1; then dpkg --compare-versions "$1" ge 1.21; return; fi
+  [[ "${1#*:}" =~ ^([0-9]+)\.([0-9]+) ]] || return 1
+  (( BASH_REMATCH[1] * 1000 + BASH_REMATCH[2] >= 1021 ))
+}
+
+# install_prepared installs PgBouncer when missing and, when the installed one is older than
+# 1.21 and the configured apt sources offer 1.21 or later, upgrades it through apt-get.
+# It returns 0 when the installed PgBouncer is >= 1.21, 3 when it is older.
+install_prepared() {
+  local c
+  install || return 1
+  [ "$(version_of "$(bin)")" -ge 1021000 ] && return 0
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    c=$(candidate)
+    if ! new_enough "$c"; then
+      apt-get update -qq >&2 || echo "pgbouncer: apt-get update failed; using the package lists at hand" >&2
+      c=$(candidate)
+    fi
+    if new_enough "$c"; then
+      echo "pgbouncer: $(version_name "$(bin)") keeps no prepared statements; installing $c with apt-get" >&2
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq pgbouncer >&2 || return 1
+      [ "$(version_of "$(bin)")" -ge 1021000 ] && return 0
+    fi
   fi
-  echo "$cache/pgbouncer"
+  return 3
 }
 
 # server_host prints where PgBouncer reaches the server (see the header). Its arguments, when
@@ -109,9 +126,15 @@ server_host() {
 }
 
 start() {
-  local dir=$1 listen=$2 cmd extra="" server
+  local dir=$1 listen=$2 cmd extra="" server rc
   if [ "${PGBOUNCER_PREPARED:-}" = 1 ]; then
-    cmd=$(prepared_bin)
+    rc=0; install_prepared || rc=$?
+    if [ "$rc" = 3 ]; then
+      echo "pgbouncer: PGBOUNCER_PREPARED=1 needs PgBouncer >= 1.21 (max_prepared_statements); the installed one is $(version_name "$(bin)") and the system's package sources offer no newer one" >&2
+      exit 3
+    fi
+    [ "$rc" = 0 ] || { echo "pgbouncer: could not install PgBouncer" >&2; exit 1; }
+    cmd=$(bin)
     extra="max_prepared_statements = 200"
   else
     install
@@ -189,5 +212,6 @@ case "${1:-}" in
   stop)  [ $# -eq 2 ] || usage; stop "$2" ;;
   running) [ $# -eq 2 ] || usage; running "$2" >/dev/null ;;
   url)   [ $# -eq 2 ] || usage; echo "postgres://$user@127.0.0.1:$2/" ;;
+  prepared) [ $# -eq 1 ] || usage; rc=0; install_prepared || rc=$?; version_name "$(bin)"; exit "$rc" ;;
   *) usage ;;
 esac
