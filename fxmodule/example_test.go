@@ -17,10 +17,6 @@ import (
 	"github.com/perspectives-go/perspectives/worker"
 )
 
-// databaseURL is the application's database; in these examples, the test database, on a
-// direct connection (the examples migrate, which a pooler refuses).
-func databaseURL() string { return testDB.DirectURL }
-
 // Visits counts the events of a stream.
 type Visits struct {
 	Count int `json:"count"`

@@ -12,10 +12,13 @@ import (
 	"github.com/perspectives-go/perspectives/locker"
 )
 
+// databaseURL is the application's database; in these examples, the test database.
+func databaseURL() string { return testDB.URL }
+
 // The README's locker quickstart: take a stream lock, keep it alive, release it.
 func ExamplePostgres() {
 	ctx := context.Background()
-	pool, err := pgxpool.New(ctx, testDB.URL) // the application's (migrated) database
+	pool, err := pgxpool.New(ctx, databaseURL()) // the application's (migrated) database
 	if err != nil {
 		log.Fatal(err)
 	}

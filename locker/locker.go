@@ -1,10 +1,20 @@
-// Package locker provides stream locks: leases on one (stream, perspective) pair that pause
-// normal event application while a perspective is rewound, bootstrapped or purged.
+// Package locker provides stream locks: leases on one pair (a stream and a perspective
+// build) that pause live application of the pair's events, on every worker instance, while
+// one instance rewinds, bootstraps or purges it.
 //
-// A lock is kept on the pair's cursor row (wh_perspective_cursors). It is acquired when the
-// pair is unlocked, its lock has expired, or the caller already holds it; it is renewed by a
-// keepalive while the operation runs and released when it ends. Expiry is computed and
-// compared with the database clock only.
+// A lock is kept on the pair's cursor row (wh_perspective_cursors). [Locker.TryAcquire]
+// succeeds when the pair is unlocked, its lock has expired, or the caller already holds it;
+// [Locker.Renew] extends the lock only while the caller holds it, and reports whether it
+// does (a keepalive calls it every [Options.KeepAliveInterval]); [Locker.Release] clears it
+// when the caller holds it. Expiry is computed and compared with the database clock only.
+//
+// An application usually only makes a [Postgres] with [NewPostgres] and gives it to the
+// worker (worker.Config.Locker, or fxmodule.WithPostgresLocker), which takes, renews and
+// releases the locks itself. [Postgres.Get], [Postgres.List], [Postgres.ListStatus] and
+// [Postgres.ForceRelease] are for operators: the command-line tool's perspectives locks and
+// the dashboard's Force release use them. [Options] sets how long a lock lasts and how often
+// it is renewed. Bad input is refused with an error wrapping [ErrInvalidArgument], and
+// invalid options with one wrapping [ErrInvalidOptions], before any SQL runs.
 package locker
 
 //go:generate go tool moq -rm -out ../mocks/locker.go -pkg mocks . Locker

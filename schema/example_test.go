@@ -8,19 +8,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/perspectives-go/perspectives/internal/pgtest"
 	"github.com/perspectives-go/perspectives/schema"
 )
-
-// databaseURL is the application's database on a direct connection to PostgreSQL; in this
-// example, a new, empty database.
-func databaseURL() string {
-	u, err := pgtest.EmptyURL("schema_example")
-	if err != nil {
-		log.Fatal(err)
-	}
-	return u
-}
 
 // Migrate at start-up, before any worker starts, on a direct connection: through a
 // transaction pooler (PgBouncer) Migrate refuses with ErrNeedsDirectConnection. Every

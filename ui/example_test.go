@@ -13,9 +13,6 @@ import (
 	"github.com/perspectives-go/perspectives/ui"
 )
 
-// databaseURL is the application's database; in these examples, the test database.
-func databaseURL() string { return testDB.URL }
-
 // The README's "Dashboard" snippet: the dashboard mounted under a path of the application's
 // own server.
 func ExampleNewHandler() {

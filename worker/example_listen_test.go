@@ -16,11 +16,6 @@ import (
 	"github.com/perspectives-go/perspectives/worker"
 )
 
-// pooledDatabaseURL is the application's database through its connection pooler (PgBouncer
-// in transaction mode); in these examples, the test database, through the tests' PgBouncer
-// when they run behind one.
-func pooledDatabaseURL() string { return testDB.URL }
-
 // Behind PgBouncer in transaction mode the application's pool goes through the pooler,
 // which keeps no session to LISTEN on: ListenConnect gives the worker a direct connection
 // of its own for the wake-up, so that each committed Append wakes it at once, not at its

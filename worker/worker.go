@@ -1,10 +1,3 @@
-// Package worker applies stored events to perspectives (read models), in event-ID order,
-// on any number of instances sharing one PostgreSQL database.
-//
-// A late-arriving event (older than a pair's cursor) makes the worker rewind that
-// (stream, perspective): under a stream lock it restores the newest snapshot before the
-// event, replays the stream and commits under a fencing check. Normal application of a
-// locked pair pauses on every instance; its events keep queueing and are applied after.
 package worker
 
 import (
