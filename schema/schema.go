@@ -1,5 +1,23 @@
 // Package schema holds the perspectives database schema as golang-migrate migrations
 // and applies them.
+//
+// # Changing the schema
+//
+// A released migration is never edited, neither its up nor its down file: a database
+// records only the number of the last migration it applied, so an edit would never reach
+// the databases that ran the old text, and they would differ from new ones for good. A
+// change to the schema is a new migration with the next number.
+//
+// Upgrades are forward-only. Migrate applies up migrations only; the down migrations exist
+// for development (stepping back while a migration is written) and are not a way to take a
+// production database back to an earlier release, whose data they may drop.
+//
+// Each migration file runs as one transaction: it applies whole or not at all, and the
+// locks its statements take are held until it ends. A new migration keeps every row it
+// finds (TestUpgradeStepByStep checks each migration against rows written as the release
+// before it wrote them, and needs a step for every new one) and, where it can, keeps the
+// previous release's statements working, so that its workers may run while the upgrade
+// runs; CHANGELOG.md says, for each migration, whether they may.
 package schema
 
 import (
