@@ -40,7 +40,7 @@ func NewPool(lc fx.Lifecycle) (*pgxpool.Pool, error) {
 	return pool, nil
 }
 
-// The README's fx quickstart: the module, the Postgres locker with options, and one
+// The README's "With fx": the module, the Postgres locker with options, and one
 // perspective; the worker starts and stops with the application.
 func Example() {
 	var pool *pgxpool.Pool

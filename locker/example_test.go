@@ -15,7 +15,7 @@ import (
 // databaseURL is the application's database; in these examples, the test database.
 func databaseURL() string { return testDB.URL }
 
-// The README's locker quickstart: take a stream lock, keep it alive, release it.
+// Take a stream lock, keep it alive, release it.
 func ExamplePostgres() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, databaseURL()) // the application's (migrated) database

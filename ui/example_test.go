@@ -13,8 +13,8 @@ import (
 	"github.com/perspectives-go/perspectives/ui"
 )
 
-// The README's "Dashboard" snippet: the dashboard mounted under a path of the application's
-// own server.
+// The dashboard mounted under a path of the application's own server (docs/operations.md,
+// "The dashboard").
 func ExampleNewHandler() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, databaseURL()) // the application's pool

@@ -68,7 +68,7 @@ type Config struct {
 	RetryBackoff time.Duration
 	// MaxRetryBackoff caps the retry delay. Default 5m.
 	MaxRetryBackoff time.Duration
-	// MeterProvider receives the worker's metrics (see the README for the instruments).
+	// MeterProvider receives the worker's metrics (docs/operations.md lists the instruments).
 	// nil: otel.GetMeterProvider(), a no-op unless the application installs one.
 	MeterProvider metric.MeterProvider
 	// TracerProvider receives spans around rewinds, bootstraps and purges.

@@ -135,7 +135,7 @@ type OrderTotalsV2 struct {
 	Average int `json:"average"`
 }
 
-// The README's "Changing a perspective": version 2 of a perspective builds beside version 1
+// Version 2 of a perspective builds beside version 1
 // from the event store and is promoted once it has caught up; readers get version 1's
 // models until then, and version 2's after.
 func Example_versions() {

@@ -15,7 +15,7 @@ import (
 	"github.com/perspectives-go/perspectives/worker"
 )
 
-// The README's "Read your writes": append, wait until the event is in the served model,
+// Read your writes: append, wait until the event is in the served model,
 // then read it.
 func ExampleWaitFor() {
 	ctx := context.Background()

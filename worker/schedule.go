@@ -306,7 +306,7 @@ func (s *schedule) nextDue(now time.Time) time.Duration {
 // claims and reads as well as of the jobs: a graceful stop lets a claim under way finish
 // (and runs what it claimed) rather than cancel it. A cancelled query costs its pooled
 // connection, and pgx then sends the server a cancel request, which PgBouncer before 1.21
-// can exit on (README, "Behind PgBouncer in transaction mode").
+// can exit on (docs/postgresql.md, "Behind PgBouncer in transaction mode").
 func (w *Worker) loop(loopCtx, opsCtx context.Context) {
 	s := newSchedule(w.cfg.LockOptions.LockTimeout, w.log, w.logPair)
 	var maintained time.Time // when maintain last ran: every PollInterval

@@ -126,7 +126,7 @@ func (w *Worker) InstanceID() uuid.UUID { return w.cfg.InstanceID }
 // Start registers the perspectives and starts the loop in the background; the loop is not
 // tied to ctx (Stop ends it). Registration is a few short statements whatever the size of
 // the event store: a new perspective, or a new version of one, is caught up from the store
-// in the background (see the README, "Changing a perspective").
+// in the background (docs/concepts.md, "The life of a build").
 func (w *Worker) Start(ctx context.Context) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
