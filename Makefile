@@ -35,7 +35,7 @@ test: db ## run every test against PostgreSQL, with the race detector, then the 
 	go test -race -count=1 ./...
 	./scripts/test-pooler.sh
 
-test-pooler: db ## the locker, worker, fx and CLI tests through PgBouncer in transaction mode (1.18: exec, simple_protocol; >= 1.21: prepared statements)
+test-pooler: db ## the locker, worker, fx and CLI tests through PgBouncer in transaction mode (exec, simple_protocol; pgx's default mode where PgBouncer >= 1.21 is installed)
 	./scripts/test-pooler.sh
 
 bench: db ## run the benchmarks and write their results into BENCHMARKS.md (BENCH=regexp, BENCH_COUNT=n)
