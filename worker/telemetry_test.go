@@ -232,7 +232,10 @@ func TestMetricsRewindFromSnapshot(t *testing.T) {
 	}
 	require.NoError(t, worker.Append(ctx, d.Pool, first...))
 	waitModelIn(t, d, name, stream, 6)
-	require.Equal(t, int64(6), m.sum("perspectives.events.applied", persp(name)))
+	// The counter is recorded after the commit that makes the model visible.
+	eventually(t, 10*time.Second, "6 events applied recorded", func() bool {
+		return m.sum("perspectives.events.applied", persp(name)) == 6
+	})
 
 	require.NoError(t, worker.Append(ctx, d.Pool, all[3]))
 	require.Equal(t, expectedLedger(t, all), waitModelIn(t, d, name, stream, 7))
