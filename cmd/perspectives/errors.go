@@ -75,7 +75,7 @@ func (e *connectError) Error() string {
 		// The server answered: a wrong password, a database that does not exist, ...
 		return fmt.Sprintf("database %s refused the connection: %s", e.url, pgErr.Error())
 	}
-	return fmt.Sprintf("cannot reach database %s: %s (is PostgreSQL running? try: make db)", e.url, connectReason(e.err))
+	return fmt.Sprintf("cannot reach database %s: %s (is PostgreSQL running there? set --database-url or DATABASE_URL)", e.url, connectReason(e.err))
 }
 
 // connectReason is why pgx could not connect, without what the URL says: the dial errors

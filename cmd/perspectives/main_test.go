@@ -102,7 +102,7 @@ func TestUnreachableDatabaseIsSaidOnce(t *testing.T) {
 		code, stdout, stderr := cli(t, append(args, "--database-url", url)...)
 		require.Equal(t, 1, code, args[0])
 		require.Empty(t, stdout, args[0])
-		require.Equal(t, "perspectives "+args[0]+": cannot reach database "+url+": connection refused (is PostgreSQL running? try: make db)\n", stderr)
+		require.Equal(t, "perspectives "+args[0]+": cannot reach database "+url+": connection refused (is PostgreSQL running there? set --database-url or DATABASE_URL)\n", stderr)
 		require.Equal(t, 1, strings.Count(stderr, "127.0.0.1:1"), "the address once, in the URL: %q", stderr)
 		require.Equal(t, 1, strings.Count(stderr, "connection refused"), "the dial error once: %q", stderr)
 		require.NotContains(t, stderr, "dial", "pgx's dial error, which names the address again")
@@ -111,7 +111,7 @@ func TestUnreachableDatabaseIsSaidOnce(t *testing.T) {
 	// Several addresses tried: each with its own reason.
 	code, _, stderr := cli(t, "status", "--database-url", "postgres://postgres@127.0.0.1:1,127.0.0.1:2/postgres?sslmode=disable&connect_timeout=2")
 	require.Equal(t, 1, code)
-	require.Contains(t, stderr, ": 127.0.0.1:1: connection refused; 127.0.0.1:2: connection refused (is PostgreSQL running?")
+	require.Contains(t, stderr, ": 127.0.0.1:1: connection refused; 127.0.0.1:2: connection refused (is PostgreSQL running there?")
 	require.Equal(t, 2, strings.Count(stderr, "127.0.0.1:1"), "in the URL and before its reason: %q", stderr)
 
 	// A server that answers and refuses: its error, not the advice to start PostgreSQL.
