@@ -177,7 +177,7 @@ func runFacts(path string, r *run, info *runInfo) []string {
 			commit += ", no uncommitted changes to tracked files"
 		}
 	}
-	return []string{
+	out := []string{
 		"**commit** " + commit,
 		fmt.Sprintf("**run** %s to %s; %d runs of each benchmark (`BENCH=%s`, `BENCH_COUNT=%s`)",
 			utc(info.start), utc(info.end), r.runs(), cmp.Or(os.Getenv("BENCH"), "."), cmp.Or(os.Getenv("BENCH_COUNT"), "3")),
@@ -187,6 +187,10 @@ func runFacts(path string, r *run, info *runInfo) []string {
 		"**PgBouncer installed** " + pgbouncer(),
 		fmt.Sprintf("**load average** (1, 5, 15 min) %s at the start, %s at the end", info.loadStart, info.loadEnd),
 	}
+	if len(r.others) > 0 {
+		out = append(out, "**failures outside the benchmarks** (packages that ran none) `"+strings.Join(r.others, "`, `")+"`")
+	}
+	return out
 }
 
 func machine() string {

@@ -10,7 +10,9 @@
 // With -write it also rewrites the generated parts of that file: the index of the
 // benchmarks (from catalog.go) always, and the results of the run (the run's facts, the
 // targets table, every figure) only when the run measured every benchmark of the catalog and
-// nothing failed, so that a partial run (BENCH=...) never replaces a whole one. make bench
+// no benchmark failed, so that a partial run (BENCH=...) never replaces a whole one; the
+// failure of a package that ran no benchmark (one that does not build) is named in the
+// results instead. make bench
 // runs the second form; `go run ./bench -write BENCHMARKS.md < /dev/null` rewrites the index
 // alone. This package's test checks that BENCHMARKS.md describes exactly the benchmark
 // functions of the repository and the targets of the catalog.
@@ -49,12 +51,16 @@ type run struct {
 	results map[string]*series
 	names   []string                     // benchmarks in first-seen order
 	notRun  map[string]map[string]string // benchmark -> variant -> reason
-	failed  []string                     // lines that report a failure
-	current string                       // the benchmark whose log lines follow
+	failed  []string                     // lines that report a failure of a benchmark
+	// lines that report a failure of a package that ran no benchmark (a build failure of a
+	// package without benchmarks): they leave the figures whole, and the results say so
+	others  []string
+	pkgs    map[string]bool // the packages that ran benchmarks ("pkg:" headers)
+	current string          // the benchmark whose log lines follow
 }
 
 func newRun() *run {
-	return &run{results: map[string]*series{}, notRun: map[string]map[string]string{}}
+	return &run{results: map[string]*series{}, notRun: map[string]map[string]string{}, pkgs: map[string]bool{}}
 }
 
 func main() {
@@ -91,8 +97,18 @@ func main() {
 // parse records what one line of go test's output tells.
 func (r *run) parse(line string) {
 	switch {
-	case strings.HasPrefix(line, "--- FAIL"), line == "FAIL", strings.HasPrefix(line, "FAIL\t"), strings.HasPrefix(line, "panic: "):
+	case strings.HasPrefix(line, "pkg: "):
+		r.pkgs[strings.TrimSpace(strings.TrimPrefix(line, "pkg: "))] = true
+		return
+	case strings.HasPrefix(line, "--- FAIL"), strings.HasPrefix(line, "panic: "):
 		r.failed = append(r.failed, line)
+		return
+	case strings.HasPrefix(line, "FAIL\t"):
+		if pkg := strings.Fields(line)[1]; r.pkgs[pkg] {
+			r.failed = append(r.failed, line)
+		} else {
+			r.others = append(r.others, line)
+		}
 		return
 	}
 	if m := benchHeader.FindStringSubmatch(line); m != nil {

@@ -206,6 +206,10 @@ func TestVerdicts(t *testing.T) {
 	require.Contains(t, r.missing(), "BenchmarkLockCycle")
 	require.NotContains(t, r.missing(), "BenchmarkLockCyclePooled")
 	require.Contains(t, parsed("--- FAIL: BenchmarkScale\nFAIL\tgithub.com/x/worker\t12s\n").failed, "--- FAIL: BenchmarkScale")
+	// A package that ran benchmarks failed; another, without benchmarks, did not build.
+	f := parsed("pkg: github.com/x/worker\nFAIL\tgithub.com/x/worker\t12s\nFAIL\tgithub.com/x/ui [build failed]\n")
+	require.Equal(t, []string{"FAIL\tgithub.com/x/worker\t12s"}, f.failed)
+	require.Equal(t, []string{"FAIL\tgithub.com/x/ui [build failed]"}, f.others)
 }
 
 // complete is a run with a result of every benchmark of the catalog.
@@ -240,8 +244,13 @@ func TestWriteDoc(t *testing.T) {
 	require.NoError(t, writeDoc(path, parsed(complete()+"--- FAIL: BenchmarkScale\n"), facts))
 	require.Equal(t, "old results\n", block(read(), resultsBegin, resultsEnd))
 
-	// A complete run: the results too, with every target.
-	require.NoError(t, writeDoc(path, parsed(complete()), facts))
+	// A complete run that failed in a benchmark's package: the index only.
+	require.NoError(t, writeDoc(path, parsed("pkg: github.com/x/worker\n"+complete()+"FAIL\tgithub.com/x/worker\t1s\n"), facts))
+	require.Equal(t, "old results\n", block(read(), resultsBegin, resultsEnd))
+
+	// A complete run: the results too, with every target, even where a package that ran
+	// no benchmark failed.
+	require.NoError(t, writeDoc(path, parsed("pkg: github.com/x/worker\n"+complete()+"FAIL\tgithub.com/x/ui [build failed]\n"), facts))
 	got = read()
 	res := block(got, resultsBegin, resultsEnd)
 	require.True(t, strings.HasPrefix(res, "- **commit** `abc`\n"), res)
