@@ -18,7 +18,7 @@
 // [Append] stores events and queues them, atomically; given a pgx.Tx, it runs inside the
 // application's own transaction and queues nothing unless that transaction commits. A zero
 // [Event.ID] gets a UUIDv7. [LoadModel] returns a stream's model in the active version of a
-// perspective. Workers apply events after their commit, so a reader that must see its own
+// perspective as JSON, [Load] decodes it into a Go type. Workers apply events after their commit, so a reader that must see its own
 // write waits for it: [WaitFor] returns once the event is in the model LoadModel serves, or
 // with an error wrapping [ErrParked] (the pair is parked before the event) or [ErrSkipped]
 // (the event was skipped).

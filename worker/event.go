@@ -163,3 +163,19 @@ func LoadModel(ctx context.Context, dbtx DBTX, perspectiveName string, streamID 
 	}
 	return json.RawMessage(model), true, nil
 }
+
+// Load decodes the active version's model of (perspectiveName, streamID) into an M, as
+// LoadModel reads it, and reports whether one exists (the zero M when not). A model that does
+// not decode into M is an error naming the perspective and the stream.
+func Load[M any](ctx context.Context, dbtx DBTX, perspectiveName string, streamID uuid.UUID) (M, bool, error) {
+	var m M
+	raw, ok, err := LoadModel(ctx, dbtx, perspectiveName, streamID)
+	if err != nil || !ok {
+		return m, false, err
+	}
+	if err := json.Unmarshal(raw, &m); err != nil {
+		var zero M
+		return zero, false, fmt.Errorf("worker: load %s of stream %s into %T: %w", perspectiveName, streamID, m, err)
+	}
+	return m, true, nil
+}
