@@ -29,13 +29,37 @@ const (
 
 // runInfo is what the results say of the run besides its figures.
 type runInfo struct {
+	dir                string // the checkout
 	start, end         time.Time
 	loadStart, loadEnd string
+	head, headEnd      string   // the commit checked out at the start and at the end ("" unknown)
+	changed            []string // tracked files with uncommitted changes at the start
 }
 
-func startInfo() *runInfo { return &runInfo{start: time.Now(), loadStart: loadAvg()} }
+// startInfo notes the state of the checkout at dir as the run starts (go test builds the
+// packages meanwhile).
+func startInfo(dir string) *runInfo {
+	i := &runInfo{dir: dir, start: time.Now(), loadStart: loadAvg(), head: gitHead(dir)}
+	if out, err := exec.Command("git", "-C", dir, "status", "--porcelain", "--untracked-files=no").Output(); err == nil {
+		for _, l := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {
+			if len(l) > 3 {
+				i.changed = append(i.changed, l[3:])
+			}
+		}
+	}
+	return i
+}
 
-func (i *runInfo) finish() { i.end, i.loadEnd = time.Now(), loadAvg() }
+func (i *runInfo) finish() { i.end, i.loadEnd, i.headEnd = time.Now(), loadAvg(), gitHead(i.dir) }
+
+// gitHead is the commit checked out at dir, "" when git cannot tell.
+func gitHead(dir string) string {
+	out, err := exec.Command("git", "-C", dir, "rev-parse", "--short=10", "HEAD").Output()
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(out))
+}
 
 // renderIndex is the index of the benchmarks, from the catalog.
 func renderIndex() string {
@@ -159,16 +183,13 @@ func block(doc, begin, end string) string {
 // runFacts are the lines of the results that describe the run of path's checkout: commit,
 // when, machine, Go, PostgreSQL, PgBouncer, load average.
 func runFacts(path string, r *run, info *runInfo) []string {
-	dir := filepath.Dir(path)
 	commit := "unknown"
-	if out, err := exec.Command("git", "-C", dir, "rev-parse", "--short=10", "HEAD").Output(); err == nil {
-		commit = "`" + strings.TrimSpace(string(out)) + "`"
-	}
-	if out, err := exec.Command("git", "-C", dir, "status", "--porcelain", "--untracked-files=no").Output(); err == nil {
+	if info.head != "" {
+		commit = "`" + info.head + "` at the start"
 		var changed []string
-		for _, l := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {
-			if len(l) > 3 && filepath.Join(dir, l[3:]) != filepath.Clean(path) {
-				changed = append(changed, "`"+l[3:]+"`")
+		for _, f := range info.changed {
+			if filepath.Join(info.dir, f) != filepath.Clean(path) {
+				changed = append(changed, "`"+f+"`")
 			}
 		}
 		if len(changed) > 0 {
@@ -176,11 +197,14 @@ func runFacts(path string, r *run, info *runInfo) []string {
 		} else {
 			commit += ", no uncommitted changes to tracked files"
 		}
+		if info.headEnd != info.head {
+			commit += fmt.Sprintf("; commits landed during the run (`%s` at the end), which the packages built after them include", info.headEnd)
+		}
 	}
 	out := []string{
 		"**commit** " + commit,
-		fmt.Sprintf("**run** %s to %s; %d runs of each benchmark (`BENCH=%s`, `BENCH_COUNT=%s`)",
-			utc(info.start), utc(info.end), r.runs(), cmp.Or(os.Getenv("BENCH"), "."), cmp.Or(os.Getenv("BENCH_COUNT"), "3")),
+		fmt.Sprintf("**run** %s; %d runs of each benchmark (`BENCH=%s`, `BENCH_COUNT=%s`)",
+			span(info.start, info.end), r.runs(), cmp.Or(os.Getenv("BENCH"), "."), cmp.Or(os.Getenv("BENCH_COUNT"), "3")),
 		"**machine** " + machine(),
 		"**Go** " + goVersion(),
 		"**PostgreSQL** " + postgres(),

@@ -20,10 +20,12 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"flag"
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -66,7 +68,7 @@ func newRun() *run {
 func main() {
 	write := flag.String("write", "", "rewrite the generated parts of this file (BENCHMARKS.md)")
 	flag.Parse()
-	info := startInfo()
+	info := startInfo(filepath.Dir(cmp.Or(*write, ".")))
 	r := newRun()
 	in := bufio.NewReader(os.Stdin)
 	for {
@@ -261,5 +263,11 @@ func loadAvg() string {
 	return "unknown"
 }
 
-// utc is t as the results show it.
-func utc(t time.Time) string { return t.UTC().Format("2006-01-02 15:04 UTC") }
+// span is the time from start to end as the results show it.
+func span(start, end time.Time) string {
+	start, end = start.UTC(), end.UTC()
+	if start.Format(time.DateOnly) == end.Format(time.DateOnly) {
+		return start.Format("2006-01-02 15:04") + "–" + end.Format("15:04") + " UTC"
+	}
+	return start.Format("2006-01-02 15:04") + " UTC to " + end.Format("2006-01-02 15:04") + " UTC"
+}
