@@ -144,7 +144,7 @@ type flash struct {
 }
 
 func (h *handler) setFlash(w http.ResponseWriter, f flash) {
-	b, _ := json.Marshal(f)
+	b, _ := json.Marshal(f) // two strings: it cannot fail
 	payload := base64.RawURLEncoding.EncodeToString(b)
 	http.SetCookie(w, &http.Cookie{
 		Name: flashCookie, Value: payload + "." + h.sign("flash|"+payload), Path: h.opts.Prefix + "/",

@@ -225,7 +225,7 @@ func (h *handler) render(w http.ResponseWriter, r *http.Request, status int, tmp
 	}
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.WriteHeader(status)
-	_, _ = w.Write([]byte(b.String()))
+	_, _ = w.Write([]byte(b.String())) // an error is the client's going away: nobody to tell
 }
 
 // action wraps a POST: read-only and CSRF checks, then f, whose outcome is a flash message

@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 
 	"github.com/google/uuid"
@@ -181,8 +182,10 @@ func (a *Admin) eachBuild(ctx context.Context, streamID uuid.UUID, perspectiveNa
 	return nil
 }
 
-// withLock runs fn on k under its stream lock when the Admin has a locker.
-func (a *Admin) withLock(ctx context.Context, k Pair, fn func(k Pair, holder uuid.UUID) error) error {
+// withLock runs fn on k under its stream lock when the Admin has a locker. A release that
+// fails is part of its error (the lock lapses after LockTimeout; until then the workers leave
+// the pair alone), whether fn succeeded or not.
+func (a *Admin) withLock(ctx context.Context, k Pair, fn func(k Pair, holder uuid.UUID) error) (err error) {
 	if a.locker == nil {
 		return fn(k, uuid.Nil)
 	}
@@ -196,7 +199,9 @@ func (a *Admin) withLock(ctx context.Context, k Pair, fn func(k Pair, holder uui
 	defer func() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 		defer cancel()
-		_ = a.locker.Release(rctx, k.Stream, k.Perspective, a.instance)
+		if rerr := a.locker.Release(rctx, k.Stream, k.Perspective, a.instance); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("release stream lock: %w", rerr))
+		}
 	}()
 	return fn(k, a.instance)
 }

@@ -300,7 +300,14 @@ func (w *Worker) fail(ctx context.Context, k Pair, cause error, r *jobResult) {
 	policy := w.policy(w.buildOf(k.Perspective).Perspective) // a build retired meanwhile: the default
 	action, err := w.store.MarkFailed(rctx, k, f, func(before int) FailureAction { return policy.action(before, f.Event) })
 	if err != nil {
-		w.log.Error("recording failure failed", append(attrs, slog.Any("record_error", err))...)
+		// The pair backs off in the loop (its rows stay due): said once for the spell.
+		r.unrecorded = append(r.unrecorded, k)
+		level := slog.LevelError
+		if r.job.backingOff[k] {
+			level = slog.LevelDebug
+		}
+		w.log.Log(rctx, level, "recording failure failed; the pair is retried with backoff",
+			append(attrs, slog.Any("record_error", err))...)
 		return
 	}
 	w.logFailure(k, action, cause)

@@ -64,7 +64,9 @@ type Config struct {
 	Logger       *slog.Logger  // nil: slog.Default()
 
 	// RetryBackoff is the first delay before a failed (stream, perspective) is retried;
-	// it doubles with each further failure up to MaxRetryBackoff. Default 1s.
+	// it doubles with each further failure up to MaxRetryBackoff. Default 1s. A claim that
+	// fails with an error other than a lost connection waits as long before the next one,
+	// doubling up to 30s (MaxRetryBackoff when less).
 	RetryBackoff time.Duration
 	// MaxRetryBackoff caps the retry delay. Default 5m.
 	MaxRetryBackoff time.Duration

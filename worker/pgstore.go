@@ -296,7 +296,11 @@ func (s *pgStore) Listen(ctx context.Context, notify func(from time.Time)) error
 	defer func() {
 		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
-		_ = conn.Close(cctx)
+		// The connection is gone either way (Close's only error is the socket's); the worker
+		// drops Listen's error at shutdown, so it is said here.
+		if err := conn.Close(cctx); err != nil && s.log != nil {
+			s.log.Warn("closing the LISTEN connection failed", slog.Any("error", err))
+		}
 	}()
 	// The statements that subscribe are let finish when ctx ends (up to probeTimeout after):
 	// pgx cancels a statement by sending the server a cancel request, which PgBouncer before

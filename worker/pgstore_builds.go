@@ -169,7 +169,9 @@ func (s *pgStore) underAppendLock(ctx context.Context, fn func(q *db.Queries) er
 			blockers, wait = map[string]bool{unknownHolders: true}, min(2*wait, appendLockMaxWait)
 		case ranOut:
 			blockers, wait = held, min(2*wait, appendLockMaxWait)
-		case herr != nil: // keep trying
+		case herr != nil:
+			// Keep trying: the look-up only names whom it waits for; a database that keeps
+			// failing fails the lock statement too, which returns its error.
 		case blockers[unknownHolders]: // the holders not seen when the wait ran out: those seen now
 			blockers = held
 		default:
@@ -200,9 +202,11 @@ const appendLockHoldersTimeout = time.Second
 func (s *pgStore) appendLockGivenUp(ctx context.Context) error {
 	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), appendLockHoldersTimeout)
 	defer cancel()
-	names := "unknown"
+	var names string
 	if holders, err := s.q.AppendLockHolders(hctx); err == nil {
 		names = holderNames(holders)
+	} else {
+		names = "not known: " + err.Error()
 	}
 	return fmt.Errorf("wait for the append lock (held by transactions that appended events and are still open: %s): %w", names, ctx.Err())
 }

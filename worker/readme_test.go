@@ -7,7 +7,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -63,10 +62,8 @@ func TestReadmeQuickstartRunsVerbatim(t *testing.T) {
 	dir := t.TempDir()
 	main := filepath.Join(dir, "main.go")
 	require.NoError(t, os.WriteFile(main, []byte(program), 0o644))
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
+	goBin, err := exec.LookPath("go") // go test puts its own GOROOT/bin first on PATH
+	require.NoError(t, err)
 	cmd := exec.CommandContext(ctx, goBin, "run", main) // from this module, so its imports resolve here
 	cmd.Dir = "."
 	cmd.Env = append(os.Environ(), "DATABASE_URL="+d.DirectURL)

@@ -39,6 +39,9 @@ type job struct {
 	// failure (with backoff) rather than left for the next claim: something about the pair
 	// (a transaction a pooler's timeout ends) may be what cuts the connection.
 	strict map[Pair]bool
+	// backingOff: pairs whose last failure could not be recorded (see schedule.held): a
+	// failure to record this one is logged at debug, once said for the spell.
+	backingOff map[Pair]bool
 }
 
 // cutOffLimit is how many times in a row a pair's work may be cut off by a lost connection
@@ -59,6 +62,10 @@ type jobResult struct {
 	contended []Pair // the stream lock was refused: another instance holds it
 	cutOff    []Pair // work cut off by a lost connection and left queued (not failed)
 	refresh   bool   // the builds changed (a catch-up ended, a build was promoted)
+
+	// unrecorded: pairs whose failure could not be recorded (Store.MarkFailed failed): they
+	// back off here (schedule.held)
+	unrecorded []Pair
 }
 
 // contention is how long a pair's stream lock has been refused to this instance.
@@ -82,11 +89,16 @@ type schedule struct {
 	window    time.Duration // LockTimeout: contention longer than this is warned of
 	log       *slog.Logger
 	logPair   func(Pair, ...any) []any // how a pair is named in the log
+
+	// held: the pairs whose failure could not be recorded, backing off (see unrecorded);
+	// retry: the backoff each starts with (RetryBackoff, MaxRetryBackoff).
+	held  map[Pair]*backoff
+	retry backoff
 }
 
 func newSchedule(lockTimeout time.Duration, log *slog.Logger, logPair func(Pair, ...any) []any) *schedule {
 	return &schedule{inflight: map[Pair]bool{}, claimedAt: map[Pair]time.Time{}, recheck: map[QueuedGroup]bool{},
-		buildJobs: map[buildJob]bool{}, contended: map[Pair]contention{}, cutOff: map[Pair]int{},
+		buildJobs: map[buildJob]bool{}, contended: map[Pair]contention{}, cutOff: map[Pair]int{}, held: map[Pair]*backoff{},
 		window: lockTimeout, log: log, logPair: logPair}
 }
 
@@ -127,6 +139,12 @@ func (s *schedule) started(j *job) {
 				j.strict = map[Pair]bool{}
 			}
 			j.strict[p] = true
+		}
+		if s.held[p] != nil {
+			if j.backingOff == nil {
+				j.backingOff = map[Pair]bool{}
+			}
+			j.backingOff[p] = true
 		}
 	}
 }
@@ -176,6 +194,7 @@ func (s *schedule) finish(r jobResult, now time.Time) {
 			delete(s.contended, p) // not refused for a whole lease: that contention is over
 		}
 	}
+	s.unrecorded(r, now)
 }
 
 // noteContention records that p's stream lock was refused at now, and warns once when
@@ -300,7 +319,8 @@ func (s *schedule) nextDue(now time.Time) time.Duration {
 
 // loop runs jobs in Concurrency slots: follow-ups first, then due pairs claimed from the
 // queue, in groups of at most GroupSize pairs. It claims when woken (an Append's
-// notification, a finished job) or every PollInterval, and never waits for a job: one long
+// notification, a finished job) or every PollInterval, but not while a claim that failed
+// (not for a lost connection) backs off (claimBackoff), and never waits for a job: one long
 // rewind occupies one slot while the others go on. When loopCtx ends it starts nothing
 // more and returns once the running jobs have reported. opsCtx is the context of its own
 // claims and reads as well as of the jobs: a graceful stop lets a claim under way finish
@@ -309,6 +329,7 @@ func (s *schedule) nextDue(now time.Time) time.Duration {
 // can exit on (docs/postgresql.md, "Behind PgBouncer in transaction mode").
 func (w *Worker) loop(loopCtx, opsCtx context.Context) {
 	s := newSchedule(w.cfg.LockOptions.LockTimeout, w.log, w.logPair)
+	s.retry = backoff{first: w.cfg.RetryBackoff, max: w.cfg.MaxRetryBackoff}
 	var maintained time.Time // when maintain last ran: every PollInterval
 	results := make(chan jobResult)
 	running := 0
@@ -320,6 +341,8 @@ func (w *Worker) loop(loopCtx, opsCtx context.Context) {
 	defer timer.Stop()
 	poll, stopping := true, false
 	unreachable := false // the last claim could not reach the database: retry it soon
+	// claims that fail otherwise (the database refuses the statement) back off
+	claims := w.claimBackoff()
 	done := loopCtx.Done()
 	for {
 		if !stopping && loopCtx.Err() != nil {
@@ -340,10 +363,11 @@ func (w *Worker) loop(loopCtx, opsCtx context.Context) {
 				}
 				start(j)
 			}
-			if poll && running < w.cfg.Concurrency && loopCtx.Err() == nil {
+			if poll && running < w.cfg.Concurrency && loopCtx.Err() == nil && claims.waiting(time.Now()) == 0 {
 				var err error
 				poll, err = w.claimAndStart(opsCtx, s, w.cfg.Concurrency-running, start)
 				unreachable = w.noteReachable(opsCtx, unreachable, err)
+				w.noteClaimFailure(opsCtx, &claims, err)
 				if poll {
 					continue // the claim was full and slots are still free
 				}
@@ -356,8 +380,11 @@ func (w *Worker) loop(loopCtx, opsCtx context.Context) {
 			wait = min(wait, reconnectInterval)
 		}
 		if !stopping {
-			if d := s.nextDue(time.Now()); d > 0 {
-				wait = min(wait, d)
+			now := time.Now()
+			for _, d := range []time.Duration{s.nextDue(now), claims.waiting(now), s.nextRetry(now)} {
+				if d > 0 {
+					wait = min(wait, d)
+				}
 			}
 		}
 		timer.Reset(wait)
@@ -386,7 +413,7 @@ func (w *Worker) loop(loopCtx, opsCtx context.Context) {
 // restart, a failover), so that it resumes within that long of the server answering.
 const reconnectInterval = 100 * time.Millisecond
 
-// noteReachable takes a claim's outcome: it logs a claim failure, once for a spell of the
+// noteReachable takes a claim's outcome: it logs a lost connection, once for a spell of the
 // database not answering and again when it answers, and says whether it is unreachable.
 func (w *Worker) noteReachable(ctx context.Context, unreachable bool, err error) bool {
 	switch {
@@ -402,8 +429,7 @@ func (w *Worker) noteReachable(ctx context.Context, unreachable bool, err error)
 			w.log.Warn("database unavailable; claiming again every 100ms until it answers", slog.Any("error", err))
 		}
 		return true
-	default:
-		w.log.Error("poll queue failed", slog.Any("error", err))
+	default: // logged by noteClaimFailure
 		return false
 	}
 }
@@ -413,6 +439,7 @@ func (w *Worker) noteReachable(ctx context.Context, unreachable bool, err error)
 func (w *Worker) claimAndStart(ctx context.Context, s *schedule, free int, start func(job)) (bool, error) {
 	limit := free * w.cfg.GroupSize
 	inflight, skip := s.claimSkips()
+	skip = append(skip, s.backingOff(time.Now())...)
 	if from, ok := w.takeNotified(); ok {
 		s.notified(from)
 	}

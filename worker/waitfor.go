@@ -207,6 +207,8 @@ func unlisten(conn *pgxpool.Conn) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
 	if err := pgq.New(conn).WaitUnlisten(ctx); err != nil {
+		// The wait's outcome is known: the connection is only not reused. Close's error is the
+		// socket's, and the pool discards a closed connection on Release whatever it was.
 		_ = conn.Conn().Close(ctx)
 	}
 	drainNotifications(conn) // those received before UNLISTEN took effect

@@ -177,7 +177,8 @@ func (w *Worker) Start(ctx context.Context) error {
 // progress finish until ctx ends; then it cancels them and waits up to 5 seconds more for
 // them to end. Each operation releases its own stream lock when it ends (with a fresh
 // short context); Stop never releases a lock whose operation is still running: such a lock
-// lapses after LockTimeout. It returns ctx's error when ctx ended first. It is idempotent.
+// lapses after LockTimeout. It returns ctx's error when ctx ended first, joined with the
+// error of unregistering its queue gauges if that fails. It is idempotent.
 func (w *Worker) Stop(ctx context.Context) error {
 	w.mu.Lock()
 	if w.stopped || !w.started {
@@ -213,7 +214,9 @@ func (w *Worker) Stop(ctx context.Context) error {
 		w.beats.stop() // after the loop and its operations: the row goes when the work has
 	}
 	if w.gauges != nil {
-		_ = w.gauges.Unregister()
+		if uerr := w.gauges.Unregister(); uerr != nil {
+			err = errors.Join(err, fmt.Errorf("worker: stop: unregister the queue gauges: %w", uerr))
+		}
 	}
 	w.log.Info("perspective worker stopped")
 	return err

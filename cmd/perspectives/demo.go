@@ -83,6 +83,9 @@ type demo struct {
 	rng  *rand.Rand
 	pool *pgxpool.Pool
 
+	// locks is the locker on pool, to watch the locks.
+	locks *locker.Postgres
+
 	procs []*demoProc
 	lateN int // events appended in a later round than their successors
 }
@@ -100,17 +103,29 @@ func (d *demo) logf(format string, args ...any) {
 	fmt.Fprintf(d.out, "demo: "+format+"\n", args...)
 }
 
+// warnf says what went wrong on the side, on stderr (safe from several goroutines).
+func (d *demo) warnf(format string, args ...any) {
+	fmt.Fprintf(d.errw, "demo: "+format+"\n", args...)
+}
+
 func (d *demo) run(ctx context.Context, dbURL string) (err error) {
 	start := time.Now()
 	demoURL, cleanup, err := createDemoDatabase(ctx, dbURL, d.cfg.dbName, d.cfg.keep)
 	if err != nil {
 		return err
 	}
-	defer cleanup()
+	defer func() {
+		if derr := cleanup(); derr != nil {
+			d.warnf("dropping database %s: %v", d.cfg.dbName, derr)
+		}
+	}()
 	if d.pool, err = connect(ctx, demoURL); err != nil {
 		return err
 	}
 	defer d.pool.Close()
+	if d.locks, err = locker.NewPostgres(d.pool, locker.Options{}); err != nil {
+		return err
+	}
 	if err := schema.Migrate(ctx, d.pool); err != nil {
 		return err
 	}
@@ -217,12 +232,12 @@ func (d *demo) run(ctx context.Context, dbURL string) (err error) {
 
 // createDemoDatabase (re)creates the demo database on the server of dbURL and returns its
 // URL and the function that drops it (unless keep).
-func createDemoDatabase(ctx context.Context, dbURL, name string, keep bool) (string, func(), error) {
+func createDemoDatabase(ctx context.Context, dbURL, name string, keep bool) (string, func() error, error) {
 	admin, err := connectOne(ctx, dbURL)
 	if err != nil {
 		return "", nil, err
 	}
-	defer admin.Close(context.Background())
+	defer admin.Close(context.Background()) // its only error is the socket's, once the statements' outcome is known
 	ident := pgx.Identifier{name}.Sanitize()
 	if _, err := admin.Exec(ctx, "DROP DATABASE IF EXISTS "+ident+" WITH (FORCE)"); err != nil {
 		return "", nil, fmt.Errorf("drop old demo database: %w", err)
@@ -235,16 +250,19 @@ func createDemoDatabase(ctx context.Context, dbURL, name string, keep bool) (str
 		return "", nil, fmt.Errorf("invalid database URL: %w", err)
 	}
 	u.Path = "/" + name
-	drop := func() {
+	drop := func() error {
 		if keep {
-			return
+			return nil
 		}
 		dctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		if a, err := connectOne(dctx, dbURL); err == nil {
-			_, _ = a.Exec(dctx, "DROP DATABASE IF EXISTS "+ident+" WITH (FORCE)")
-			_ = a.Close(dctx)
+		a, err := connectOne(dctx, dbURL)
+		if err != nil {
+			return err
 		}
+		defer a.Close(dctx) // its only error is the socket's, once the statement's outcome is known
+		_, err = a.Exec(dctx, "DROP DATABASE IF EXISTS "+ident+" WITH (FORCE)")
+		return err
 	}
 	return u.String(), drop, nil
 }
@@ -353,12 +371,16 @@ type killReport struct {
 // killMidRewind waits until the victim holds a rewind lock, then SIGKILLs it (no release,
 // no cleanup). It kills it anyway when ctx ends first.
 func (d *demo) killMidRewind(ctx context.Context, victim *demoProc) killReport {
-	lk, _ := locker.NewPostgres(d.pool, locker.Options{})
 	tick := time.NewTicker(5 * time.Millisecond)
 	defer tick.Stop()
 	var rep killReport
+	listFailed := false
 	for {
-		locks, err := lk.List(context.WithoutCancel(ctx))
+		locks, err := d.locks.List(context.WithoutCancel(ctx))
+		if err != nil && !listFailed {
+			listFailed = true // said once: it tries again every tick
+			d.warnf("listing the locks to find a rewind to kill failed: %v", err)
+		}
 		if err == nil {
 			var mine []locker.Lock
 			rewinding := false
@@ -380,7 +402,7 @@ func (d *demo) killMidRewind(ctx context.Context, victim *demoProc) killReport {
 		}
 		break
 	}
-	_ = victim.cmd.Process.Signal(syscall.SIGKILL)
+	d.signal(victim, syscall.SIGKILL)
 	victim.killed = true
 	<-victim.exited
 	return rep
@@ -389,7 +411,6 @@ func (d *demo) killMidRewind(ctx context.Context, victim *demoProc) killReport {
 // waitDrained waits until no event is queued and no lock is held.
 func (d *demo) waitDrained(ctx context.Context, timeout time.Duration) error {
 	q := pgq.New(d.pool)
-	lk, _ := locker.NewPostgres(d.pool, locker.Options{})
 	deadline := time.Now().Add(timeout)
 	last := time.Time{}
 	for {
@@ -397,7 +418,7 @@ func (d *demo) waitDrained(ctx context.Context, timeout time.Duration) error {
 		if err != nil {
 			return err
 		}
-		locks, err := lk.List(ctx)
+		locks, err := d.locks.List(ctx)
 		if err != nil {
 			return err
 		}
@@ -447,18 +468,20 @@ func (d *demo) stopSurvivors() []demoStats {
 		if p.killed {
 			continue
 		}
-		_ = p.cmd.Process.Signal(syscall.SIGTERM)
+		d.signal(p, syscall.SIGTERM)
 		select {
 		case <-p.exited:
 		case <-time.After(30 * time.Second):
-			_ = p.cmd.Process.Kill()
+			d.signal(p, syscall.SIGKILL)
 			<-p.exited
 		}
 		p.killed = true
 		var s demoStats
-		if err := json.Unmarshal(bytes.TrimSpace(p.stdout.Bytes()), &s); err == nil {
-			out = append(out, s)
+		if err := json.Unmarshal(bytes.TrimSpace(p.stdout.Bytes()), &s); err != nil {
+			d.warnf("instance %s left no stats (the report leaves it out): %v", shortid.String(p.id), err)
+			continue
 		}
+		out = append(out, s)
 	}
 	return out
 }
@@ -474,11 +497,19 @@ func (d *demo) stopAll() {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_ = p.cmd.Process.Kill()
+			d.signal(p, syscall.SIGKILL)
 			<-p.exited
 		}()
 	}
 	wg.Wait()
+}
+
+// signal sends sig to p's process, saying so when that fails but for a process that has
+// exited already.
+func (d *demo) signal(p *demoProc, sig syscall.Signal) {
+	if err := p.cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		d.warnf("signalling instance %s (%s): %v", shortid.String(p.id), sig, err)
+	}
 }
 
 // changeVersion deploys version 2 of the demo perspective as a rolling deployment would: one

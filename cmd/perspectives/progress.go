@@ -48,7 +48,9 @@ func isTerminal(w io.Writer) bool {
 }
 
 // barProgress is a progress bar (github.com/schollz/progressbar) with count, rate and ETA.
-// It draws a frame on every set, unthrottled: the callers set it every 200 ms.
+// It draws a frame on every set, unthrottled: the callers set it every 200 ms. Its errors are
+// those of writing to the terminal, where they would be reported: they are dropped, as the
+// command's own lines' are.
 type barProgress struct {
 	bar   *progressbar.ProgressBar
 	w     io.Writer

@@ -82,8 +82,8 @@ func defineUI(fs *flag.FlagSet) runFunc {
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), uiShutdownTimeout)
 		defer cancel()
 		err = srv.Shutdown(sctx)
-		if serr := <-served; serr != nil && !errors.Is(serr, http.ErrServerClosed) && err == nil {
-			err = serr
+		if serr := <-served; serr != nil && !errors.Is(serr, http.ErrServerClosed) {
+			err = errors.Join(err, serr)
 		}
 		if err != nil {
 			return fmt.Errorf("shut down: %w", err)
