@@ -93,16 +93,17 @@ type elector struct {
 	done chan struct{}
 }
 
-// startElector attempts the leases at once (bounded by every), then every every in the
-// background until stop; with no store it holds every lease and runs nothing.
-func startElector(store leaderStore, names []string, holder uuid.UUID, ttl, every, margin time.Duration, log *slog.Logger, gained func()) *elector {
+// startElector attempts the leases at once (with ctx, bounded by every and by
+// heartbeatTimeout: Start does not wait long for it), then every every in the background
+// until stop; with no store it holds every lease and runs nothing.
+func startElector(ctx context.Context, store leaderStore, names []string, holder uuid.UUID, ttl, every, margin time.Duration, log *slog.Logger, gained func()) *elector {
 	e := &elector{store: store, names: names, holder: holder, ttl: ttl, every: every, margin: margin, log: log,
 		gained: gained, until: map[string]time.Time{}}
 	if store == nil {
 		return e
 	}
 	e.quit, e.done = make(chan struct{}), make(chan struct{})
-	e.attempt(context.Background())
+	e.attempt(ctx, min(every, heartbeatTimeout))
 	go e.run()
 	return e
 }
@@ -134,17 +135,17 @@ func (e *elector) run() {
 		case <-e.quit:
 			return
 		case <-tick.C:
-			e.attempt(context.Background())
+			e.attempt(context.Background(), e.every)
 		}
 	}
 }
 
-// attempt attempts the leases once, bounded by the interval. A lease won is trusted until
-// ttl less margin after the attempt was sent; a failed attempt changes nothing (the leases
-// held lapse at their deadlines unless a later attempt renews them).
-func (e *elector) attempt(ctx context.Context) {
+// attempt attempts the leases once, bounded by bound. A lease won is trusted until ttl less
+// margin after the attempt was sent; a failed attempt changes nothing (the leases held lapse
+// at their deadlines unless a later attempt renews them).
+func (e *elector) attempt(ctx context.Context, bound time.Duration) {
 	sent := time.Now()
-	actx, cancel := context.WithTimeout(ctx, e.every)
+	actx, cancel := context.WithTimeout(ctx, bound)
 	held, err := e.store.leaderAttempt(actx, e.names, e.holder, e.ttl)
 	cancel()
 	e.mu.Lock()

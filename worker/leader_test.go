@@ -68,7 +68,7 @@ func TestElectorLocalDeadlineAttemptsAndResign(t *testing.T) {
 		var gained atomic.Int32
 		names := leaseNames([]PerspectiveVersion{{Name: "p", Version: 2}})
 		require.Equal(t, []string{"cleanup:p", "instances", "promotion:p@v2"}, names)
-		e := startElector(f, names, uuid.New(), ttl, every, margin, slog.New(slog.NewTextHandler(&logs, nil)), func() { gained.Add(1) })
+		e := startElector(context.Background(), f, names, uuid.New(), ttl, every, margin, slog.New(slog.NewTextHandler(&logs, nil)), func() { gained.Add(1) })
 		require.True(t, e.holds("promotion:p@v2"), "won at start")
 		require.False(t, e.holds("promotion:q@v1"), "a lease it never attempted")
 		require.EqualValues(t, 1, gained.Load())
@@ -78,7 +78,7 @@ func TestElectorLocalDeadlineAttemptsAndResign(t *testing.T) {
 		f.set(true, true) // every attempt from now on fails
 		f.mu.Lock()
 		require.Len(t, f.attempts, 4, "at start and every interval")
-		require.Equal(t, []time.Duration{every, every, every, every}, f.bounds, "each bounded by the interval")
+		require.Equal(t, []time.Duration{every, every, every, every}, f.bounds, "each bounded by the interval (at start, also by heartbeatTimeout)")
 		f.mu.Unlock()
 		won := start.Add(3 * every) // the last attempt that won
 		time.Sleep(time.Until(won.Add(ttl - margin - time.Millisecond)))
@@ -118,7 +118,7 @@ func TestElectorLocalDeadlineAttemptsAndResign(t *testing.T) {
 // lease and fences nothing.
 func TestElectorWithoutAStoreHoldsEveryLease(t *testing.T) {
 	t.Parallel()
-	e := startElector(nil, leaseNames(nil), uuid.New(), time.Second, 100*time.Millisecond, 0, slog.New(slog.DiscardHandler), nil)
+	e := startElector(context.Background(), nil, leaseNames(nil), uuid.New(), time.Second, 100*time.Millisecond, 0, slog.New(slog.DiscardHandler), nil)
 	require.True(t, e.holds(leaseInstances))
 	require.True(t, e.holds(leasePromotion("any", 3)))
 	require.Equal(t, LeaderLease{}, e.fence(leaseInstances))

@@ -112,9 +112,9 @@ func newWorker(store Store, cfg Config) (*Worker, error) {
 
 		beatEvery: HeartbeatInterval,
 	}
-	w.lead = &elector{store: nil}
-	if _, ok := store.(leaderStore); ok {
-		w.lead = &elector{store: store.(leaderStore), until: map[string]time.Time{}} // holds nothing before Start
+	w.lead = &elector{} // a Store that keeps no leases: this instance holds them all
+	if ls, ok := store.(leaderStore); ok {
+		w.lead = &elector{store: ls} // holds none before Start
 	}
 	w.buildSet.Store(&buildSet{byKey: map[string]*build{}})
 	w.applied = make([]atomic.Int64, len(cfg.Perspectives))
@@ -166,7 +166,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	ls, _ := w.store.(leaderStore)
 	opts := w.cfg.LockOptions
-	w.lead = startElector(ls, leaseNames(w.running()), w.cfg.InstanceID, opts.LockTimeout, opts.KeepAliveInterval,
+	w.lead = startElector(ctx, ls, leaseNames(w.running()), w.cfg.InstanceID, opts.LockTimeout, opts.KeepAliveInterval,
 		leaseMargin(opts), w.log, func() { w.maintainNow.Store(true); w.wakeUp() })
 	base := context.WithoutCancel(ctx)
 	opsCtx, cancelOps := context.WithCancel(base)
