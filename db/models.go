@@ -32,6 +32,13 @@ type WhInstance struct {
 	ClaimedAt         *time.Time
 }
 
+type WhLeader struct {
+	Name      string
+	LeaderID  uuid.UUID
+	ElectedAt time.Time
+	ExpiresAt time.Time
+}
+
 type WhPerspective struct {
 	PerspectiveName string
 	RegisteredAt    time.Time

@@ -129,6 +129,22 @@ type Querier interface {
 	// Every recorded instance, oldest first, with its liveness and how long ago it was last
 	// seen, both on the database clock.
 	InstancesList(ctx context.Context) ([]InstancesListRow, error)
+	// Leader leases (wh_leader, schema/000007_leader.up.sql): one row per election name, held by
+	// one instance until its expiry, on the database clock. worker/leader.go attempts, renews and
+	// resigns them; every maintenance write is fenced by LeaderHold in its own transaction.
+	// Takes each named lease that is free or expired, and renews each one the instance holds
+	// already, for ttl_seconds from now; returns the names it holds afterwards. elected_at is
+	// when this holder's term began: kept by a renewal, now for a new term. The names come
+	// sorted, so that two instances attempting the same names lock their rows in the same order.
+	LeaderAttempt(ctx context.Context, arg LeaderAttemptParams) ([]string, error)
+	// The fence of a maintenance write, first in its transaction: the lease's row while the
+	// instance holds it unexpired (clock_timestamp: when the check runs, not when the transaction
+	// began), locked FOR SHARE so that no other instance takes it over before the write commits.
+	// No row: the instance is not the leader, and the write is rolled back.
+	LeaderHold(ctx context.Context, arg LeaderHoldParams) (string, error)
+	// Gives up the named leases the instance holds (at its stop): the others take them at their
+	// next attempt, without waiting for the expiry.
+	LeaderResign(ctx context.Context, arg LeaderResignParams) (int64, error)
 	// The model of a stream in a perspective's active build (a name without builds: its own
 	// rows). One statement, so a promotion is seen whole or not at all.
 	ModelActiveGet(ctx context.Context, arg ModelActiveGetParams) ([]byte, error)

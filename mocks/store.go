@@ -36,7 +36,7 @@ var _ worker.Store = &StoreMock{}
 //			ClaimFunc: func(ctx context.Context, req worker.ClaimRequest) (worker.Claimed, error) {
 //				panic("mock out the Claim method")
 //			},
-//			CleanupFunc: func(ctx context.Context, perspectives []string, grace time.Duration, batch int) (bool, error) {
+//			CleanupFunc: func(ctx context.Context, perspectives []string, grace time.Duration, batch int, fence worker.LeaderLease) (bool, error) {
 //				panic("mock out the Cleanup method")
 //			},
 //			ListenFunc: func(ctx context.Context, notify func(from time.Time)) error {
@@ -45,7 +45,7 @@ var _ worker.Store = &StoreMock{}
 //			MarkFailedFunc: func(ctx context.Context, p worker.Pair, f worker.Failure, decide func(failures int) worker.FailureAction) (worker.FailureAction, error) {
 //				panic("mock out the MarkFailed method")
 //			},
-//			PromoteFunc: func(ctx context.Context, perspective string, key string, force bool) (bool, error) {
+//			PromoteFunc: func(ctx context.Context, perspective string, key string, force bool, fence worker.LeaderLease) (bool, error) {
 //				panic("mock out the Promote method")
 //			},
 //			PurgeFunc: func(ctx context.Context, p worker.Pair, holder uuid.UUID) error {
@@ -89,7 +89,7 @@ type StoreMock struct {
 	ClaimFunc func(ctx context.Context, req worker.ClaimRequest) (worker.Claimed, error)
 
 	// CleanupFunc mocks the Cleanup method.
-	CleanupFunc func(ctx context.Context, perspectives []string, grace time.Duration, batch int) (bool, error)
+	CleanupFunc func(ctx context.Context, perspectives []string, grace time.Duration, batch int, fence worker.LeaderLease) (bool, error)
 
 	// ListenFunc mocks the Listen method.
 	ListenFunc func(ctx context.Context, notify func(from time.Time)) error
@@ -98,7 +98,7 @@ type StoreMock struct {
 	MarkFailedFunc func(ctx context.Context, p worker.Pair, f worker.Failure, decide func(failures int) worker.FailureAction) (worker.FailureAction, error)
 
 	// PromoteFunc mocks the Promote method.
-	PromoteFunc func(ctx context.Context, perspective string, key string, force bool) (bool, error)
+	PromoteFunc func(ctx context.Context, perspective string, key string, force bool, fence worker.LeaderLease) (bool, error)
 
 	// PurgeFunc mocks the Purge method.
 	PurgeFunc func(ctx context.Context, p worker.Pair, holder uuid.UUID) error
@@ -171,6 +171,8 @@ type StoreMock struct {
 			Grace time.Duration
 			// Batch is the batch argument value.
 			Batch int
+			// Fence is the fence argument value.
+			Fence worker.LeaderLease
 		}
 		// Listen holds details about calls to the Listen method.
 		Listen []struct {
@@ -200,6 +202,8 @@ type StoreMock struct {
 			Key string
 			// Force is the force argument value.
 			Force bool
+			// Fence is the fence argument value.
+			Fence worker.LeaderLease
 		}
 		// Purge holds details about calls to the Purge method.
 		Purge []struct {
@@ -462,7 +466,7 @@ func (mock *StoreMock) ClaimCalls() []struct {
 }
 
 // Cleanup calls CleanupFunc.
-func (mock *StoreMock) Cleanup(ctx context.Context, perspectives []string, grace time.Duration, batch int) (bool, error) {
+func (mock *StoreMock) Cleanup(ctx context.Context, perspectives []string, grace time.Duration, batch int, fence worker.LeaderLease) (bool, error) {
 	if mock.CleanupFunc == nil {
 		panic("StoreMock.CleanupFunc: method is nil but Store.Cleanup was just called")
 	}
@@ -471,16 +475,18 @@ func (mock *StoreMock) Cleanup(ctx context.Context, perspectives []string, grace
 		Perspectives []string
 		Grace        time.Duration
 		Batch        int
+		Fence        worker.LeaderLease
 	}{
 		Ctx:          ctx,
 		Perspectives: perspectives,
 		Grace:        grace,
 		Batch:        batch,
+		Fence:        fence,
 	}
 	mock.lockCleanup.Lock()
 	mock.calls.Cleanup = append(mock.calls.Cleanup, callInfo)
 	mock.lockCleanup.Unlock()
-	return mock.CleanupFunc(ctx, perspectives, grace, batch)
+	return mock.CleanupFunc(ctx, perspectives, grace, batch, fence)
 }
 
 // CleanupCalls gets all the calls that were made to Cleanup.
@@ -492,12 +498,14 @@ func (mock *StoreMock) CleanupCalls() []struct {
 	Perspectives []string
 	Grace        time.Duration
 	Batch        int
+	Fence        worker.LeaderLease
 } {
 	var calls []struct {
 		Ctx          context.Context
 		Perspectives []string
 		Grace        time.Duration
 		Batch        int
+		Fence        worker.LeaderLease
 	}
 	mock.lockCleanup.RLock()
 	calls = mock.calls.Cleanup
@@ -586,7 +594,7 @@ func (mock *StoreMock) MarkFailedCalls() []struct {
 }
 
 // Promote calls PromoteFunc.
-func (mock *StoreMock) Promote(ctx context.Context, perspective string, key string, force bool) (bool, error) {
+func (mock *StoreMock) Promote(ctx context.Context, perspective string, key string, force bool, fence worker.LeaderLease) (bool, error) {
 	if mock.PromoteFunc == nil {
 		panic("StoreMock.PromoteFunc: method is nil but Store.Promote was just called")
 	}
@@ -595,16 +603,18 @@ func (mock *StoreMock) Promote(ctx context.Context, perspective string, key stri
 		Perspective string
 		Key         string
 		Force       bool
+		Fence       worker.LeaderLease
 	}{
 		Ctx:         ctx,
 		Perspective: perspective,
 		Key:         key,
 		Force:       force,
+		Fence:       fence,
 	}
 	mock.lockPromote.Lock()
 	mock.calls.Promote = append(mock.calls.Promote, callInfo)
 	mock.lockPromote.Unlock()
-	return mock.PromoteFunc(ctx, perspective, key, force)
+	return mock.PromoteFunc(ctx, perspective, key, force, fence)
 }
 
 // PromoteCalls gets all the calls that were made to Promote.
@@ -616,12 +626,14 @@ func (mock *StoreMock) PromoteCalls() []struct {
 	Perspective string
 	Key         string
 	Force       bool
+	Fence       worker.LeaderLease
 } {
 	var calls []struct {
 		Ctx         context.Context
 		Perspective string
 		Key         string
 		Force       bool
+		Fence       worker.LeaderLease
 	}
 	mock.lockPromote.RLock()
 	calls = mock.calls.Promote

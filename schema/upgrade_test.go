@@ -56,6 +56,7 @@ var upgradeSteps = []upgradeStep{
 	{write: (*upgrade).writeRelease4},
 	{write: (*upgrade).writeRelease5},
 	{write: (*upgrade).writeRelease6},
+	{write: (*upgrade).writeRelease7},
 }
 
 func TestUpgradeStepByStep(t *testing.T) {
@@ -612,6 +613,20 @@ func (u *upgrade) writeRelease6() {
 	u.applyPair(6, f, "ledger", ids[:1], 1)
 }
 
+// writeRelease7: stream G: ledger applied one of its two events. The leader leases of a
+// release-7 instance that was killed: expired, so the worker that carries on takes them over
+// (and promotes tally's version 2 under one of them).
+func (u *upgrade) writeRelease7() {
+	g := u.stream("G")
+	ids := u.newIDs(2)
+	u.appendEvents(g, ids)
+	u.applyPair(7, g, "ledger", ids[:1], 1)
+	u.exec(`INSERT INTO wh_leader (name, leader_id, elected_at, expires_at)
+		SELECT n, $1, now() - interval '1 hour', now() - interval '50 minutes'
+		FROM unnest('{instances,cleanup:ledger,cleanup:tally,promotion:ledger@v1,promotion:tally@v2}'::text[]) AS n`,
+		uuid.Must(uuid.NewV7()))
+}
+
 // carryOn starts a worker of the current release on the upgraded database (pool: the tests'
 // pool) with ledger and version 2 of tally, appends a new event to every stream (and stream
 // A's late event), and checks that every model of the active builds is the fold of its
@@ -707,6 +722,17 @@ func (u *upgrade) carryOn(pool *pgxpool.Pool) {
 	}
 	require.NoError(t, rows.Err())
 	require.Equal(t, []string{"ledger active", "tally retired", "tally@v2.1 active"}, states)
+	var leases []string
+	rows, err = pool.Query(ctx, `SELECT name FROM wh_leader WHERE leader_id = $1 AND expires_at > now() ORDER BY name`, w.InstanceID())
+	require.NoError(t, err)
+	for rows.Next() {
+		var s string
+		require.NoError(t, rows.Scan(&s))
+		leases = append(leases, s)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []string{"cleanup:ledger", "cleanup:tally", "instances", "promotion:ledger@v1", "promotion:tally@v2"}, leases,
+		"the expired leases of the killed instance are taken over")
 	var queued int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM wh_perspective_events
 		WHERE perspective_name IN ('ledger', 'tally@v2.1')`).Scan(&queued))

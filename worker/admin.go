@@ -116,7 +116,7 @@ func (a *Admin) Promote(ctx context.Context, perspectiveName string, version int
 	case !cand.CatchUpDone:
 		return *cand, fmt.Errorf("worker: promote: version %d of %q has not caught up with the event store yet (see: perspectives versions)", version, perspectiveName)
 	}
-	ok, err := a.store.Promote(ctx, perspectiveName, cand.Key, true)
+	ok, err := a.store.Promote(ctx, perspectiveName, cand.Key, true, LeaderLease{})
 	if err != nil {
 		return *cand, fmt.Errorf("worker: promote: %w", err)
 	}

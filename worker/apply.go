@@ -52,13 +52,12 @@ func (w *Worker) runJob(ctx context.Context, j job) jobResult {
 		r.refresh = promoted
 		return r
 	case jobCleanup:
-		more, err := w.store.Cleanup(ctx, w.names, retireGrace, cleanupBatch)
-		if err != nil && ctx.Err() == nil {
-			w.log.Error("cleanup of a retired build failed", slog.Any("error", err))
+		if w.cleanup(ctx, j.key) {
+			r.next = append(r.next, job{kind: jobCleanup, key: j.key})
 		}
-		if more {
-			r.next = append(r.next, job{kind: jobCleanup})
-		}
+		return r
+	case jobForget:
+		w.forgetGone(ctx)
 		return r
 	}
 	var mine []Pair

@@ -208,8 +208,9 @@ func (w *Worker) metricPair(k Pair, more ...attribute.KeyValue) metric.Measureme
 }
 
 // maintain looks at the builds (every PollInterval, from the loop) and queues the work
-// they need: a catch-up for each build not caught up, a promotion for each caught-up
-// building one (unless ManualPromotion), the cleanup of retired builds.
+// they need: a catch-up for each build not caught up and, of the maintenance services, those
+// whose leader lease this instance holds: the promotion checks (promotion.go), the cleanup of
+// retired builds (cleanup.go), forgetting gone instances (forget.go).
 func (w *Worker) maintain(ctx context.Context, s *schedule) {
 	all, err := w.store.Builds(ctx, w.names)
 	if err != nil {
@@ -222,15 +223,13 @@ func (w *Worker) maintain(ctx context.Context, s *schedule) {
 	w.adopt(all)
 	set := w.builds()
 	for _, key := range set.keys {
-		b := set.byKey[key]
-		switch {
-		case !b.CatchUpDone:
+		if !set.byKey[key].CatchUpDone {
 			s.queueBuildJob(job{kind: jobCatchUp, key: key})
-		case b.State == BuildBuilding && !w.cfg.ManualPromotion:
-			s.queueBuildJob(job{kind: jobPromote, key: key})
 		}
 	}
-	s.queueBuildJob(job{kind: jobCleanup})
+	w.queuePromotions(s, set)
+	w.queueCleanups(s)
+	w.queueForget(s)
 }
 
 // catchUp runs one page of build key's catch-up, and says whether to run another at once
@@ -325,18 +324,4 @@ func (w *Worker) foldRun(ctx context.Context, b *build, page CatchUpPage, run []
 		wr.EnqueueFrom = run[len(f.applied)].ID
 	}
 	return wr
-}
-
-// promote makes build key active when it has caught up, and says whether it did.
-func (w *Worker) promote(ctx context.Context, key string) (bool, error) {
-	b := w.buildOf(key)
-	ok, err := w.store.Promote(ctx, b.Perspective, key, false)
-	if err != nil {
-		return false, fmt.Errorf("promote %s version %d: %w", b.Perspective, b.Version, err)
-	}
-	if ok {
-		w.log.Info("perspective version promoted", slog.String("perspective", b.Perspective),
-			slog.Int("version", b.Version), slog.Int("build", b.N))
-	}
-	return ok, nil
 }

@@ -106,7 +106,8 @@ type Config struct {
 	CatchUpPageSize int
 	// ManualPromotion leaves a caught-up new version (or rebuild) of a perspective building
 	// until an operator promotes it (perspectives promote, or Admin.Promote). Default false:
-	// it is promoted as soon as it has caught up.
+	// it is promoted as soon as it has caught up, by the instance running the version that
+	// holds the version's leader lease: set it alike on every instance of a version.
 	ManualPromotion bool
 	// FailurePolicy is what happens to a (stream, perspective) whose processing keeps
 	// failing, for every perspective not in FailurePolicies. Zero fields take their

@@ -22,7 +22,8 @@ const HeartbeatInterval = 5 * time.Second
 const heartbeatTimeout = 2 * time.Second
 
 // instanceForgetAfter is how long the row of an instance that never stopped cleanly (it was
-// killed) is kept after it was last seen: an instance that starts deletes older ones.
+// killed) is kept after it was last seen: the holder of the instances lease deletes older
+// ones (forget.go).
 const instanceForgetAfter = 24 * time.Hour
 
 // errInstanceRowGone is a heartbeat's error when the instance's row was deleted while it
@@ -53,8 +54,9 @@ type instanceRecorder interface {
 	refresh(ctx context.Context, r instanceRecord) (bool, error)
 	// forget deletes the instance's row.
 	forget(ctx context.Context, id uuid.UUID) error
-	// forgetGone deletes the rows of instances not seen for longer than after.
-	forgetGone(ctx context.Context, after time.Duration) (int64, error)
+	// forgetGone deletes the rows of instances not seen for longer than after, fenced by
+	// fence (see LeaderLease).
+	forgetGone(ctx context.Context, after time.Duration, fence LeaderLease) (int64, error)
 }
 
 // heartbeat records an instance every interval until stopped, then deletes its row. A
@@ -91,21 +93,13 @@ func newInstanceRecord(id uuid.UUID, interval time.Duration, perspectives []Pers
 	return instanceRecord{ID: id, Host: host, PID: os.Getpid(), Interval: interval, Perspectives: perspectives}
 }
 
-// startHeartbeat records row at once (bounded by heartbeatTimeout), forgets long-gone
-// instances, and keeps recording row every row.Interval in the background; the loop is not
-// tied to ctx (stop ends it).
+// startHeartbeat records row at once (bounded by heartbeatTimeout), and keeps recording row
+// every row.Interval in the background; the loop is not tied to ctx (stop ends it).
 func startHeartbeat(ctx context.Context, rec instanceRecorder, row instanceRecord, applied func() []int64, claimed func() time.Time, log *slog.Logger) *heartbeat {
 	h := &heartbeat{rec: rec, row: row, log: log, applied: applied, claimed: claimed,
 		quit: make(chan struct{}), done: make(chan struct{})}
 	bg := context.WithoutCancel(ctx)
 	h.write(bg)
-	fctx, fcancel := context.WithTimeout(bg, heartbeatTimeout)
-	if n, err := rec.forgetGone(fctx, instanceForgetAfter); err != nil {
-		log.Debug("forgetting gone instances failed", slog.Any("error", err))
-	} else if n > 0 {
-		log.Info("forgot instances gone for a day", slog.Int64("instances", n))
-	}
-	fcancel()
 	go h.run(bg)
 	return h
 }

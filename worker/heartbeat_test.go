@@ -63,7 +63,9 @@ func (f *fakeInstances) forget(_ context.Context, id uuid.UUID) error {
 	return nil
 }
 
-func (f *fakeInstances) forgetGone(context.Context, time.Duration) (int64, error) { return 0, nil }
+func (f *fakeInstances) forgetGone(context.Context, time.Duration, LeaderLease) (int64, error) {
+	return 0, nil
+}
 
 func (f *fakeInstances) set(fn func(f *fakeInstances)) {
 	f.mu.Lock()

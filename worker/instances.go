@@ -100,8 +100,17 @@ func (s *pgStore) forget(ctx context.Context, id uuid.UUID) error {
 	return s.q.InstanceDelete(ctx, id)
 }
 
-func (s *pgStore) forgetGone(ctx context.Context, after time.Duration) (int64, error) {
-	return s.q.InstancesForget(ctx, after.Seconds())
+func (s *pgStore) forgetGone(ctx context.Context, after time.Duration, fence LeaderLease) (int64, error) {
+	var n int64
+	err := s.inTx(ctx, func(q *db.Queries) error {
+		if err := leaderHold(ctx, q, fence); err != nil {
+			return err
+		}
+		var err error
+		n, err = q.InstancesForget(ctx, after.Seconds())
+		return err
+	})
+	return n, err
 }
 
 // Health is the verdict on a build that tells idle from stuck (perspectives status and the

@@ -408,44 +408,46 @@ func (s *pgStore) readNext(ctx context.Context, key string, at db.CatchUpPagePar
 // readAheadTimeout bounds a read-ahead query.
 const readAheadTimeout = 30 * time.Second
 
-func (s *pgStore) Promote(ctx context.Context, perspective, key string, force bool) (bool, error) {
+func (s *pgStore) Promote(ctx context.Context, perspective, key string, force bool, fence LeaderLease) (bool, error) {
+	// The checks that read the queue run first, outside any transaction: the oldest queued
+	// event of each build, through its index (BuildQueueAge). Only the flip holds the append
+	// lock's exclusive side, for which Appends wait: a few key lookups that re-check what
+	// may have changed since (the states, the catch-up, which build is active), and the two
+	// updates. The queue ages are not read again there: an Append queues its events for both
+	// builds alike, and an age that shrank meanwhile only means the active build applied its
+	// backlog, which promoteLag allows for at the next look.
+	cand, active, err := s.promotionBuilds(ctx, s.q, perspective, key)
+	if err != nil || cand == nil {
+		return false, err
+	}
+	if active != nil && !force {
+		candAge, err := s.q.BuildQueueAge(ctx, cand.Key)
+		if err != nil {
+			return false, err
+		}
+		activeAge, err := s.q.BuildQueueAge(ctx, active.Key)
+		if err != nil {
+			return false, err
+		}
+		if !caughtUp(micros(candAge), micros(activeAge)) {
+			return false, nil
+		}
+	}
+	measured := active
 	promoted := false
 	// Serialized with registration (and other promotions) by the append lock's exclusive
 	// side, held for these few statements.
-	err := s.underAppendLock(ctx, func(q *db.Queries) error {
+	err = s.underAppendLock(ctx, func(q *db.Queries) error {
 		promoted = false // from an attempt that did not commit
-		rows, err := q.BuildsOf(ctx, []string{perspective})
-		if err != nil {
+		if err := leaderHold(ctx, q, fence); err != nil {
 			return err
 		}
-		var cand, active *Build
-		for _, r := range rows {
-			b := buildOfRow(r)
-			switch {
-			case b.Key == key:
-				cand = &b
-			case b.State == BuildActive:
-				active = &b
-			}
+		cand, active, err := s.promotionBuilds(ctx, q, perspective, key)
+		if err != nil || cand == nil {
+			return err
 		}
-		if cand == nil {
-			return fmt.Errorf("perspective %q has no build %q", perspective, key)
-		}
-		if cand.State != BuildBuilding || !cand.CatchUpDone {
-			return nil
-		}
-		if active != nil && !force {
-			candAge, err := q.BuildQueueAge(ctx, cand.Key)
-			if err != nil {
-				return err
-			}
-			activeAge, err := q.BuildQueueAge(ctx, active.Key)
-			if err != nil {
-				return err
-			}
-			if !caughtUp(micros(candAge), micros(activeAge)) {
-				return nil
-			}
+		if (active == nil) != (measured == nil) || active != nil && active.Key != measured.Key {
+			return nil // another build became active meanwhile: the next look checks again
 		}
 		if active != nil {
 			if err := q.BuildSetState(ctx, db.BuildSetStateParams{State: BuildRetired, BuildKey: active.Key}); err != nil {
@@ -461,25 +463,56 @@ func (s *pgStore) Promote(ctx context.Context, perspective, key string, force bo
 	return promoted, err
 }
 
+// promotionBuilds reads the builds of the perspective (a lookup of its key) and returns the
+// build key, when it is building and caught up (nil otherwise), and the active build (nil:
+// none). It is an error when the perspective has no build key.
+func (s *pgStore) promotionBuilds(ctx context.Context, q *db.Queries, perspective, key string) (cand, active *Build, err error) {
+	rows, err := q.BuildsOf(ctx, []string{perspective})
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, r := range rows {
+		b := buildOfRow(r)
+		switch {
+		case b.Key == key:
+			cand = &b
+		case b.State == BuildActive:
+			active = &b
+		}
+	}
+	if cand == nil {
+		return nil, nil, fmt.Errorf("perspective %q has no build %q", perspective, key)
+	}
+	if cand.State != BuildBuilding || !cand.CatchUpDone {
+		return nil, active, nil
+	}
+	return cand, active, nil
+}
+
 // micros is a queue age in microseconds as a duration (-1: nothing queued, 0).
 func micros(us int64) time.Duration { return time.Duration(max(us, 0)) * time.Microsecond }
 
-func (s *pgStore) Cleanup(ctx context.Context, perspectives []string, grace time.Duration, batch int) (bool, error) {
+func (s *pgStore) Cleanup(ctx context.Context, perspectives []string, grace time.Duration, batch int, fence LeaderLease) (bool, error) {
 	keys, err := s.q.BuildsToClean(ctx, db.BuildsToCleanParams{PerspectiveNames: perspectives, GraceSeconds: grace.Seconds()})
 	if err != nil || len(keys) == 0 {
 		return false, err
 	}
-	n, err := s.q.BuildCleanupBatch(ctx, db.BuildCleanupBatchParams{BuildKey: keys[0], BatchSize: int32(batch)})
+	more := true
+	err = s.inTx(ctx, func(q *db.Queries) error {
+		if err := leaderHold(ctx, q, fence); err != nil {
+			return err
+		}
+		n, err := q.BuildCleanupBatch(ctx, db.BuildCleanupBatchParams{BuildKey: keys[0], BatchSize: int32(batch)})
+		if err != nil || n > 0 {
+			return err
+		}
+		more = len(keys) > 1
+		return q.BuildMarkCleaned(ctx, keys[0])
+	})
 	if err != nil {
 		return false, err
 	}
-	if n == 0 {
-		if err := s.q.BuildMarkCleaned(ctx, keys[0]); err != nil {
-			return false, err
-		}
-		return len(keys) > 1, nil
-	}
-	return true, nil
+	return more, nil
 }
 
 func (s *pgStore) Status(ctx context.Context) ([]BuildStatus, error) {

@@ -1404,7 +1404,7 @@ func TestPGStorePromoteWhenCaughtUp(t *testing.T) {
 	}
 	promote := func(name, key string, force bool) bool {
 		t.Helper()
-		ok, err := store.Promote(ctx, name, key, force)
+		ok, err := store.Promote(ctx, name, key, force, worker.LeaderLease{})
 		require.NoError(t, err)
 		return ok
 	}
@@ -1417,7 +1417,7 @@ func TestPGStorePromoteWhenCaughtUp(t *testing.T) {
 	require.False(t, promote(name, v2, false))
 	require.False(t, promote(name, v2, true), "forced: the catch-up must still be done")
 	requireUnchanged(v1, v2, b1, b2)
-	_, err := store.Promote(ctx, name, name+"@v9.1", true)
+	_, err := store.Promote(ctx, name, name+"@v9.1", true, worker.LeaderLease{})
 	require.Error(t, err, "no such build")
 
 	done := func(key string) {
@@ -1523,7 +1523,7 @@ func TestPGStoreCleanupRetiredBuildsInBatches(t *testing.T) {
 	}
 	cleanup := func(names []string, batch int) bool {
 		t.Helper()
-		more, err := store.Cleanup(ctx, names, time.Hour, batch)
+		more, err := store.Cleanup(ctx, names, time.Hour, batch, worker.LeaderLease{})
 		require.NoError(t, err)
 		return more
 	}
@@ -1601,14 +1601,14 @@ func TestPGStoreCleanupIsNotMarkedDoneWhileAnotherTransactionHoldsItsLastPairs(t
 	n, err := pgq.New(other).BuildCleanupBatch(ctx, db.BuildCleanupBatchParams{BuildKey: c, BatchSize: 1000})
 	require.NoError(t, err)
 	require.EqualValues(t, 3, n)
-	more, err := store.Cleanup(ctx, []string{c}, time.Hour, 1000)
+	more, err := store.Cleanup(ctx, []string{c}, time.Hour, 1000, worker.LeaderLease{})
 	require.NoError(t, err)
 	require.False(t, more)
 	require.Nil(t, psBuild(t, ctx, d, c).CleanedAt, "not cleaned while its pairs are held")
 	require.NoError(t, other.Rollback(ctx))
 
 	for i := 0; i < 3 && psBuild(t, ctx, d, c).CleanedAt == nil; i++ {
-		_, err := store.Cleanup(ctx, []string{c}, time.Hour, 1000)
+		_, err := store.Cleanup(ctx, []string{c}, time.Hour, 1000, worker.LeaderLease{})
 		require.NoError(t, err)
 	}
 	require.Zero(t, psRowsOf(t, ctx, d, c))
@@ -1648,7 +1648,7 @@ func TestPGStoreCleanupRacingAnotherInstanceLeavesNoRows(t *testing.T) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		more, err := store.Cleanup(ctx, []string{c}, time.Hour, 2)
+		more, err := store.Cleanup(ctx, []string{c}, time.Hour, 2, worker.LeaderLease{})
 		done <- result{more, err}
 	}()
 	eventually(t, 10*time.Second, "this instance's cleanup waiting for the other's, or done", func() bool {
@@ -1659,7 +1659,7 @@ func TestPGStoreCleanupRacingAnotherInstanceLeavesNoRows(t *testing.T) {
 	require.NoError(t, r.err)
 	more := r.more
 	for i := 0; more && i < 10; i++ {
-		more, err = store.Cleanup(ctx, []string{c}, time.Hour, 2)
+		more, err = store.Cleanup(ctx, []string{c}, time.Hour, 2, worker.LeaderLease{})
 		require.NoError(t, err)
 	}
 	require.False(t, more)

@@ -2,7 +2,8 @@ package worker_test
 
 // Plans that hold without statistics (issue 15 item 2). The claim (QueueDuePairs), the
 // per-pair reads (QueueEventsForPairs, QueueIDsForPair), the DELETE of applied rows
-// (wh_delete_applied, which PairsApplyCommit calls) and the queue probe of wh_append must read the queue,
+// (wh_delete_applied, which PairsApplyCommit calls), the queue probe of wh_append and promotion's
+// catch-up check (BuildQueueAge) must read the queue,
 // wh_perspective_events, through index probes only, whatever its statistics say: a claim on a
 // bulk-loaded, never-analyzed queue was once a bitmap heap scan and a sort of ~18,000 rows,
 // 1.8–2.5 s instead of ~1.6 ms. The bounded reads (the claim's steps, a pair's first events,
@@ -45,6 +46,8 @@ const (
 	planQueue     = "wh_perspective_events"
 	planQueuePKey = "wh_perspective_events_pkey"
 	planQueueDue  = "wh_perspective_events_due_idx"
+	// promotion's catch-up check (BuildQueueAge)
+	planQueueBuildAge = "wh_perspective_events_build_age_idx"
 )
 
 // The builds of the test's database (the build keys of version 1's first builds).
@@ -506,6 +509,13 @@ func planStatements(t *testing.T, ctx context.Context, conn *pgx.Conn, hot uuid.
 		queue: planQueuePKey, cond: pairCond, limit: true,
 		other: map[string][]string{"wh_perspective_cursors": planPairIndexes},
 	}}
+	// Promotion's catch-up check, the oldest queued event of a build: the first entry of the
+	// build's range of its index, not a scan of the queue.
+	statements = append(statements, planStatement{
+		name:  "BuildQueueAge",
+		call:  planRecord(t, func(q *db.Queries) error { _, err := q.BuildQueueAge(ctx, planBuildA); return err }),
+		queue: planQueueBuildAge, cond: []string{"(perspective_name = "}, limit: true,
+	})
 	statements = append(statements, planGroupLookups(t, ctx, streams, names)...)
 	// The apply commit deletes its rows through the function whose plan is checked here.
 	commit := slices.IndexFunc(statements, func(s planStatement) bool { return s.name == "PairsApplyCommit" })

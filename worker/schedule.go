@@ -22,17 +22,18 @@ const (
 	jobCatchUp                  // one page of a build's catch-up
 	jobPromote                  // promote a caught-up build
 	jobCleanup                  // delete a batch of a retired build's rows
+	jobForget                   // forget gone instances
 )
 
 func (k jobKind) String() string {
-	return [...]string{"apply", "rewind", "bootstrap", "catch-up", "promote", "cleanup"}[k]
+	return [...]string{"apply", "rewind", "bootstrap", "catch-up", "promote", "cleanup", "forget"}[k]
 }
 
 // job is one unit of work in one Concurrency slot.
 type job struct {
 	kind      jobKind
 	pairs     []Pair    // apply, rewind, bootstrap
-	key       string    // catch-up, promote: the build
+	key       string    // catch-up, promote: the build; cleanup: the perspective
 	notBefore time.Time // a follow-up waits for a slot until then (a paced catch-up)
 	// strict: pairs whose work was cut off by a lost connection cutOffLimit times in a row
 	// while the database answered claims. A connection error is then recorded as their
@@ -349,6 +350,9 @@ func (w *Worker) loop(loopCtx, opsCtx context.Context) {
 			stopping, done = true, nil // between two steps: start nothing more
 		}
 		if !stopping {
+			if w.maintainNow.Swap(false) {
+				maintained = time.Time{} // a leader lease was won: its maintenance at once
+			}
 			if time.Since(maintained) >= w.cfg.PollInterval {
 				w.maintain(opsCtx, s)
 				maintained = time.Now()

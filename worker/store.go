@@ -32,11 +32,15 @@ type Store interface {
 	CatchUp(ctx context.Context, req CatchUpRequest, fold func(CatchUpPage) []PairWrite) (CatchUpResult, error)
 	// Promote makes the build key the perspective's active one and retires the active
 	// one, in one transaction, when key's catch-up is done and (unless forced) its queue is
-	// no further behind than the active build's. It reports whether it promoted.
-	Promote(ctx context.Context, perspective, key string, force bool) (bool, error)
+	// no further behind than the active build's. It reports whether it promoted. The queue
+	// check runs before that transaction, which holds the exclusive side of the append lock
+	// for key lookups and the flip only. Fenced by fence (see LeaderLease): ErrNotLeader,
+	// and nothing written, unless its holder holds the lease.
+	Promote(ctx context.Context, perspective, key string, force bool, fence LeaderLease) (bool, error)
 	// Cleanup deletes the rows of up to batch pairs of a retired build of the perspectives,
-	// retired at least grace ago. It reports whether any such build has rows left.
-	Cleanup(ctx context.Context, perspectives []string, grace time.Duration, batch int) (more bool, err error)
+	// retired at least grace ago. It reports whether any such build has rows left. Fenced
+	// by fence, as Promote.
+	Cleanup(ctx context.Context, perspectives []string, grace time.Duration, batch int, fence LeaderLease) (more bool, err error)
 	// Claim returns up to req.Limit due pairs, each once: those of the streams this instance
 	// owns first (when other instances running the same builds share the streams out), each
 	// group oldest due first; and the position of the first queued group it passed (the

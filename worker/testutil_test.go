@@ -100,6 +100,8 @@ func utLoopStore() *mocks.StoreMock {
 		RegisterFunc: func(context.Context, string, int) ([]worker.Build, error) { return utBuilds(), nil },
 		BuildsFunc:   func(context.Context, []string) ([]worker.Build, error) { return utBuilds(), nil },
 		StatusFunc:   func(context.Context) ([]worker.BuildStatus, error) { return nil, nil },
-		CleanupFunc:  func(context.Context, []string, time.Duration, int) (bool, error) { return false, nil },
+		CleanupFunc: func(context.Context, []string, time.Duration, int, worker.LeaderLease) (bool, error) {
+			return false, nil
+		},
 	}
 }

@@ -777,16 +777,18 @@ func newUBLoop(t *testing.T, version int, builds []worker.Build, cfg func(c *wor
 			}
 			return f.current(), nil
 		},
-		StatusFunc:  func(context.Context) ([]worker.BuildStatus, error) { return nil, nil },
-		CleanupFunc: func(context.Context, []string, time.Duration, int) (bool, error) { return false, nil },
-		ClaimFunc:   func(context.Context, worker.ClaimRequest) (worker.Claimed, error) { return worker.Claimed{}, nil },
+		StatusFunc: func(context.Context) ([]worker.BuildStatus, error) { return nil, nil },
+		CleanupFunc: func(context.Context, []string, time.Duration, int, worker.LeaderLease) (bool, error) {
+			return false, nil
+		},
+		ClaimFunc: func(context.Context, worker.ClaimRequest) (worker.Claimed, error) { return worker.Claimed{}, nil },
 		CatchUpFunc: func(ctx context.Context, req worker.CatchUpRequest, _ func(worker.CatchUpPage) []worker.PairWrite) (worker.CatchUpResult, error) {
 			if err := f.stall(ctx); err != nil {
 				return worker.CatchUpResult{}, err
 			}
 			return f.catchUp(ctx, req)
 		},
-		PromoteFunc: func(ctx context.Context, perspective, key string, force bool) (bool, error) {
+		PromoteFunc: func(ctx context.Context, perspective, key string, force bool, _ worker.LeaderLease) (bool, error) {
 			if err := f.stall(ctx); err != nil {
 				return false, err
 			}
@@ -1142,7 +1144,7 @@ func TestUnitMaintainCleanup(t *testing.T) {
 		f := newUBLoop(t, 0, utBuilds(), nil)
 		var mu sync.Mutex
 		more := 2 // batches left after the first
-		f.store.CleanupFunc = func(context.Context, []string, time.Duration, int) (bool, error) {
+		f.store.CleanupFunc = func(context.Context, []string, time.Duration, int, worker.LeaderLease) (bool, error) {
 			mu.Lock()
 			defer mu.Unlock()
 			if more > 0 {

@@ -418,7 +418,9 @@ func TestUnitLoopRunsFollowUpsInFreeSlots(t *testing.T) {
 				f.store.RegisterFunc = func(context.Context, string, int) ([]worker.Build, error) { return utBuilds(), nil }
 				f.store.BuildsFunc = func(context.Context, []string) ([]worker.Build, error) { return utBuilds(), nil }
 				f.store.StatusFunc = func(context.Context) ([]worker.BuildStatus, error) { return nil, nil }
-				f.store.CleanupFunc = func(context.Context, []string, time.Duration, int) (bool, error) { return false, nil }
+				f.store.CleanupFunc = func(context.Context, []string, time.Duration, int, worker.LeaderLease) (bool, error) {
+					return false, nil
+				}
 				f.store.ClaimFunc = func(context.Context, worker.ClaimRequest) (worker.Claimed, error) {
 					if claimed.Swap(true) {
 						return worker.Claimed{}, nil

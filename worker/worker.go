@@ -50,6 +50,11 @@ type Worker struct {
 	done      chan struct{}       // closed when the loop and the listener have returned
 	gauges    metric.Registration // queue gauges, while started
 	beats     *heartbeat          // this instance's heartbeats, while started (nil: the Store records none)
+	// lead says which leader leases this instance holds (maintenance services), from Start
+	// on; until then it holds none that a Store keeping leases would grant.
+	lead *elector
+	// maintainNow asks the loop to look at the builds at once (a leader lease was won).
+	maintainNow atomic.Bool
 	// lastClaim is when the loop last claimed (unix nanoseconds; claimsStopped: it claims no
 	// more), for the heartbeats: the claims share the streams out among the instances claiming.
 	lastClaim atomic.Int64
@@ -107,6 +112,10 @@ func newWorker(store Store, cfg Config) (*Worker, error) {
 
 		beatEvery: HeartbeatInterval,
 	}
+	w.lead = &elector{} // a Store that keeps no leases: this instance holds them all
+	if ls, ok := store.(leaderStore); ok {
+		w.lead = &elector{store: ls} // holds none before Start
+	}
 	w.buildSet.Store(&buildSet{byKey: map[string]*build{}})
 	w.applied = make([]atomic.Int64, len(cfg.Perspectives))
 	var err error
@@ -155,6 +164,10 @@ func (w *Worker) Start(ctx context.Context) error {
 		w.lastClaim.Store(time.Now().UnixNano()) // about to claim
 		w.beats = startHeartbeat(ctx, rec, newInstanceRecord(w.cfg.InstanceID, w.beatEvery, w.running()), w.appliedCounts, w.claimedAt, w.log)
 	}
+	ls, _ := w.store.(leaderStore)
+	opts := w.cfg.LockOptions
+	w.lead = startElector(ctx, ls, leaseNames(w.running()), w.cfg.InstanceID, opts.LockTimeout, opts.KeepAliveInterval,
+		leaseMargin(opts), w.log, func() { w.maintainNow.Store(true); w.wakeUp() })
 	base := context.WithoutCancel(ctx)
 	opsCtx, cancelOps := context.WithCancel(base)
 	loopCtx, stopLoop := context.WithCancel(opsCtx)
@@ -173,7 +186,8 @@ func (w *Worker) Start(ctx context.Context) error {
 	return nil
 }
 
-// Stop stops the worker. It claims no new work at once and lets the operations in
+// Stop stops the worker. It claims no new work at once, resigns its leader leases (so that
+// another instance takes its maintenance over at once), and lets the operations in
 // progress finish until ctx ends; then it cancels them and waits up to 5 seconds more for
 // them to end. Each operation releases its own stream lock when it ends (with a fresh
 // short context); Stop never releases a lock whose operation is still running: such a lock
@@ -196,6 +210,9 @@ func (w *Worker) Stop(ctx context.Context) error {
 	if w.beats != nil {
 		w.beats.beatNow()
 	}
+	// Resign the leader leases at once: the other instances take the maintenance over at
+	// their next attempt, and a maintenance write still running here is refused by its fence.
+	w.lead.stop(ctx)
 
 	var err error
 	select {
