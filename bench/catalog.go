@@ -28,7 +28,7 @@ var benchmarks = []benchmark{
 		"the time and Go heap of a rewind for a late event near the end of streams of 1k, 10k and 100k events",
 		"the rewind of the 1k-event stream, interleaved"},
 	{"BenchmarkIsolation", "worker/bench_isolation_test.go",
-		"the throughput of 100 other streams while one stream is under a rewind of about 3 seconds",
+		"the throughput of 100 other streams while one stream is under a rewind of 3–4 seconds",
 		"the same drain with no rewind, interleaved"},
 	{"BenchmarkTakeover", "worker/bench_takeover_test.go",
 		"the time until a late event is applied on a pair whose lock another instance took and abandoned, at PollInterval 1 s and 100 ms",
