@@ -9,7 +9,7 @@
 -- DELETE was a hash join over a sequential scan of the whole queue whenever the planner
 -- priced the index probes above hashing the table: with the default random_page_cost and a
 -- queue of 50,000 rows, 1,250 applied rows took 15 ms instead of 5 ms, most of each apply
--- commit's time, and more as the queue grows (BENCHMARKS.md §11). With hash and merge joins
+-- commit's time, and more as the queue grows. With hash and merge joins
 -- off for its own statement, the only join left is a nested loop of primary-key probes, one
 -- per applied row, whatever the statistics say.
 CREATE FUNCTION wh_delete_applied(

@@ -9,13 +9,8 @@ package worker_test
 // events.applied counter covering them (PollInterval 10ms).
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
-	"os"
-	"runtime/pprof"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -101,7 +96,7 @@ func BenchmarkIsolation(b *testing.B) {
 		})
 	}
 	b.ResetTimer()
-	var normal, during, covered, claims, rewindMS, loopWaits []float64
+	var normal, during, covered, claims, rewindMS []float64
 	for range b.N {
 		for range isoRounds {
 			for j := range 2 {
@@ -120,7 +115,7 @@ func BenchmarkIsolation(b *testing.B) {
 					b.Fatal("the rewind did not start")
 				}
 				tracer.take()
-				loopWaits = append(loopWaits, loopWaitingOnBatch())
+				time.Sleep(100 * time.Millisecond) // the replay is under way
 				var rewound time.Time
 				var claimsDuring int
 				watch := func() {
@@ -153,27 +148,6 @@ func BenchmarkIsolation(b *testing.B) {
 	b.ReportMetric(medianOf(rewindMS), "rewind-ms")
 	// Polls of the queue (QueueDuePairs) the worker made while the rewind replayed.
 	b.ReportMetric(medianOf(claims), "claims-during-rewind")
-	// 1 when a goroutine profile taken as the replay starts shows the worker's loop
-	// waiting in cycle for the batch's goroutines (sync.WaitGroup.Wait).
-	b.ReportMetric(medianOf(loopWaits), "loop-waits-for-rewind")
-}
-
-// loopWaitingOnBatch takes a goroutine profile and reports 1 if a goroutine is in
-// (*Worker).cycle, blocked in sync.(*WaitGroup).Wait, else 0. With
-// PERSPECTIVES_BENCH_VERBOSE=1 it prints that goroutine's stack.
-func loopWaitingOnBatch() float64 {
-	time.Sleep(100 * time.Millisecond) // the replay is under way
-	var buf bytes.Buffer
-	_ = pprof.Lookup("goroutine").WriteTo(&buf, 2)
-	for _, g := range strings.Split(buf.String(), "\n\n") {
-		if strings.Contains(g, "sync.(*WaitGroup).Wait") && strings.Contains(g, "worker.(*Worker).cycle") {
-			if os.Getenv("PERSPECTIVES_BENCH_VERBOSE") != "" {
-				fmt.Fprintf(os.Stderr, "worker loop during the rewind:\n%s\n", g)
-			}
-			return 1
-		}
-	}
-	return 0
 }
 
 // isoDrain appends the other streams' backlog and returns its events/s.
