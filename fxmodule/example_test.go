@@ -2,7 +2,6 @@ package fxmodule_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log"
 	"log/slog"
@@ -61,15 +60,18 @@ func Example() {
 	defer app.Stop(ctx)
 
 	page := uuid.New()
-	if err := worker.Append(ctx, pool, worker.Event{StreamID: page, Type: "Visited"}, worker.Event{StreamID: page, Type: "Visited"}); err != nil {
+	events := []worker.Event{{StreamID: page, Type: "Visited"}, {StreamID: page, Type: "Visited"}}
+	if err := worker.Append(ctx, pool, events...); err != nil {
 		log.Fatal(err)
 	}
-	var v Visits
-	for v.Count < 2 {
-		time.Sleep(20 * time.Millisecond)
-		if raw, ok, err := worker.LoadModel(ctx, pool, "visits", page); err == nil && ok {
-			_ = json.Unmarshal(raw, &v)
-		}
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := worker.WaitFor(wctx, pool, "visits", page, events[1].ID); err != nil {
+		log.Fatal(err)
+	}
+	v, _, err := worker.Load[Visits](ctx, pool, "visits", page)
+	if err != nil {
+		log.Fatal(err)
 	}
 	fmt.Println("visits:", v.Count)
 	// Output: visits: 2

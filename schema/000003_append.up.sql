@@ -1,4 +1,4 @@
--- Append in one statement, so that it costs one round trip (issue 15): wh_append takes the
+-- Append in one statement, so that it costs one round trip: wh_append takes the
 -- shared append lock, queues the wake-up notification, and stores and enqueues the events.
 --
 -- It is a PL/pgSQL function because its statements must see different snapshots: under READ

@@ -1,4 +1,4 @@
--- Operating the worker (issue 14): parked pairs, skipped events, instance heartbeats.
+-- Operating the worker: parked pairs, skipped events, instance heartbeats.
 
 -- A pair whose processing failed as many times as its perspective's failure policy allows
 -- is parked: status 'parked', its queue rows (and the rows Appends add to it: they take the

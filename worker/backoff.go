@@ -73,8 +73,8 @@ func (w *Worker) noteClaimFailure(ctx context.Context, b *backoff, err error) {
 }
 
 // The pairs whose failure could not be recorded (Store.MarkFailed failed) back off here:
-// their rows stay due in the database, so without it they were claimed again at once, and
-// failed again, at every wake-up. Such a pair is not claimed until its backoff (RetryBackoff,
+// their rows stay due in the database, so without it they would be claimed again at once, and
+// fail again, at every wake-up. Such a pair is not claimed until its backoff (RetryBackoff,
 // doubling up to MaxRetryBackoff, as a recorded failure's) ends; a job of it that ends with
 // nothing left unrecorded resets it.
 

@@ -18,10 +18,15 @@
 // [Append] stores events and queues them, atomically; given a pgx.Tx, it runs inside the
 // application's own transaction and queues nothing unless that transaction commits. A zero
 // [Event.ID] gets a UUIDv7. [LoadModel] returns a stream's model in the active version of a
-// perspective as JSON, [Load] decodes it into a Go type. Workers apply events after their commit, so a reader that must see its own
-// write waits for it: [WaitFor] returns once the event is in the model LoadModel serves, or
+// perspective as JSON, [Load] decodes it into a Go type. Workers apply events after their
+// commit, so a reader that must see its own write waits for it: [WaitFor] returns once the event is in the model LoadModel serves, or
 // with an error wrapping [ErrParked] (the pair is parked before the event) or [ErrSkipped]
 // (the event was skipped).
+//
+// Functions that read a model name the perspective first ([LoadModel], [Load], [WaitFor]:
+// perspective, then stream, as one reads "the orders model of stream S"); operations on a
+// pair name the stream first ([Worker.Purge] and the [Admin] methods that take both, like
+// the locker's methods: stream, then perspective).
 //
 // # Perspectives
 //

@@ -1,6 +1,6 @@
 package worker_test
 
-// Plans that hold without statistics (issue 15 item 2). The claim (QueueDuePairs), the
+// Plans that hold without statistics. The claim (QueueDuePairs), the
 // per-pair reads (QueueEventsForPairs, QueueIDsForPair), the DELETE of applied rows
 // (wh_delete_applied, which PairsApplyCommit calls), the queue probe of wh_append and promotion's
 // catch-up check (BuildQueueAge) must read the queue,

@@ -1,6 +1,6 @@
 package worker_test
 
-// Read-your-writes (issue 14, item 3): WaitFor against running workers.
+// Read-your-writes: WaitFor against running workers.
 
 import (
 	"context"

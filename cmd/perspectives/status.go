@@ -43,7 +43,7 @@ func runStatus(ctx context.Context, dbURL string, stdout, _ io.Writer) error {
 	var parked []string
 	var parkedPairs int64
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "PERSPECTIVE\tVERSION\tSTATE\tQUEUED\tOLDEST QUEUED\tFAILING\tPARKED\tINSTANCES\tEVENTS/S\tHEALTH")
+	fmt.Fprintln(tw, "PERSPECTIVE\tVERSION\tSTATE\tQUEUED\tLAG\tFAILING\tPARKED\tINSTANCES\tEVENTS/S\tHEALTH")
 	for _, b := range v.Builds {
 		byKey[b.Key] = b
 		if b.State == worker.BuildRetired {
