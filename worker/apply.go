@@ -128,7 +128,7 @@ func (w *Worker) applyPairs(ctx context.Context, pairs []Pair, r *jobResult) {
 			w.fail(ctx, pairs[0], err, r)
 			return
 		}
-		if isConnectionError(err) && !slices.ContainsFunc(pairs, func(p Pair) bool { return r.job.strict[p] }) {
+		if isConnectionError(err) && !slices.ContainsFunc(pairs, func(p Pair) bool { return r.job.cutOffFails[p] }) {
 			// Each pair alone would fail the same: they all stay queued (see fail).
 			w.log.Warn("database unavailable; the pairs stay queued and are retried at the next claim",
 				slog.Int("pairs", len(pairs)), slog.Any("error", err))
@@ -247,7 +247,7 @@ func (w *Worker) lockedElsewhere(holder uuid.UUID) bool {
 // one) but it has none.
 func (w *Worker) followUp(st PairState) (job, bool) {
 	switch {
-	case st.LastEventID.Valid && !less(st.LastEventID.UUID, st.Events[0].ID):
+	case st.LastEventID.Valid && compareIDs(st.LastEventID.UUID, st.Events[0].ID) >= 0:
 		return job{kind: jobRewind, pairs: []Pair{st.Pair}}, true
 	case st.LastEventID.Valid && !w.cfg.Snapshots.Disabled && len(st.Snapshots) == 0 &&
 		st.SinceSnapshot >= w.cfg.Snapshots.EveryNEvents:
@@ -274,7 +274,7 @@ func (w *Worker) reportApplied(ctx context.Context, rep pairReport) {
 
 // fail records a failed operation on the pair (retried with backoff), unless it is a
 // shutdown, a race that another writer won or a database that could not be reached (the
-// next claim retries those at once, and r notes the last: see job.strict).
+// next claim retries those at once, and r notes the last: see job.cutOffFails).
 func (w *Worker) fail(ctx context.Context, k Pair, cause error, r *jobResult) {
 	attrs := w.logPair(k, slog.Any("error", cause))
 	if ctx.Err() != nil {
@@ -285,7 +285,7 @@ func (w *Worker) fail(ctx context.Context, k Pair, cause error, r *jobResult) {
 		w.log.Warn("operation refused at commit; will retry", attrs...)
 		return
 	}
-	if isConnectionError(cause) && !r.job.strict[k] {
+	if isConnectionError(cause) && !r.job.cutOffFails[k] {
 		// Nothing about the pair: it stays queued and is claimed again once the database
 		// answers (a restart, a failover), without the backoff meant for failing perspectives.
 		w.log.Warn("database unavailable; the pair stays queued and is retried at the next claim", attrs...)
@@ -369,11 +369,11 @@ func (w *Worker) fold(ctx context.Context, persp Perspective, model json.RawMess
 	return f
 }
 
-// foldEvents is fold; strict checks every model Apply returns.
-func (w *Worker) foldEvents(ctx context.Context, persp Perspective, model json.RawMessage, since int, events []Event, strict bool) folded {
+// foldEvents is fold; checkJSON checks every model Apply returns.
+func (w *Worker) foldEvents(ctx context.Context, persp Perspective, model json.RawMessage, since int, events []Event, checkJSON bool) folded {
 	f := folded{model: model, since: since, applied: make([]uuid.UUID, 0, len(events))}
 	for _, ev := range events {
-		next, err := w.applyOne(ctx, persp, f.model, ev, strict)
+		next, err := w.applyOne(ctx, persp, f.model, ev, checkJSON)
 		if err != nil {
 			f.err = eventError{event: ev.ID, err: fmt.Errorf("apply event %s (%s): %w", ev.ID, ev.Type, err)}
 			break
@@ -397,8 +397,8 @@ func (e perspectiveError) Error() string { return e.err.Error() }
 func (e perspectiveError) Unwrap() error { return e.err }
 
 // applyOne runs the perspective's Apply, turning a panic or an empty model (or, when
-// strict, one that is not valid JSON) into an error.
-func (w *Worker) applyOne(ctx context.Context, persp Perspective, model json.RawMessage, ev Event, strict bool) (next json.RawMessage, err error) {
+// checkJSON, one that is not valid JSON) into an error.
+func (w *Worker) applyOne(ctx context.Context, persp Perspective, model json.RawMessage, ev Event, checkJSON bool) (next json.RawMessage, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			err = perspectiveError{fmt.Errorf("panic in Apply: %v", r)}
@@ -408,7 +408,7 @@ func (w *Worker) applyOne(ctx context.Context, persp Perspective, model json.Raw
 	if err != nil {
 		return nil, perspectiveError{err}
 	}
-	if len(next) == 0 || strict && !json.Valid(next) {
+	if len(next) == 0 || checkJSON && !json.Valid(next) {
 		return nil, fmt.Errorf("perspective %s returned a model that is not valid JSON", persp.Name())
 	}
 	return next, nil

@@ -59,11 +59,11 @@ type JobReport struct {
 }
 
 // RunApplyStrict runs the normal path for pairs as one job in which strict pairs' lost
-// connections count as their failures (see job.strict).
+// connections count as their failures (see job.cutOffFails).
 func (w *Worker) RunApplyStrict(ctx context.Context, strict []Pair, pairs ...Pair) JobReport {
-	j := job{kind: jobApply, pairs: pairs, strict: map[Pair]bool{}}
+	j := job{kind: jobApply, pairs: pairs, cutOffFails: map[Pair]bool{}}
 	for _, p := range strict {
-		j.strict[p] = true
+		j.cutOffFails[p] = true
 	}
 	return report(w.runJob(ctx, j))
 }

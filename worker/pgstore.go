@@ -156,7 +156,7 @@ func (s *pgStore) RewindStart(ctx context.Context, p Pair) (RewindStart, error) 
 		return rs, fmt.Errorf("list snapshots: %w", err)
 	}
 	for _, id := range ids {
-		if less(id, first) {
+		if compareIDs(id, first) < 0 {
 			rs.Snapshots = append(rs.Snapshots, id)
 		}
 	}

@@ -92,7 +92,7 @@ func (w *Worker) replay(ctx context.Context, k Pair, holder uuid.UUID) (rewindSt
 	}
 	st.trigger = rs.Queued[0] // ascending: the earliest queued event
 	upto := rs.Queued[len(rs.Queued)-1]
-	if rs.LastEventID.Valid && less(upto, rs.LastEventID.UUID) {
+	if rs.LastEventID.Valid && compareIDs(upto, rs.LastEventID.UUID) < 0 {
 		upto = rs.LastEventID.UUID
 	}
 	pending := make(map[uuid.UUID]bool, len(rs.Queued))
@@ -120,7 +120,7 @@ func (w *Worker) replay(ctx context.Context, k Pair, holder uuid.UUID) (rewindSt
 		}
 		f := w.fold(ctx, persp, model, since, page)
 		if f.err != nil {
-			if rs.LastEventID.Valid && !less(rs.LastEventID.UUID, failedEvent(f.err)) {
+			if rs.LastEventID.Valid && compareIDs(rs.LastEventID.UUID, failedEvent(f.err)) >= 0 {
 				return st, fmt.Errorf("replay: %w", f.err)
 			}
 			failed = fmt.Errorf("replay: %w", f.err)
@@ -174,9 +174,6 @@ func (w *Worker) replay(ctx context.Context, k Pair, holder uuid.UUID) (rewindSt
 	}
 	return st, failed
 }
-
-// less orders event IDs as PostgreSQL orders uuid values (byte-wise).
-func less(a, b uuid.UUID) bool { return bytes.Compare(a[:], b[:]) < 0 }
 
 // compareIDs orders event IDs as PostgreSQL orders uuid values (byte-wise).
 func compareIDs(a, b uuid.UUID) int { return bytes.Compare(a[:], b[:]) }

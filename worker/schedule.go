@@ -35,11 +35,11 @@ type job struct {
 	pairs     []Pair    // apply, rewind, bootstrap
 	key       string    // catch-up, promote: the build; cleanup: the perspective
 	notBefore time.Time // a follow-up waits for a slot until then (a paced catch-up)
-	// strict: pairs whose work was cut off by a lost connection cutOffLimit times in a row
+	// cutOffFails: pairs whose work was cut off by a lost connection cutOffLimit times in a row
 	// while the database answered claims. A connection error is then recorded as their
 	// failure (with backoff) rather than left for the next claim: something about the pair
 	// (a transaction a pooler's timeout ends) may be what cuts the connection.
-	strict map[Pair]bool
+	cutOffFails map[Pair]bool
 	// backingOff: pairs whose last failure could not be recorded (see schedule.held): a
 	// failure to record this one is logged at debug, once said for the spell.
 	backingOff map[Pair]bool
@@ -131,15 +131,15 @@ func (s *schedule) claimSkips() (inflight map[Pair]time.Time, skip []Pair) {
 }
 
 // started records the pairs of a job about to run, and marks those cut off too often in a
-// row as strict.
+// row (job.cutOffFails).
 func (s *schedule) started(j *job) {
 	for _, p := range j.pairs {
 		s.inflight[p] = true
 		if s.cutOff[p] >= cutOffLimit {
-			if j.strict == nil {
-				j.strict = map[Pair]bool{}
+			if j.cutOffFails == nil {
+				j.cutOffFails = map[Pair]bool{}
 			}
-			j.strict[p] = true
+			j.cutOffFails[p] = true
 		}
 		if s.held[p] != nil {
 			if j.backingOff == nil {

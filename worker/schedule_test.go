@@ -111,12 +111,12 @@ func TestScheduleStrictAfterRepeatedCutOffs(t *testing.T) {
 	}
 	for range cutOffLimit {
 		j := run(a, b)
-		require.Empty(t, j.strict, "not yet")
+		require.Empty(t, j.cutOffFails, "not yet")
 	}
 	run(a) // b's job went through: b starts again; a is cut off once more
 	j := job{kind: jobApply, pairs: []Pair{a, b}}
 	s.started(&j)
-	require.Equal(t, map[Pair]bool{a: true}, j.strict)
+	require.Equal(t, map[Pair]bool{a: true}, j.cutOffFails)
 	s.finish(jobResult{job: j}, time.Now()) // a went through
 	require.Empty(t, s.cutOff, "the counts end with a job that was not cut off")
 }
