@@ -218,7 +218,7 @@ type Querier interface {
 	// Queue depth per perspective, and the age of its oldest row on the database clock.
 	QueueDepth(ctx context.Context) ([]QueueDepthRow, error)
 	// The pairs with due queue rows, oldest row first, of the builds this instance runs
-	// (perspective_names holds their build keys), skipping the pairs listed in busy_pairs and
+	// (perspective_names holds their build keys), skipping the pairs listed in inflight_pairs and
 	// skip_pairs, pairs another instance has locked, pairs backing off after a failure, and
 	// pairs whose build's catch-up has not passed their stream yet; each once, each flagged own
 	// or not (see the sharing of streams below): up to pair_limit of its own and pair_limit of

@@ -92,7 +92,7 @@ WITH RECURSIVE peers AS (
      AND i.last_seen_at >= now() - 3 * i.heartbeat_interval
      AND i.claimed_at >= now() - 3 * i.heartbeat_interval
     WHERE me.instance_id = $1::uuid
-), busy AS (
+), inflight AS (
     -- the caller's pairs in flight (NULL: none), each with the due time of the group it was
     -- claimed at (any time no group has when not known)
     SELECT unnest(COALESCE($4::text[], '{}')) AS pair,
@@ -193,7 +193,7 @@ WITH RECURSIVE peers AS (
             SELECT g.next_attempt_at, g.stream_id, g.perspective_name, g.pair, g.own, g.due, h.held,
                    (g.due
                     -- in flight here (a hashed subplan: one lookup, however many pairs)
-                    AND g.pair NOT IN (SELECT b.pair FROM busy b)
+                    AND g.pair NOT IN (SELECT b.pair FROM inflight b)
                     -- another instance's pair, once there are enough of them to fill the
                     -- claim, is passed at the cost of the probe that found it
                     AND (g.own OR d.oks - d.owned < d.pair_limit)
@@ -238,7 +238,7 @@ WITH RECURSIVE peers AS (
             ) g
             -- Held: the group a pair in flight here was claimed at (a hashed subplan).
             CROSS JOIN LATERAL (
-                SELECT COALESCE(g.due AND (g.pair, g.next_attempt_at) IN (SELECT b.pair, b.at FROM busy b), false) AS held
+                SELECT COALESCE(g.due AND (g.pair, g.next_attempt_at) IN (SELECT b.pair, b.at FROM inflight b), false) AS held
             ) h
         ) c
     ) n
@@ -273,8 +273,8 @@ type QueueDuePairsParams struct {
 	InstanceID          uuid.UUID
 	PairLimit           int32
 	MaxSteps            int32
-	BusyPairs           []string
-	BusyAt              []time.Time
+	InflightPairs       []string
+	InflightAt          []time.Time
 	SkipPairs           []string
 	RecheckStreams      []uuid.UUID
 	RecheckPerspectives []string
@@ -295,7 +295,7 @@ type QueueDuePairsRow struct {
 }
 
 // The pairs with due queue rows, oldest row first, of the builds this instance runs
-// (perspective_names holds their build keys), skipping the pairs listed in busy_pairs and
+// (perspective_names holds their build keys), skipping the pairs listed in inflight_pairs and
 // skip_pairs, pairs another instance has locked, pairs backing off after a failure, and
 // pairs whose build's catch-up has not passed their stream yet; each once, each flagged own
 // or not (see the sharing of streams below): up to pair_limit of its own and pair_limit of
@@ -345,8 +345,8 @@ func (q *Queries) QueueDuePairs(ctx context.Context, arg QueueDuePairsParams) ([
 		arg.InstanceID,
 		arg.PairLimit,
 		arg.MaxSteps,
-		arg.BusyPairs,
-		arg.BusyAt,
+		arg.InflightPairs,
+		arg.InflightAt,
 		arg.SkipPairs,
 		arg.RecheckStreams,
 		arg.RecheckPerspectives,

@@ -630,7 +630,7 @@ func TestGroupSQLPairsMarkFailedBacksOffPerPair(t *testing.T) {
 }
 
 // gsClaim runs QueueDuePairs and returns the claimable pairs (at most PairLimit). A nil
-// BusyPairs is sent as NULL, which must mean "none".
+// InflightPairs is sent as NULL, which must mean "none".
 func gsClaim(t *testing.T, ctx context.Context, arg db.QueueDuePairsParams) []gsPair {
 	t.Helper()
 	rows, err := pgq.New(testDB.Pool).QueueDuePairs(ctx, arg)
@@ -730,7 +730,7 @@ func TestClaimSQLSkipsBusyLockedAndBackingOffPairs(t *testing.T) {
 
 	got := gsClaim(t, ctx, db.QueueDuePairsParams{
 		PerspectiveNames: []string{name}, InstanceID: me, PairLimit: 10, MaxSteps: 100,
-		BusyPairs: []string{busy.String() + "/" + name, plain.String() + "/" + sibling},
+		InflightPairs: []string{busy.String() + "/" + name, plain.String() + "/" + sibling},
 	})
 	require.Equal(t, gsPairs(name, foreignExpired, ownLive, backedOff, plain), got)
 
@@ -769,7 +769,7 @@ func TestClaimSQLRespectsPairLimit(t *testing.T) {
 	// A skipped pair does not count against the limit.
 	require.Equal(t, gsPairs(name, streams[1:3]...), gsClaim(t, ctx, db.QueueDuePairsParams{
 		PerspectiveNames: []string{name}, InstanceID: me, PairLimit: 2, MaxSteps: 100,
-		BusyPairs: []string{streams[0].String() + "/" + name},
+		InflightPairs: []string{streams[0].String() + "/" + name},
 	}))
 }
 
@@ -808,7 +808,7 @@ func TestClaimSQLServesAHotStreamsManyAppendsAsOnePair(t *testing.T) {
 	}
 	got = gsClaim(t, ctx, db.QueueDuePairsParams{
 		PerspectiveNames: []string{name}, InstanceID: uuid.New(), PairLimit: coldStreams,
-		BusyPairs: []string{hot.String() + "/" + name}, MaxSteps: 1 + 2*coldStreams,
+		InflightPairs: []string{hot.String() + "/" + name}, MaxSteps: 1 + 2*coldStreams,
 	})
 	require.Equal(t, gsPairs(name, cold...), got)
 }

@@ -82,8 +82,8 @@ func (s *pgStore) Claim(ctx context.Context, req ClaimRequest) (Claimed, error) 
 		arg.RecheckAt = append(arg.RecheckAt, g.At)
 	}
 	for p, at := range req.InFlight {
-		arg.BusyPairs = append(arg.BusyPairs, pairText(p))
-		arg.BusyAt = append(arg.BusyAt, at)
+		arg.InflightPairs = append(arg.InflightPairs, pairText(p))
+		arg.InflightAt = append(arg.InflightAt, at)
 	}
 	rows, err := s.q.QueueDuePairs(ctx, arg)
 	if err != nil {
