@@ -77,19 +77,19 @@ type contention struct {
 
 // schedule is the loop's state about pairs. Only the loop goroutine uses it.
 type schedule struct {
-	inflight  map[Pair]bool        // in a running or waiting job: never claimed meanwhile
-	claimedAt map[Pair]time.Time   // the due time of the group each pair in flight was claimed at
-	recheck   map[QueuedGroup]bool // groups of pairs whose jobs ended since the last claim: it looks them up
-	skip      []Pair               // found busy: skipped by the next claim only
-	pending   []job                // follow-ups waiting for a free slot (served before new claims)
-	buildJobs map[buildJob]bool    // build jobs waiting or running
-	contended map[Pair]contention
-	cutOff    map[Pair]int  // pairs whose last jobs were cut off by a lost connection: how many in a row
-	from      QueuePosition // where the next claim starts (see claimFrom)
-	fullAt    time.Time     // when the last claim that started at the oldest row began (and succeeded)
-	window    time.Duration // LockTimeout: contention longer than this is warned of
-	log       *slog.Logger
-	logPair   func(Pair, ...any) []any // how a pair is named in the log
+	inflight    map[Pair]bool        // in a running or waiting job: never claimed meanwhile
+	inflightDue map[Pair]time.Time   // the due time of the group each pair in flight was claimed at
+	recheck     map[QueuedGroup]bool // groups of pairs whose jobs ended since the last claim: it looks them up
+	skip        []Pair               // found busy: skipped by the next claim only
+	pending     []job                // follow-ups waiting for a free slot (served before new claims)
+	buildJobs   map[buildJob]bool    // build jobs waiting or running
+	contended   map[Pair]contention
+	cutOff      map[Pair]int  // pairs whose last jobs were cut off by a lost connection: how many in a row
+	from        QueuePosition // where the next claim starts (see claimFrom)
+	fullAt      time.Time     // when the last claim that started at the oldest row began (and succeeded)
+	window      time.Duration // LockTimeout: contention longer than this is warned of
+	log         *slog.Logger
+	logPair     func(Pair, ...any) []any // how a pair is named in the log
 
 	// held: the pairs whose failure could not be recorded, backing off (see unrecorded);
 	// retry: the backoff each starts with (RetryBackoff, MaxRetryBackoff).
@@ -98,7 +98,7 @@ type schedule struct {
 }
 
 func newSchedule(lockTimeout time.Duration, log *slog.Logger, logPair func(Pair, ...any) []any) *schedule {
-	return &schedule{inflight: map[Pair]bool{}, claimedAt: map[Pair]time.Time{}, recheck: map[QueuedGroup]bool{},
+	return &schedule{inflight: map[Pair]bool{}, inflightDue: map[Pair]time.Time{}, recheck: map[QueuedGroup]bool{},
 		buildJobs: map[buildJob]bool{}, contended: map[Pair]contention{}, cutOff: map[Pair]int{}, held: map[Pair]*backoff{},
 		window: lockTimeout, log: log, logPair: logPair}
 }
@@ -119,7 +119,7 @@ func (s *schedule) queueBuildJob(j job) {
 func (s *schedule) claimSkips() (inflight map[Pair]time.Time, skip []Pair) {
 	inflight = make(map[Pair]time.Time, len(s.inflight))
 	for p := range s.inflight {
-		inflight[p] = s.claimedAt[p]
+		inflight[p] = s.inflightDue[p]
 	}
 	for _, p := range s.skip {
 		if !s.inflight[p] {
@@ -230,8 +230,8 @@ func (s *schedule) leave(pairs []Pair) {
 		if s.inflight[p] {
 			continue // in a follow-up
 		}
-		at, known := s.claimedAt[p]
-		delete(s.claimedAt, p)
+		at, known := s.inflightDue[p]
+		delete(s.inflightDue, p)
 		if !known {
 			s.from = QueuePosition{} // not claimed here (no such job): from the oldest row
 			continue
@@ -292,7 +292,7 @@ func (s *schedule) claimed(c Claimed, full bool, now time.Time) {
 	}
 	clear(s.recheck)
 	for p, at := range c.At {
-		s.claimedAt[p] = at
+		s.inflightDue[p] = at
 	}
 }
 

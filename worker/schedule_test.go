@@ -225,7 +225,7 @@ func TestScheduleLooksUpTheEndedPairsAgain(t *testing.T) {
 
 	s.finish(jobResult{job: group, next: []job{rewindOf(b)}}, t0)
 	require.ElementsMatch(t, []QueuedGroup{g(a, 10), g(c, 30)}, s.claimRechecks(), "b goes on in its rewind")
-	require.Equal(t, map[Pair]time.Time{b: at(20)}, s.claimedAt)
+	require.Equal(t, map[Pair]time.Time{b: at(20)}, s.inflightDue)
 	require.ElementsMatch(t, []QueuedGroup{g(a, 10), g(c, 30)}, s.claimRechecks(), "until a claim succeeds")
 	s.claimed(Claimed{Next: next}, false, t0)
 	require.Empty(t, s.claimRechecks(), "looked up once")
