@@ -246,38 +246,17 @@ func (q *Queries) PerspectiveRegister(ctx context.Context, perspectiveName strin
 	return result.RowsAffected(), nil
 }
 
-const queueListen = `-- name: QueueListen :exec
+const registerLock = `-- name: RegisterLock :exec
 
-LISTEN wh_perspective_events
+SELECT set_config('lock_timeout', s.before || left(pg_advisory_xact_lock(7214082031553392641)::text, 0), true)
+FROM (SELECT b.before, set_config('lock_timeout', ($1::int)::text, true) AS bound
+      FROM (SELECT current_setting('lock_timeout') AS before OFFSET 0) b) s
 `
 
 // Appending events and registering builds. Append takes a shared transaction-level
 // advisory lock and registration the exclusive one, so every Append either commits before a
 // new build is registered (its events are then in the store when the build's catch-up reads
 // it) or queues its events for the new build.
-// Subscribes the session to the notification wh_append queues.
-func (q *Queries) QueueListen(ctx context.Context) error {
-	_, err := q.db.Exec(ctx, queueListen)
-	return err
-}
-
-const queueProbe = `-- name: QueueProbe :exec
-SELECT pg_notify('wh_perspective_events', $1::text)
-`
-
-// A notification on the channel of wh_append with a payload (Appends send none):
-// a listener sends it to itself to check that its session receives notifications.
-func (q *Queries) QueueProbe(ctx context.Context, payload string) error {
-	_, err := q.db.Exec(ctx, queueProbe, payload)
-	return err
-}
-
-const registerLock = `-- name: RegisterLock :exec
-SELECT set_config('lock_timeout', s.before || left(pg_advisory_xact_lock(7214082031553392641)::text, 0), true)
-FROM (SELECT b.before, set_config('lock_timeout', ($1::int)::text, true) AS bound
-      FROM (SELECT current_setting('lock_timeout') AS before OFFSET 0) b) s
-`
-
 // The exclusive side of the append lock, held by the (short) transaction that adds or
 // promotes a build, waited for wait_ms at most (the transaction's lock_timeout, set back to
 // what it was once the lock is granted): a lock not granted by then fails with SQLSTATE

@@ -153,6 +153,19 @@ type Querier interface {
 	// of the models' key in a LATERAL subquery, whatever the statistics say (as a join it could
 	// be planned as a hash join reading every model).
 	ModelsGet(ctx context.Context, arg ModelsGetParams) ([]ModelsGetRow, error)
+	// The notification of the commits that make events visible in models (PairsApplyCommit,
+	// BuildSetState's promotion, and parking or skipping a pair): worker.WaitFor.
+	NotifierListenApplied(ctx context.Context) error
+	NotifierListenProbe(ctx context.Context) error
+	// The notifier's session (worker/notifier.go): one per process and pool, subscribed to the
+	// channels its subscribers need, and to a channel of its own for the probe that checks it
+	// receives what is sent through the pool.
+	// The notification wh_append sends as its rows are queued (the worker's loop).
+	NotifierListenQueue(ctx context.Context) error
+	// The probe a notifier sends itself through the pool once subscribed.
+	NotifierProbe(ctx context.Context, payload string) error
+	NotifierUnlistenApplied(ctx context.Context) error
+	NotifierUnlistenQueue(ctx context.Context) error
 	// Pair i's model becomes models[i] at last_event_ids[i] with events_since_snapshot[i]; its
 	// cursor advances (bumping its version) and its failure state clears; the applied queue rows
 	// are deleted, given as three parallel arrays (applied_stream_ids,
@@ -291,11 +304,6 @@ type Querier interface {
 	// advisory lock and registration the exclusive one, so every Append either commits before a
 	// new build is registered (its events are then in the store when the build's catch-up reads
 	// it) or queues its events for the new build.
-	// Subscribes the session to the notification wh_append queues.
-	QueueListen(ctx context.Context) error
-	// A notification on the channel of wh_append with a payload (Appends send none):
-	// a listener sends it to itself to check that its session receives notifications.
-	QueueProbe(ctx context.Context, payload string) error
 	// The exclusive side of the append lock, held by the (short) transaction that adds or
 	// promotes a build, waited for wait_ms at most (the transaction's lock_timeout, set back to
 	// what it was once the lock is granted): a lock not granted by then fails with SQLSTATE
@@ -369,11 +377,6 @@ type Querier interface {
 	// Every table is read by one probe of its primary key (the active build by its partial
 	// unique index): the cost does not grow with the data.
 	WaitCheck(ctx context.Context, arg WaitCheckParams) (WaitCheckRow, error)
-	// Subscribes the session to the notification of the commits that make events visible in
-	// models (PairsApplyCommit, BuildSetState's promotion, and parking or skipping a pair).
-	WaitListen(ctx context.Context) error
-	// Ends WaitListen's subscription, before the connection goes back to its pool.
-	WaitUnlisten(ctx context.Context) error
 }
 
 var _ Querier = (*Queries)(nil)

@@ -98,24 +98,3 @@ func (q *Queries) WaitCheck(ctx context.Context, arg WaitCheckParams) (WaitCheck
 	)
 	return i, err
 }
-
-const waitListen = `-- name: WaitListen :exec
-LISTEN wh_applied
-`
-
-// Subscribes the session to the notification of the commits that make events visible in
-// models (PairsApplyCommit, BuildSetState's promotion, and parking or skipping a pair).
-func (q *Queries) WaitListen(ctx context.Context) error {
-	_, err := q.db.Exec(ctx, waitListen)
-	return err
-}
-
-const waitUnlisten = `-- name: WaitUnlisten :exec
-UNLISTEN wh_applied
-`
-
-// Ends WaitListen's subscription, before the connection goes back to its pool.
-func (q *Queries) WaitUnlisten(ctx context.Context) error {
-	_, err := q.db.Exec(ctx, waitUnlisten)
-	return err
-}

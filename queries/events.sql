@@ -3,10 +3,6 @@
 -- new build is registered (its events are then in the store when the build's catch-up reads
 -- it) or queues its events for the new build.
 
--- name: QueueListen :exec
--- Subscribes the session to the notification wh_append queues.
-LISTEN wh_perspective_events;
-
 -- name: RegisterLock :exec
 -- The exclusive side of the append lock, held by the (short) transaction that adds or
 -- promotes a build, waited for wait_ms at most (the transaction's lock_timeout, set back to
@@ -89,11 +85,6 @@ SELECT DISTINCT stream_id FROM wh_event_store ORDER BY stream_id;
 
 -- name: EventCount :one
 SELECT count(*)::bigint FROM wh_event_store;
-
--- name: QueueProbe :exec
--- A notification on the channel of wh_append with a payload (Appends send none):
--- a listener sends it to itself to check that its session receives notifications.
-SELECT pg_notify('wh_perspective_events', @payload::text);
 
 -- name: BackendPID :one
 -- The process ID of the server backend that runs the statement (see pgq.Pooled).

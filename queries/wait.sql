@@ -40,12 +40,3 @@ LEFT JOIN wh_perspective_cursors c
   ON c.stream_id = @stream_id::uuid AND c.perspective_name = k.build_key
 LEFT JOIN wh_skipped_events s
   ON s.stream_id = @stream_id::uuid AND s.perspective_name = k.build_key AND s.event_id = @event_id::uuid;
-
--- name: WaitListen :exec
--- Subscribes the session to the notification of the commits that make events visible in
--- models (PairsApplyCommit, BuildSetState's promotion, and parking or skipping a pair).
-LISTEN wh_applied;
-
--- name: WaitUnlisten :exec
--- Ends WaitListen's subscription, before the connection goes back to its pool.
-UNLISTEN wh_applied;

@@ -80,13 +80,14 @@ type Config struct {
 	// by polling every PollInterval. Default false: each committed Append wakes idle workers
 	// at once, and polling remains the fallback.
 	PollOnly bool
-	// ListenConnect opens the session the worker LISTENs on for that wake-up. LISTEN needs a
-	// session of its own, which a transaction pooler (PgBouncer in transaction mode) does not
+	// ListenConnect opens the session the worker LISTENs on for that wake-up, which every
+	// WaitFor on the same pool in the process shares. LISTEN needs a session of its own, which a transaction pooler (PgBouncer in transaction mode) does not
 	// keep: behind one, give it a direct connection to PostgreSQL, e.g.
 	//
 	//	ListenConnect: func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, directURL) }
 	//
-	// Default nil: a connection taken out of the pool, unless it goes through a pooler (its
+	// Default nil: a connection of its own opened with the pool's ConnConfig (the pool's
+	// BeforeConnect and AfterConnect hooks do not run for it), unless it goes through a pooler (its
 	// server backend is not the one it was opened with): the worker then does not LISTEN
 	// (PgBouncer 1.18 stops on notifications for a connection it has handed back), says so
 	// once in the log and polls every PollInterval. Each time it subscribes, the worker also

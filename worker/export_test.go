@@ -8,6 +8,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/perspectives-go/perspectives/db"
 	"github.com/perspectives-go/perspectives/locker"
 )
 
@@ -161,3 +162,16 @@ func PerspectiveError(err error) error { return perspectiveError{err} }
 
 // GraceAfter is graceAfter: a context that ends grace after ctx ends.
 var GraceAfter = graceAfter
+
+// ReadAheadWith starts a catch-up read-ahead on w's store (a worker of New, started) whose
+// statement is stmt; the channel is closed when it has ended (nil: the store reads nothing
+// ahead now).
+func ReadAheadWith(w *Worker, stmt func(ctx context.Context) error) <-chan struct{} {
+	p := w.store.(*pgStore).readAheadWith("read-ahead test", db.CatchUpPageParams{}, func(ctx context.Context) ([]db.WhEventStore, error) {
+		return nil, stmt(ctx)
+	})
+	if p == nil {
+		return nil
+	}
+	return p.done
+}

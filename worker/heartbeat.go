@@ -80,8 +80,7 @@ type heartbeat struct {
 	failing  bool       // the last write failed
 	recorded bool       // the row was written: later writes only refresh it
 
-	quit chan struct{} // closed by stop: the loop ends after the write in progress
-	done chan struct{}
+	svc service // runs the periodic writes
 }
 
 // newInstanceRecord is this process's record for instance id running perspectives.
@@ -94,23 +93,25 @@ func newInstanceRecord(id uuid.UUID, interval time.Duration, perspectives []Pers
 }
 
 // startHeartbeat records row at once (bounded by heartbeatTimeout), and keeps recording row
-// every row.Interval in the background; the loop is not tied to ctx (stop ends it).
+// every row.Interval in the background, as a service: the writes are not tied to ctx (stop
+// ends them).
 func startHeartbeat(ctx context.Context, rec instanceRecorder, row instanceRecord, applied func() []int64, claimed func() time.Time, log *slog.Logger) *heartbeat {
-	h := &heartbeat{rec: rec, row: row, log: log, applied: applied, claimed: claimed,
-		quit: make(chan struct{}), done: make(chan struct{})}
+	h := &heartbeat{rec: rec, row: row, log: log, applied: applied, claimed: claimed}
 	bg := context.WithoutCancel(ctx)
 	h.write(bg)
-	go h.run(bg)
+	_ = h.svc.Start(bg) // a fresh service: it starts
+	h.svc.Go(h.run)
 	return h
 }
 
-func (h *heartbeat) run(ctx context.Context) {
-	defer close(h.done)
+// run writes the row every interval until stopping; the write in progress when it stops
+// ends first (bounded by heartbeatTimeout), cut short only by a hard stop (ctx).
+func (h *heartbeat) run(ctx, stopping context.Context) {
 	tick := time.NewTicker(h.row.Interval)
 	defer tick.Stop()
 	for {
 		select {
-		case <-h.quit:
+		case <-stopping.Done():
 			return
 		case <-tick.C:
 			h.write(ctx)
@@ -118,10 +119,10 @@ func (h *heartbeat) run(ctx context.Context) {
 	}
 }
 
-// beatNow records the row at once (as the worker stops claiming), bounded by
+// beatNow records the row at once (as the worker stops claiming), under ctx and bounded by
 // heartbeatTimeout.
-func (h *heartbeat) beatNow() {
-	h.write(context.Background())
+func (h *heartbeat) beatNow(ctx context.Context) {
+	h.write(ctx)
 }
 
 // write records the row once, bounded by heartbeatTimeout.
@@ -182,14 +183,14 @@ func (h *heartbeat) rates(now time.Time) {
 	h.row.Rates, h.last, h.lastAt = rates, cur, now
 }
 
-// stop ends the heartbeats and deletes the instance's row (with a fresh short context). A
-// write in progress ends first (within heartbeatTimeout), not cancelled; one that its client
-// gave up on and that runs on the server after the deletion only refreshes (see write), so
-// it cannot bring the row back.
-func (h *heartbeat) stop() {
-	close(h.quit)
-	<-h.done
-	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+// stop ends the heartbeats and deletes the instance's row, under ctx and bounded by
+// releaseTimeout: it returns by ctx's deadline plus at most the write in progress
+// (heartbeatTimeout). A write in progress ends first, not cancelled unless ctx ends; one
+// that its client gave up on and that runs on the server after the deletion only refreshes
+// (see write), so it cannot bring the row back.
+func (h *heartbeat) stop(ctx context.Context) {
+	_ = h.svc.Stop(ctx)
+	ctx, cancel := context.WithTimeout(ctx, releaseTimeout)
 	defer cancel()
 	if err := h.rec.forget(ctx, h.row.ID); err != nil {
 		h.log.Warn("instance row not deleted at stop; readers will see it gone after three heartbeat intervals",

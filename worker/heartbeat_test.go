@@ -25,7 +25,9 @@ type fakeInstances struct {
 	hang   bool
 	hung   []time.Duration // how long each hanging beat waited
 	forgot []uuid.UUID
-	row    instanceRecord
+	// forgetCtx is the error of each forget's context when called
+	forgetCtx []error
+	row       instanceRecord
 }
 
 func (f *fakeInstances) beat(ctx context.Context, r instanceRecord) error {
@@ -56,9 +58,13 @@ func (f *fakeInstances) refresh(ctx context.Context, r instanceRecord) (bool, er
 	return true, f.beat(ctx, r)
 }
 
-func (f *fakeInstances) forget(_ context.Context, id uuid.UUID) error {
+func (f *fakeInstances) forget(ctx context.Context, id uuid.UUID) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.forgetCtx = append(f.forgetCtx, ctx.Err())
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
 	f.forgot = append(f.forgot, id)
 	return nil
 }
@@ -112,7 +118,7 @@ func TestHeartbeatBeatsEveryIntervalSurvivesFailuresAndForgetsAtStop(t *testing.
 		stopped := false
 		defer func() {
 			if !stopped {
-				h.stop()
+				h.stop(context.Background())
 			}
 		}()
 		beats, _, _, _ := rec.snapshot()
@@ -168,7 +174,7 @@ func TestHeartbeatBeatsEveryIntervalSurvivesFailuresAndForgetsAtStop(t *testing.
 		require.Len(t, beats, 5)
 		require.Equal(t, start.Add(8*every), beats[4], "the beat after the one that hung is on time")
 
-		h.stop()
+		h.stop(context.Background())
 		stopped = true
 		_, tried, _, forgot := rec.snapshot()
 		require.Equal(t, []uuid.UUID{id}, forgot, "the row is deleted at stop")
@@ -196,10 +202,36 @@ func TestHeartbeatStopWaitsForTheBeatInProgress(t *testing.T) {
 		require.Equal(t, 2, tried)
 
 		began := time.Now()
-		h.stop()
+		h.stop(context.Background())
 		_, _, hung, forgot := rec.snapshot()
 		require.Equal(t, []time.Duration{heartbeatTimeout}, hung, "the beat in progress was not cut short")
 		require.Equal(t, heartbeatTimeout, time.Since(began), "stop waited for it, no longer")
 		require.Equal(t, []uuid.UUID{id}, forgot, "then the row is deleted")
+	})
+}
+
+// stop runs under its context: a beat in progress is cut short when that context ends (not
+// at its own timeout), and the row's deletion runs under it too, so stop returns by its
+// deadline (here the row is left to lapse, and a warning says so).
+func TestHeartbeatStopRunsUnderItsContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const every = 5 * time.Second
+		rec := &fakeInstances{}
+		var logs syncBuf
+		h := startHeartbeat(context.Background(), rec, newInstanceRecord(uuid.New(), every, nil), nil, nil, slog.New(slog.NewTextHandler(&logs, nil)))
+		rec.set(func(f *fakeInstances) { f.hang = true })
+		time.Sleep(every) // the second beat begins, and hangs
+		synctest.Wait()
+
+		began := time.Now()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		h.stop(ctx)
+		require.Equal(t, time.Second, time.Since(began), "stop returned at its deadline")
+		rec.set(func(f *fakeInstances) {
+			require.Equal(t, []time.Duration{time.Second}, f.hung, "the beat in progress was cut short at the deadline")
+			require.Equal(t, []error{context.DeadlineExceeded}, f.forgetCtx, "the deletion ran under stop's context")
+		})
+		require.Equal(t, 1, logs.count("instance row not deleted at stop"))
 	})
 }

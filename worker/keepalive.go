@@ -17,10 +17,11 @@ import (
 // of a final write that the fencing check refused.
 var ErrLockLost = errors.New("stream lock lost")
 
-// keepAlive renews a stream lock every KeepAliveInterval while an operation runs.
+// keepAlive renews a stream lock every KeepAliveInterval while an operation runs, as a
+// service.
 type keepAlive struct {
 	cancel context.CancelCauseFunc
-	done   chan struct{}
+	svc    service
 	once   sync.Once
 }
 
@@ -43,7 +44,7 @@ func leaseMargin(opts locker.Options) time.Duration { return opts.LockTimeout / 
 // retried at the next tick.
 func startKeepAlive(parent context.Context, l locker.Locker, k Pair, instance uuid.UUID, opts locker.Options, acquired time.Time, log *slog.Logger, attrs []any, hooks keepAliveHooks) (context.Context, *keepAlive) {
 	ctx, cancel := context.WithCancelCause(parent)
-	ka := &keepAlive{cancel: cancel, done: make(chan struct{})}
+	ka := &keepAlive{cancel: cancel}
 	trust := opts.LockTimeout - leaseMargin(opts)
 	lost := func(stage, msg string) {
 		if hooks.lost != nil {
@@ -52,8 +53,9 @@ func startKeepAlive(parent context.Context, l locker.Locker, k Pair, instance uu
 		log.Warn(msg, attrs...)
 		cancel(ErrLockLost)
 	}
-	go func() {
-		defer close(ka.done)
+	_ = ka.svc.Start(ctx) // a fresh service: it starts
+	// The renewals run under ctx, the operation's: stop cancels it first.
+	ka.svc.Go(func(_, _ context.Context) {
 		deadline := acquired.Add(trust)
 		expire := time.NewTimer(time.Until(deadline))
 		defer expire.Stop()
@@ -96,7 +98,7 @@ func startKeepAlive(parent context.Context, l locker.Locker, k Pair, instance uu
 				expire.Reset(time.Until(deadline))
 			}
 		}
-	}()
+	})
 	return ctx, ka
 }
 
@@ -104,5 +106,5 @@ func startKeepAlive(parent context.Context, l locker.Locker, k Pair, instance uu
 // an operation that committed stays committed whatever a late renewal said.
 func (ka *keepAlive) stop() {
 	ka.once.Do(func() { ka.cancel(context.Canceled) })
-	<-ka.done
+	_ = ka.svc.Stop(context.Background()) // the renewal in progress ends with ctx, at once
 }

@@ -29,6 +29,7 @@ type pgStore struct {
 
 	readAheadMu sync.Mutex
 	readAhead   map[string]*pageRead // per build: the catch-up page read ahead, if any
+	readAheads  service              // runs the read-aheads, between the worker's Start and Stop
 
 	listenConnect func(context.Context) (*pgx.Conn, error) // Config.ListenConnect
 
@@ -42,6 +43,13 @@ var _ Store = (*pgStore)(nil)
 func newPGStore(pool *pgxpool.Pool, retryBase, retryMax time.Duration) *pgStore {
 	return &pgStore{pool: pool, q: pgq.New(pool), retryBase: retryBase, retryMax: retryMax, readAhead: map[string]*pageRead{}}
 }
+
+// startBackground starts the store's background service (the catch-up read-aheads), for
+// the worker's Start.
+func (s *pgStore) startBackground(ctx context.Context) error { return s.readAheads.Start(ctx) }
+
+// stopBackground stops the read-aheads, as the service's Stop does.
+func (s *pgStore) stopBackground(ctx context.Context) error { return s.readAheads.Stop(ctx) }
 
 // inTx runs fn in one transaction: committed when fn returns nil, rolled back otherwise.
 func (s *pgStore) inTx(ctx context.Context, fn func(q *db.Queries) error) error {
@@ -280,70 +288,38 @@ func (s *pgStore) MarkFailed(ctx context.Context, p Pair, f Failure, decide func
 	return f.Action, nil
 }
 
-// Listen holds a session of its own for as long as it listens: from listenConnect, else a
-// connection taken out of the pool (a listening session must not be handed to other users).
-// A pool connection that goes through a pooler (its backend is not the one it was opened
-// with) does not LISTEN at all: the notifications would reach a server connection the
-// pooler has handed back (PgBouncer 1.18 even stops on them), so Listen returns
-// ErrNotificationsLost. Once subscribed it sends itself a notification through the pool
-// and waits up to probeTimeout for it: when it does not arrive, Listen returns an error (the
-// worker subscribes again later, polling meanwhile).
+// Listen subscribes to the queue's notification on the pool's notifier (see notifier),
+// which the process's WaitFor calls share: its session is listenConnect's when given, else
+// a connection of its own (never a pool connection). Behind a transaction pooler without
+// listenConnect, Listen returns ErrNotificationsLost. When the notifier's session is lost,
+// Listen returns why (the worker subscribes again later, polling meanwhile).
 func (s *pgStore) Listen(ctx context.Context, notify func(from time.Time)) error {
-	conn, err := s.listenConn(ctx)
-	if err != nil {
-		return err
-	}
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		// The connection is gone either way (Close's only error is the socket's); the worker
-		// drops Listen's error at shutdown, so it is said here.
-		if err := conn.Close(cctx); err != nil && s.log != nil {
-			s.log.Warn("closing the LISTEN connection failed", slog.Any("error", err))
+	sub := subscribe(s.pool, topicQueue, s.listenConnect)
+	defer sub.close()
+	var session uint64
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-sub.c:
 		}
-	}()
-	// The statements that subscribe are let finish when ctx ends (up to probeTimeout after):
-	// pgx cancels a statement by sending the server a cancel request, which PgBouncer before
-	// 1.21 can exit on, and closes its connection. Only the wait for notifications ends with
-	// ctx (an interrupted read: no cancel request).
-	sctx, cancelStatements := graceAfter(ctx, probeTimeout)
-	defer cancelStatements()
-	if s.listenConnect == nil {
-		if pooled, _, _, err := pgq.Pooled(sctx, conn); err != nil || pooled {
-			return cmp.Or(err, ErrNotificationsLost)
-		}
-	}
-	if ctx.Err() != nil {
-		return ctx.Err()
-	}
-	if err := pgq.New(conn).QueueListen(sctx); err != nil {
-		return err
-	}
-	if ctx.Err() != nil {
-		return ctx.Err()
-	}
-	notify(time.Time{}) // events appended before the subscription took effect, anywhere
-	probe := probePrefix + uuid.NewString()
-	if err := s.q.QueueProbe(sctx, probe); err != nil {
-		return fmt.Errorf("send a probe notification: %w", err)
-	}
-	deadline, cancel := context.WithTimeout(ctx, probeTimeout)
-	defer cancel()
-	for heard := false; ; {
-		wctx := ctx
-		if !heard {
-			wctx = deadline
-		}
-		n, err := conn.WaitForNotification(wctx)
+		nt := sub.take()
 		switch {
-		case err != nil && !heard && ctx.Err() == nil && deadline.Err() != nil:
-			return fmt.Errorf("the subscription's probe notification did not arrive within %s", probeTimeout)
-		case err != nil:
-			return err
-		case n.Payload == probe:
-			heard = true
-		case !strings.HasPrefix(n.Payload, probePrefix):
-			notify(notifiedDue(n.Payload))
+		case nt.polling:
+			return ErrNotificationsLost
+		case nt.session == 0 && session != 0:
+			return cmp.Or(nt.err, errors.New("the notifier's session was lost"))
+		case nt.session != session:
+			// Events appended before the subscription took effect (or while the session was
+			// replaced), anywhere.
+			session = nt.session
+			notify(time.Time{})
+		}
+		if nt.overflow {
+			notify(time.Time{})
+		}
+		for _, p := range nt.payloads {
+			notify(notifiedDue(p))
 		}
 	}
 }
@@ -358,29 +334,8 @@ func notifiedDue(payload string) time.Time {
 	return time.UnixMicro(us)
 }
 
-func (s *pgStore) listenConn(ctx context.Context) (*pgx.Conn, error) {
-	if s.listenConnect != nil {
-		conn, err := s.listenConnect(ctx)
-		if err == nil && conn == nil {
-			err = errors.New("returned no connection")
-		}
-		if err != nil {
-			return nil, fmt.Errorf("ListenConnect: %w", err)
-		}
-		return conn, nil
-	}
-	pc, err := s.pool.Acquire(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return pc.Hijack(), nil
-}
-
-// probePrefix starts the payload of a listener's probe notification (Appends send a number):
-// other listeners ignore it.
-const probePrefix = "probe:"
-
-// probeTimeout bounds the wait for a listener's probe notification.
+// probeTimeout bounds the wait for the notifier's probe notification, and the grace of its
+// subscribing statements.
 const probeTimeout = 2 * time.Second
 
 // graceAfter returns a context that ends grace after ctx ends (or when cancel is called),

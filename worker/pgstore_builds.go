@@ -253,7 +253,7 @@ func (s *pgStore) CatchUp(ctx context.Context, req CatchUpRequest, fold func(Cat
 		if len(rows) == req.PageSize {
 			// Read the next page while this one is folded and written.
 			last := rows[len(rows)-1]
-			s.readNext(ctx, req.Key, db.CatchUpPageParams{AfterStreamID: last.StreamID, AfterEventID: last.EventID, PageSize: at.PageSize})
+			s.readNext(req.Key, db.CatchUpPageParams{AfterStreamID: last.StreamID, AfterEventID: last.EventID, PageSize: at.PageSize})
 		}
 		fence := func(n int64, err error) error {
 			if err != nil {
@@ -391,18 +391,28 @@ func (s *pgStore) readPage(ctx context.Context, q *db.Queries, key string, at db
 }
 
 // readNext reads the catch-up page of build key at at in the background, for readPage.
-// It ends with its query (at most readAheadTimeout), whatever becomes of the reader.
-func (s *pgStore) readNext(ctx context.Context, key string, at db.CatchUpPageParams) {
+func (s *pgStore) readNext(key string, at db.CatchUpPageParams) {
+	s.readAheadWith(key, at, func(ctx context.Context) ([]db.WhEventStore, error) { return s.q.CatchUpPage(ctx, at) })
+}
+
+// readAheadWith reads the page of build key at at with read, in a goroutine of the store's
+// read-ahead service: Stop lets it finish until Stop's context ends, then cancels it (each
+// read is bounded by readAheadTimeout). It reads nothing ahead when the service is not
+// running (an Admin's store, a worker stopping).
+func (s *pgStore) readAheadWith(key string, at db.CatchUpPageParams, read func(context.Context) ([]db.WhEventStore, error)) *pageRead {
 	p := &pageRead{at: at, done: make(chan struct{})}
+	if !s.readAheads.Go(func(ctx, _ context.Context) {
+		defer close(p.done)
+		rctx, cancel := context.WithTimeout(ctx, readAheadTimeout)
+		defer cancel()
+		p.rows, p.err = read(rctx)
+	}) {
+		return nil
+	}
 	s.readAheadMu.Lock()
 	s.readAhead[key] = p
 	s.readAheadMu.Unlock()
-	go func() {
-		defer close(p.done)
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), readAheadTimeout)
-		defer cancel()
-		p.rows, p.err = s.q.CatchUpPage(rctx, at)
-	}()
+	return p
 }
 
 // readAheadTimeout bounds a read-ahead query.

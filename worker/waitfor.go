@@ -29,15 +29,18 @@ import (
 // that stream: call WaitFor after the Append's transaction has committed); or ctx's error
 // (bound the wait with a deadline: with no worker running, the event never arrives).
 //
-// Each check is one statement of a few primary-key lookups. WaitFor checks once at once;
-// when the event is not there yet, it takes a connection from the pool for the wait
-// (released after), LISTENs there for the notification that the worker's commits send
-// (applying events, a rewind, a catch-up page, a promotion, parking or skipping a pair),
-// checks again once the subscription is in place, and then at every notification, and
-// every second in any case, so that a lost notification costs at most a second. Behind a
-// transaction pooler (PgBouncer in transaction mode, detected as the worker's LISTEN is)
-// a session cannot LISTEN: WaitFor then polls, every 10 ms at first, doubling to every
-// 500 ms, and needs no connection between checks.
+// Each check is one statement of a few primary-key lookups, on a pool connection taken for
+// it and given back at once. WaitFor checks once at once; when the event is not there yet,
+// it subscribes to the notification that the worker's commits send (applying events, a
+// rewind, a catch-up page, a promotion, parking or skipping a pair) on the process's
+// notifier for the pool, the one LISTEN session that the worker's loop and every WaitFor on
+// that pool share (a worker's Config.ListenConnect gives it, else it is a connection of its
+// own: never a pool connection, so that a waiting WaitFor holds none). It checks again once
+// the subscription is in place, then at every notification, and every second in any case,
+// so that a lost notification costs at most a second. Behind a transaction pooler (PgBouncer
+// in transaction mode, detected as the worker's LISTEN is) with no worker's ListenConnect in
+// the process, a session cannot LISTEN: WaitFor then polls, every 10 ms at first, doubling
+// to every 500 ms.
 func WaitFor(ctx context.Context, pool *pgxpool.Pool, perspectiveName string, streamID, eventID uuid.UUID) error {
 	return waitFor(ctx, pool, perspectiveName, streamID, eventID, waitOptions{})
 }
@@ -80,25 +83,14 @@ func waitFor(ctx context.Context, pool *pgxpool.Pool, perspectiveName string, st
 		o:   o,
 		arg: db.WaitCheckParams{PerspectiveName: perspectiveName, StreamID: streamID, EventID: eventID},
 	}
-	if done, err := w.check(ctx, pgq.New(pool), false); done {
+	q := pgq.New(pool)
+	if done, err := w.check(ctx, q, false); done {
 		return err
 	}
 	if o.pollOnly {
 		return w.poll(ctx, pool)
 	}
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		return w.fail(ctx, fmt.Errorf("take a connection: %w", err))
-	}
-	pooled, _, _, err := pgq.Pooled(ctx, conn.Conn())
-	if err != nil || pooled {
-		conn.Release()
-		if err != nil {
-			return w.fail(ctx, fmt.Errorf("check for a pooler: %w", err))
-		}
-		return w.poll(ctx, pool)
-	}
-	return w.listen(ctx, conn)
+	return w.listen(ctx, pool)
 }
 
 // waiter is one WaitFor call.
@@ -153,32 +145,38 @@ func (w *waiter) fail(ctx context.Context, err error) error {
 	return fmt.Errorf("worker: wait for event %s: %w", w.arg.EventID, err)
 }
 
-// listen waits on conn, subscribed to the workers' notification, and gives conn back to
-// the pool (unsubscribed) when done.
-func (w *waiter) listen(ctx context.Context, conn *pgxpool.Conn) error {
-	defer unlisten(conn)
-	q := pgq.New(conn)
-	if err := q.WaitListen(ctx); err != nil {
-		return w.fail(ctx, fmt.Errorf("listen: %w", err))
-	}
+// listen waits on the pool's notifier, subscribed to the workers' notification, checking
+// on the pool at each notification and every recheck; it polls when the notifier cannot
+// LISTEN.
+func (w *waiter) listen(ctx context.Context, pool *pgxpool.Pool) error {
+	sub := subscribe(pool, topicApplied, nil)
+	defer sub.close()
+	q := pgq.New(pool)
+	t := time.NewTimer(w.o.recheck)
+	defer t.Stop()
+	var session uint64
 	for {
-		// Every notification received so far is answered by the check that follows.
-		drainNotifications(conn)
-		if done, err := w.check(ctx, q, true); done {
+		select {
+		case <-ctx.Done():
+			return w.fail(ctx, ctx.Err())
+		case <-sub.c:
+			nt := sub.take()
+			if nt.polling {
+				sub.close()
+				return w.poll(ctx, pool)
+			}
+			changed := nt.session != session
+			session = nt.session
+			if session == 0 || (!changed && len(nt.payloads) == 0 && !nt.overflow) {
+				continue // not subscribed (yet, or any more): the re-check timer runs
+			}
+			// Subscribed (afresh: what was sent meanwhile is answered too), or notified.
+		case <-t.C:
+		}
+		if done, err := w.check(ctx, q, session != 0); done {
 			return err
 		}
-		wctx, cancel := context.WithTimeout(ctx, w.o.recheck)
-		_, err := conn.Conn().WaitForNotification(wctx)
-		timedOut := wctx.Err() != nil
-		cancel()
-		switch {
-		case err == nil: // notified
-		case ctx.Err() != nil:
-			return w.fail(ctx, err)
-		case timedOut: // the safety re-check
-		default:
-			return w.fail(ctx, fmt.Errorf("wait for a notification: %w", err))
-		}
+		t.Reset(w.o.recheck)
 	}
 }
 
@@ -198,31 +196,5 @@ func (w *waiter) poll(ctx context.Context, pool *pgxpool.Pool) error {
 		}
 		delay = min(2*delay, w.o.pollMax)
 		t.Reset(delay)
-	}
-}
-
-// unlisten ends the subscription of conn and gives it back to its pool; a connection that
-// cannot be unsubscribed is closed instead (the pool replaces it).
-func unlisten(conn *pgxpool.Conn) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	if err := pgq.New(conn).WaitUnlisten(ctx); err != nil {
-		// The wait's outcome is known: the connection is only not reused. Close's error is the
-		// socket's, and the pool discards a closed connection on Release whatever it was.
-		_ = conn.Conn().Close(ctx)
-	}
-	drainNotifications(conn) // those received before UNLISTEN took effect
-	conn.Release()
-}
-
-// drainNotifications discards the notifications conn has received and not yet returned,
-// without waiting for more.
-func drainNotifications(conn *pgxpool.Conn) {
-	done, cancel := context.WithCancel(context.Background())
-	cancel()
-	for {
-		if _, err := conn.Conn().WaitForNotification(done); err != nil {
-			return
-		}
 	}
 }

@@ -172,6 +172,11 @@ func (w *Worker) Start(ctx context.Context) error {
 	opsCtx, cancelOps := context.WithCancel(base)
 	loopCtx, stopLoop := context.WithCancel(opsCtx)
 	w.stopLoop, w.cancelOps = stopLoop, cancelOps
+	if bs, ok := w.store.(backgroundStore); ok {
+		if err := bs.startBackground(ctx); err != nil {
+			return fmt.Errorf("worker: start: %w", err)
+		}
+	}
 	w.done = make(chan struct{})
 	w.started = true
 	var wg sync.WaitGroup
@@ -191,8 +196,13 @@ func (w *Worker) Start(ctx context.Context) error {
 // progress finish until ctx ends; then it cancels them and waits up to 5 seconds more for
 // them to end. Each operation releases its own stream lock when it ends (with a fresh
 // short context); Stop never releases a lock whose operation is still running: such a lock
-// lapses after LockTimeout. It returns ctx's error when ctx ended first, joined with the
-// error of unregistering its queue gauges if that fails. It is idempotent.
+// lapses after LockTimeout. Then it stops the background services under ctx: a catch-up
+// page read ahead is let finish until ctx ends, then cancelled; the instance's last
+// heartbeat and the deletion of its row run under ctx (bounded by 2 and 5 seconds: with ctx
+// already ended, the row is left to lapse after three heartbeat intervals). So Stop returns
+// by ctx's deadline plus at most those 5 seconds and one bounded statement, with no
+// goroutine left running. It returns ctx's error when ctx ended first, joined with the error of
+// unregistering its queue gauges if that fails. It is idempotent.
 func (w *Worker) Stop(ctx context.Context) error {
 	w.mu.Lock()
 	if w.stopped || !w.started {
@@ -208,7 +218,7 @@ func (w *Worker) Stop(ctx context.Context) error {
 	// themselves now, not when its row goes (after its operations end).
 	w.lastClaim.Store(claimsStopped)
 	if w.beats != nil {
-		w.beats.beatNow()
+		w.beats.beatNow(ctx)
 	}
 	// Resign the leader leases at once: the other instances take the maintenance over at
 	// their next attempt, and a maintenance write still running here is refused by its fence.
@@ -227,8 +237,13 @@ func (w *Worker) Stop(ctx context.Context) error {
 		}
 	}
 	w.cancelOps()
+	if bs, ok := w.store.(backgroundStore); ok {
+		if serr := bs.stopBackground(ctx); serr != nil && err == nil {
+			err = fmt.Errorf("worker: stop: %w", serr)
+		}
+	}
 	if w.beats != nil {
-		w.beats.stop() // after the loop and its operations: the row goes when the work has
+		w.beats.stop(ctx) // after the loop and its operations: the row goes when the work has
 	}
 	if w.gauges != nil {
 		if uerr := w.gauges.Unregister(); uerr != nil {
@@ -237,6 +252,13 @@ func (w *Worker) Stop(ctx context.Context) error {
 	}
 	w.log.Info("perspective worker stopped")
 	return err
+}
+
+// backgroundStore is a Store with background work of its own (the pgStore's catch-up
+// read-aheads): started by the worker's Start, stopped by its Stop once the loop has ended.
+type backgroundStore interface {
+	startBackground(ctx context.Context) error
+	stopBackground(ctx context.Context) error
 }
 
 // claimsStopped is lastClaim once Stop has begun.

@@ -1,0 +1,469 @@
+package worker
+
+// The notifier: one LISTEN session per process and pool, shared by the worker's loop and
+// every WaitFor.
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/perspectives-go/perspectives/db"
+	"github.com/perspectives-go/perspectives/internal/pgq"
+)
+
+// The topics a notifier subscribes to: PostgreSQL notification channels.
+const (
+	topicQueue   = "wh_perspective_events" // wh_append queues rows (payload: their due time)
+	topicApplied = "wh_applied"            // a commit made events visible in models (WaitFor)
+	topicProbe   = "wh_notifier_probe"     // the notifier's own probe
+)
+
+// topicStatements are the statements that subscribe a session to a topic and end the
+// subscription.
+var topicStatements = map[string]struct {
+	listen, unlisten func(*db.Queries, context.Context) error
+}{
+	topicQueue:   {(*db.Queries).NotifierListenQueue, (*db.Queries).NotifierUnlistenQueue},
+	topicApplied: {(*db.Queries).NotifierListenApplied, (*db.Queries).NotifierUnlistenApplied},
+}
+
+// notifier is the LISTEN session of one pool in this process, shared by every subscriber
+// on that pool: the worker's loop (topicQueue) and each WaitFor (topicApplied). Notifiers
+// are keyed by the pool, not by the database it reaches: two pools on one database have
+// a session each. A notifier starts with its first subscriber and stops when its last one
+// leaves.
+//
+// Its session is never a pool connection: it is ListenConnect's connection when a
+// subscriber gave one (the worker's Config.ListenConnect; the first given is kept), else a
+// connection of its own opened with the pool's ConnConfig (the pool's BeforeConnect and
+// AfterConnect hooks do not run for it). A waiting subscriber holds no pool connection.
+//
+// Opened with the pool's ConnConfig, a session that goes through a transaction pooler (its
+// backend is not the one it was opened with, see pgq.Pooled) cannot receive notifications:
+// the notifier then polls (its subscribers are told, and poll on their own) until a
+// subscriber gives a ListenConnect. Once subscribed, the session sends itself a probe
+// through the pool and waits up to probeTimeout for it. A session that fails (the probe
+// does not arrive, the connection is lost) is opened again after a backoff (1 s doubling
+// to 30 s); its subscribers are told it was lost, and told again once it is subscribed
+// anew, so that they check for what they missed.
+//
+// One goroutine reads the session. It hands each notification to the subscribers of its
+// topic without ever blocking: a subscription keeps what it was not yet given, and has a
+// channel of one that says so (see subscription).
+type notifier struct {
+	pool *pgxpool.Pool
+	svc  service
+
+	mu        sync.Mutex
+	connect   func(context.Context) (*pgx.Conn, error) // ListenConnect; nil: the pool's ConnConfig
+	subs      map[string]map[*subscription]bool        // per topic
+	session   uint64                                   // the session subscribed now (0: none)
+	listening map[string]bool                          // the topics the session is subscribed to
+	polling   bool                                     // the pool goes through a pooler and no ListenConnect was given
+	changed   bool                                     // topics or connect changed since the reader last looked
+	interrupt context.CancelFunc                       // ends the reader's wait for a notification
+	kick      chan struct{}                            // wakes the reader from polling
+}
+
+// notifiers holds the notifier of each pool that has subscribers.
+var notifiers = struct {
+	mu sync.Mutex
+	m  map[*pgxpool.Pool]*notifier
+}{m: map[*pgxpool.Pool]*notifier{}}
+
+// subscribe subscribes to topic on pool's notifier, starting the notifier when it has no
+// other subscriber. connect, when not nil, is a ListenConnect for the session (see
+// notifier). Close the subscription when done.
+func subscribe(pool *pgxpool.Pool, topic string, connect func(context.Context) (*pgx.Conn, error)) *subscription {
+	notifiers.mu.Lock()
+	defer notifiers.mu.Unlock()
+	n := notifiers.m[pool]
+	if n == nil {
+		n = &notifier{pool: pool, subs: map[string]map[*subscription]bool{}, listening: map[string]bool{}, kick: make(chan struct{}, 1)}
+		notifiers.m[pool] = n
+		_ = n.svc.Start(context.Background()) // a fresh service: it starts
+		n.svc.Go(n.run)
+	}
+	s := &subscription{n: n, topic: topic, c: make(chan struct{}, 1)}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if connect != nil && n.connect == nil {
+		n.connect = connect
+		if n.polling {
+			n.polling = false // try again, with the direct session
+			for _, subs := range n.subs {
+				for t := range subs {
+					t.update(func() { t.polling = false })
+				}
+			}
+		}
+		n.poke()
+	}
+	if n.subs[topic] == nil {
+		n.subs[topic] = map[*subscription]bool{}
+	}
+	n.subs[topic][s] = true
+	switch {
+	case n.polling:
+		s.polling = true
+		s.signal()
+	case n.listening[topic]:
+		s.session = n.session // already subscribed
+		s.signal()
+	default:
+		n.poke()
+	}
+	return s
+}
+
+// close ends s; the last subscription of a notifier stops it, and waits for its session to
+// close (at most a subscribing statement's grace, probeTimeout, and the close's second). It
+// is idempotent.
+func (s *subscription) close() { s.closeOnce.Do(s.unsubscribe) }
+
+func (s *subscription) unsubscribe() {
+	n := s.n
+	notifiers.mu.Lock()
+	n.mu.Lock()
+	delete(n.subs[s.topic], s)
+	if len(n.subs[s.topic]) == 0 {
+		delete(n.subs, s.topic)
+		n.poke()
+	}
+	last := len(n.subs) == 0
+	n.mu.Unlock()
+	if last && notifiers.m[n.pool] == n {
+		delete(notifiers.m, n.pool)
+	}
+	notifiers.mu.Unlock()
+	if last {
+		_ = n.svc.Stop(context.Background()) // bounded: see service and run
+	}
+}
+
+// poke tells the reader that topics or connect changed. n.mu is held.
+func (n *notifier) poke() {
+	n.changed = true
+	if n.interrupt != nil {
+		n.interrupt()
+	}
+	select {
+	case n.kick <- struct{}{}:
+	default:
+	}
+}
+
+// subscription is one subscriber's subscription to a topic. The notifier signals c (a
+// channel of one: signals coalesce) whenever there is something to take: notifications
+// received, or a change of the session. Take it with take; a subscriber that is slow to
+// take never holds up the notifier nor the other subscribers.
+type subscription struct {
+	n         *notifier
+	topic     string
+	c         chan struct{}
+	closeOnce sync.Once
+
+	mu       sync.Mutex
+	payloads []string // received since the last take, up to maxPending
+	overflow bool     // more were received than payloads holds
+	session  uint64   // the session whose subscription to the topic is in effect (0: none)
+	polling  bool     // the notifier cannot LISTEN: poll
+	err      error    // why the last session was lost
+}
+
+// maxPending is how many payloads a subscription keeps for its subscriber; past that it
+// says only that more came (overflow).
+const maxPending = 64
+
+// notice is what a subscription has to say when taken.
+type notice struct {
+	payloads []string
+	overflow bool
+	session  uint64 // 0: not subscribed now (not yet, or the session was lost: see err)
+	polling  bool
+	err      error
+}
+
+// take returns, and forgets, the payloads received since the last take, with the
+// subscription's state.
+func (s *subscription) take() notice {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	nt := notice{payloads: s.payloads, overflow: s.overflow, session: s.session, polling: s.polling, err: s.err}
+	s.payloads, s.overflow = nil, false
+	return nt
+}
+
+// update changes s under its lock and signals it.
+func (s *subscription) update(f func()) {
+	s.mu.Lock()
+	f()
+	s.mu.Unlock()
+	s.signal()
+}
+
+func (s *subscription) signal() {
+	select {
+	case s.c <- struct{}{}:
+	default:
+	}
+}
+
+// deliver hands a notification's payload to the subscribers of topic.
+func (n *notifier) deliver(topic, payload string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for s := range n.subs[topic] {
+		s.update(func() {
+			if len(s.payloads) < maxPending {
+				s.payloads = append(s.payloads, payload)
+			} else {
+				s.overflow = true
+			}
+		})
+	}
+}
+
+// notifierRetryMin and notifierRetryMax bound the backoff between two sessions.
+const (
+	notifierRetryMin = time.Second
+	notifierRetryMax = 30 * time.Second
+)
+
+// run is the notifier's goroutine: a session, and another after a backoff when it fails,
+// until stopping ends. The wait for a notification ends with stopping at once (an
+// interrupted read, no cancel request); the statements are let finish (see runSession).
+func (n *notifier) run(_, stopping context.Context) {
+	wait := notifierRetryMin
+	for {
+		started := time.Now()
+		err := n.runSession(stopping)
+		if stopping.Err() != nil {
+			n.lost(err)
+			return
+		}
+		if errors.Is(err, ErrNotificationsLost) && n.setPolling() {
+			select { // until a subscriber gives a ListenConnect
+			case <-stopping.Done():
+				return
+			case <-n.kick:
+				continue
+			}
+		}
+		n.lost(err)
+		if time.Since(started) > time.Minute {
+			wait = notifierRetryMin // it had been working: not a persistent failure
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-stopping.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		wait = min(2*wait, notifierRetryMax)
+	}
+}
+
+// setPolling tells every subscriber that the notifier cannot LISTEN, and reports true;
+// false when a subscriber gave a ListenConnect meanwhile (try it).
+func (n *notifier) setPolling() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.connect != nil {
+		return false
+	}
+	n.polling = true
+	select { // a kick from before: no ListenConnect came with it
+	case <-n.kick:
+	default:
+	}
+	for _, subs := range n.subs {
+		for s := range subs {
+			s.update(func() { s.polling, s.session = true, 0 })
+		}
+	}
+	return true
+}
+
+// lost tells every subscriber that the session is gone, with why.
+func (n *notifier) lost(err error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.session = 0
+	clear(n.listening)
+	for _, subs := range n.subs {
+		for s := range subs {
+			s.update(func() { s.session, s.err = 0, err })
+		}
+	}
+}
+
+// sessions counts the sessions ever subscribed, for their numbers.
+var sessions struct {
+	mu   sync.Mutex
+	last uint64
+}
+
+// runSession opens a session, subscribes it and reads it until live ends or it fails.
+// Its statements (the pooler check, each LISTEN and UNLISTEN, the probe) are let finish
+// up to probeTimeout after live ends: pgx cancels a statement by sending the server a
+// cancel request, which PgBouncer before 1.21 can exit on, and closes its connection.
+func (n *notifier) runSession(live context.Context) error {
+	sctx, cancelStatements := graceAfter(live, probeTimeout)
+	defer cancelStatements()
+	n.mu.Lock()
+	connect := n.connect
+	n.mu.Unlock()
+	conn, err := n.dial(sctx, connect)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		// The session is gone either way; Close's only error is the socket's, and the
+		// subscribers learn of the loss from the session's end.
+		_ = conn.Close(cctx)
+	}()
+	if connect == nil {
+		if pooled, _, _, err := pgq.Pooled(sctx, conn); err != nil || pooled {
+			return cmp.Or(err, ErrNotificationsLost)
+		}
+	}
+	q := pgq.New(conn)
+	if err := q.NotifierListenProbe(sctx); err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	sessions.mu.Lock()
+	sessions.last++
+	id := sessions.last
+	sessions.mu.Unlock()
+	probe := uuid.NewString()
+	probed := false
+	deadline := time.Time{}
+	for {
+		if live.Err() != nil {
+			return live.Err()
+		}
+		if err := n.subscribeTopics(sctx, q, id); err != nil {
+			return err
+		}
+		if !probed {
+			if err := pgq.New(n.pool).NotifierProbe(sctx, probe); err != nil {
+				return fmt.Errorf("send a probe notification: %w", err)
+			}
+			probed, deadline = true, time.Now().Add(probeTimeout)
+		}
+		wctx, cancel := context.WithCancel(live)
+		if !deadline.IsZero() {
+			cancel()
+			wctx, cancel = context.WithDeadline(live, deadline)
+		}
+		n.mu.Lock()
+		n.interrupt = cancel
+		if n.changed {
+			cancel()
+		}
+		n.mu.Unlock()
+		msg, err := conn.WaitForNotification(wctx)
+		n.mu.Lock()
+		n.interrupt = nil
+		n.mu.Unlock()
+		interrupted := wctx.Err() != nil
+		cancel()
+		switch {
+		case err == nil:
+			if msg.Channel == topicProbe {
+				if msg.Payload == probe {
+					deadline = time.Time{}
+				}
+				continue
+			}
+			n.deliver(msg.Channel, msg.Payload)
+		case live.Err() != nil:
+			return live.Err()
+		case !interrupted:
+			return fmt.Errorf("wait for a notification: %w", err)
+		case !deadline.IsZero() && !time.Now().Before(deadline):
+			return fmt.Errorf("the subscription's probe notification did not arrive within %s", probeTimeout)
+		}
+		// Interrupted: the topics changed.
+	}
+}
+
+// dial opens the session: connect's connection, else one with the pool's ConnConfig.
+func (n *notifier) dial(ctx context.Context, connect func(context.Context) (*pgx.Conn, error)) (*pgx.Conn, error) {
+	if connect == nil {
+		return pgx.ConnectConfig(ctx, n.pool.Config().ConnConfig)
+	}
+	conn, err := connect(ctx)
+	if err == nil && conn == nil {
+		err = errors.New("returned no connection")
+	}
+	if err != nil {
+		return nil, fmt.Errorf("ListenConnect: %w", err)
+	}
+	return conn, nil
+}
+
+// subscribeTopics makes the session's subscriptions those of the subscribers, and tells
+// the subscribers of each topic subscribed that session id serves them.
+func (n *notifier) subscribeTopics(ctx context.Context, q *db.Queries, id uint64) error {
+	for {
+		n.mu.Lock()
+		n.changed = false
+		var add, drop []string
+		for topic := range n.subs {
+			if !n.listening[topic] {
+				add = append(add, topic)
+			}
+		}
+		for topic := range n.listening {
+			if n.subs[topic] == nil {
+				drop = append(drop, topic)
+			}
+		}
+		n.mu.Unlock()
+		if len(add) == 0 && len(drop) == 0 {
+			break
+		}
+		for _, topic := range add {
+			if err := topicStatements[topic].listen(q, ctx); err != nil {
+				return fmt.Errorf("listen on %s: %w", topic, err)
+			}
+		}
+		for _, topic := range drop {
+			if err := topicStatements[topic].unlisten(q, ctx); err != nil {
+				return fmt.Errorf("unlisten %s: %w", topic, err)
+			}
+		}
+		n.mu.Lock()
+		for _, topic := range add {
+			n.listening[topic] = true
+		}
+		for _, topic := range drop {
+			delete(n.listening, topic)
+		}
+		n.mu.Unlock()
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.session = id
+	for topic := range n.listening {
+		for s := range n.subs[topic] {
+			if s.session != id {
+				s.update(func() { s.session = id })
+			}
+		}
+	}
+	return nil
+}
