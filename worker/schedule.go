@@ -86,7 +86,7 @@ type schedule struct {
 	contended   map[Pair]contention
 	cutOff      map[Pair]int  // pairs whose last jobs were cut off by a lost connection: how many in a row
 	from        QueuePosition // where the next claim starts (see claimFrom)
-	fullAt      time.Time     // when the last claim that started at the oldest row began (and succeeded)
+	oldestAt    time.Time     // when the last claim that started at the oldest row began (and succeeded)
 	window      time.Duration // LockTimeout: contention longer than this is warned of
 	log         *slog.Logger
 	logPair     func(Pair, ...any) []any // how a pair is named in the log
@@ -269,11 +269,11 @@ func (s *schedule) notified(from time.Time) {
 // last claim's Next (moved back by notifications): no due row the claim can return precedes
 // it but in the groups it looks up again (leave), and it need not step through the groups
 // being applied nor the dead index entries of the rows applied since (thousands after a large
-// drain, until vacuumed). full says which. The interval runs from the last full claim that
-// succeeded (claimed): one that failed is tried again by the next claim, so that such a row
-// waits no longer than that.
-func (s *schedule) claimFrom(now time.Time, interval time.Duration) (from QueuePosition, full bool) {
-	if now.Sub(s.fullAt) >= interval {
+// drain, until vacuumed). fromOldest says which. The interval runs from the last claim from
+// the oldest row that succeeded (claimed): one that failed is tried again by the next claim,
+// so that such a row waits no longer than that.
+func (s *schedule) claimFrom(now time.Time, interval time.Duration) (from QueuePosition, fromOldest bool) {
+	if now.Sub(s.oldestAt) >= interval {
 		return QueuePosition{}, true
 	}
 	return s.from, false
@@ -281,13 +281,14 @@ func (s *schedule) claimFrom(now time.Time, interval time.Duration) (from QueueP
 
 // claimed takes a claim that began at now: its Next (zero: it passed no group) as the next
 // claim's start, the positions of the pairs it returned, and the look-ups it made
-// (claimRechecks). A full claim's interval (claimFrom) runs from when it began, not when it
-// ended: a row committed while a slow full claim ran waits no longer than the interval.
-func (s *schedule) claimed(c Claimed, full bool, now time.Time) {
-	if full {
-		s.fullAt = now
+// (claimRechecks). The interval of a claim from the oldest row (claimFrom) runs from when it
+// began, not when it ended: a row committed while a slow one ran waits no longer than the
+// interval.
+func (s *schedule) claimed(c Claimed, fromOldest bool, now time.Time) {
+	if fromOldest {
+		s.oldestAt = now
 	}
-	if full || !c.Next.At.IsZero() {
+	if fromOldest || !c.Next.At.IsZero() {
 		s.from = c.Next
 	}
 	clear(s.recheck)
@@ -373,7 +374,7 @@ func (w *Worker) loop(loopCtx, opsCtx context.Context) {
 				unreachable = w.noteReachable(opsCtx, unreachable, err)
 				w.noteClaimFailure(opsCtx, &claims, err)
 				if poll {
-					continue // the claim was full and slots are still free
+					continue // the claim returned its limit and slots are still free
 				}
 			}
 		} else if running == 0 {
@@ -439,7 +440,7 @@ func (w *Worker) noteReachable(ctx context.Context, unreachable bool, err error)
 }
 
 // claimAndStart claims due pairs for free slots and starts them, in groups. It reports
-// whether to claim again at once (the claim was full), and the claim's error.
+// whether to claim again at once (the claim returned its limit), and the claim's error.
 func (w *Worker) claimAndStart(ctx context.Context, s *schedule, free int, start func(job)) (bool, error) {
 	limit := free * w.cfg.GroupSize
 	inflight, skip := s.claimSkips()
@@ -448,7 +449,7 @@ func (w *Worker) claimAndStart(ctx context.Context, s *schedule, free int, start
 		s.notified(from)
 	}
 	began := time.Now()
-	from, full := s.claimFrom(began, w.cfg.PollInterval)
+	from, fromOldest := s.claimFrom(began, w.cfg.PollInterval)
 	claimed, err := w.store.Claim(ctx, ClaimRequest{
 		Instance:     w.cfg.InstanceID,
 		Perspectives: w.builds().keys,
@@ -469,7 +470,7 @@ func (w *Worker) claimAndStart(ctx context.Context, s *schedule, free int, start
 		return false, err
 	}
 	w.noteClaim()
-	s.claimed(claimed, full, began)
+	s.claimed(claimed, fromOldest, began)
 	pairs := claimed.Pairs
 	for _, group := range splitGroups(pairs, free) {
 		j := job{kind: jobApply, pairs: group}
