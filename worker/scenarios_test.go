@@ -441,18 +441,19 @@ func TestAppendWakesIdleWorker(t *testing.T) {
 	// Polling every hour: only the notification can bring the events in time.
 	// Its listening session is named (application_name), so that the test ends that session
 	// and no other: through a pooler, a pooled session may show another test's LISTEN as its
-	// last query while a third test uses it.
+	// last query while a third test uses it. Directly, the notifier's own session is opened
+	// with the pool's settings, so it carries the pool's application_name.
 	cfg := worker.Config{Perspectives: []worker.Perspective{ledgerPerspective(name)}, PollInterval: time.Hour, Logger: quietLogger()}
-	pool := testDB.Pool
-	if testDB.DirectURL == testDB.URL {
-		// Directly, the worker listens on a connection of its pool (the default): a pool of its own.
-		pc, err := pgxpool.ParseConfig(testDB.URL)
-		require.NoError(t, err)
-		pc.ConnConfig.RuntimeParams["application_name"] = name
-		pool, err = pgxpool.NewWithConfig(ctx, pc)
-		require.NoError(t, err)
-		t.Cleanup(pool.Close) // after the worker's stop (cleanups run last first)
-	} else {
+	// A pool of its own: the process's notifier is one per pool, and on the package's pool
+	// another test's worker may have opened its session already.
+	pc, err := pgxpool.ParseConfig(testDB.URL)
+	require.NoError(t, err)
+	pc.ConnConfig.RuntimeParams["application_name"] = name
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close) // after the worker's stop (cleanups run last first)
+	if testDB.DirectURL != testDB.URL {
+		// Through a pooler, the notifier listens on ListenConnect's direct session.
 		cfg.ListenConnect = func(ctx context.Context) (*pgx.Conn, error) {
 			cc, err := pgx.ParseConfig(testDB.DirectURL)
 			if err != nil {
@@ -474,7 +475,8 @@ func TestAppendWakesIdleWorker(t *testing.T) {
 	// The listening session is killed: the worker subscribes again and keeps being woken.
 	var killed int
 	require.NoError(t, testDB.Pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid)) FROM pg_stat_activity
-		WHERE datname = current_database() AND application_name = $1 AND query LIKE '%LISTEN wh_perspective_events%'`, name).Scan(&killed))
+		WHERE datname = current_database() AND application_name = $1 AND pid <> pg_backend_pid()
+		  AND query LIKE '%LISTEN wh_perspective_events%'`, name).Scan(&killed))
 	require.Positive(t, killed, "the listening session was found and terminated")
 	other := uuid.New()
 	more := events(other, newIDs(t, 2))
