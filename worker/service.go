@@ -13,11 +13,12 @@ import (
 //
 // Each goroutine gets two contexts: stopping, cancelled as soon as Stop is called (a
 // graceful stop: start nothing new, let the statement under way finish), and ctx, cancelled
-// when Stop's context ends (a hard stop: cancel what runs); stopping ends with ctx too. A service's goroutine runs each
-// statement either under ctx or under a timeout of its own (statements that are let finish
-// rather than cancelled: pgx cancels a statement with a cancel request, which PgBouncer
-// before 1.21 can exit on), and returns once the statement is over. So Stop returns by its
-// context's deadline plus at most one such bounded statement.
+// when Stop's context ends (a hard stop: cancel what runs); stopping ends with ctx too. A
+// service's goroutine runs each statement either under ctx or under a timeout of its own
+// (statements that are let finish rather than cancelled: pgx cancels a statement with a
+// cancel request, which PgBouncer before 1.21 can exit on), and returns once the statement
+// is over. So Stop returns by its context's deadline plus at most one such bounded
+// statement.
 //
 // The zero value is ready to Start. A service is started once; it cannot be started again
 // after Stop.
