@@ -27,11 +27,8 @@ package locker_test
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
-	"os/exec"
 	"slices"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -118,7 +115,7 @@ func BenchmarkLockCyclePooled(b *testing.B) {
 			require.NoError(b, err)
 			b.Cleanup(pooled.Close)
 			pools := []*pgxpool.Pool{pooled}
-			if why := preparedPoolerMissing(b); why != "" {
+			if why := pgtest.PreparedPoolerMissing(b); why != "" {
 				b.Logf("not run: prepared: %s", why)
 			} else {
 				prepared, err := pgxpool.New(context.Background(), pgtest.StartPreparedPooler(b, testDB.Name))
@@ -131,34 +128,6 @@ func BenchmarkLockCyclePooled(b *testing.B) {
 			}
 		})
 	}
-}
-
-// preparedMissing caches preparedPoolerMissing's answer for the test binary: the script may
-// run apt-get to find it.
-var preparedMissing *string
-
-// preparedPoolerMissing is why a PgBouncer keeping prepared statements cannot run here, ""
-// when it can: scripts/pgbouncer.sh prepared installs one when the system's package sources
-// offer it, and exits 3 when the installed PgBouncer is older than 1.21.
-func preparedPoolerMissing(b *testing.B) string {
-	b.Helper()
-	if preparedMissing == nil {
-		why := ""
-		out, err := exec.Command("bash", "../scripts/pgbouncer.sh", "prepared").Output()
-		var exit *exec.ExitError
-		if errors.As(err, &exit) && exit.ExitCode() == 3 {
-			why = "PgBouncer < 1.21 installed"
-			b.Logf("installed PgBouncer: %s; the system's package sources offer no newer one", strings.TrimSpace(string(out)))
-		} else if err != nil {
-			var stderr []byte
-			if exit != nil {
-				stderr = exit.Stderr
-			}
-			b.Fatalf("scripts/pgbouncer.sh prepared: %v\n%s", err, stderr)
-		}
-		preparedMissing = &why
-	}
-	return *preparedMissing
 }
 
 // asyncPool opens a pool on the test database whose sessions do not wait for WAL flushes.

@@ -9,10 +9,8 @@ package worker_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"slices"
 	"strings"
 	"sync"
@@ -127,7 +125,7 @@ func BenchmarkWorkerDrain(b *testing.B) {
 		})
 	}
 	if slices.ContainsFunc(variants, func(v drainVariant) bool { return v.pooler == "prepared" }) {
-		if why := preparedPoolerMissing(b); why != "" {
+		if why := pgtest.PreparedPoolerMissing(b); why != "" {
 			b.Logf("not run: prepared: %s", why)
 			variants = slices.DeleteFunc(slices.Clone(variants), func(v drainVariant) bool { return v.pooler == "prepared" })
 		}
@@ -210,34 +208,6 @@ func BenchmarkWorkerDrain(b *testing.B) {
 			b.ReportMetric(medianOf(fig["worker"]["events/s"])/medianOf(fig[name]["events/s"]), name+"/direct-time")
 		}
 	}
-}
-
-// preparedMissing caches preparedPoolerMissing's answer for the test binary: the script may
-// run apt-get to find it.
-var preparedMissing *string
-
-// preparedPoolerMissing is why a PgBouncer keeping prepared statements cannot run here, ""
-// when it can: scripts/pgbouncer.sh prepared installs one when the system's package sources
-// offer it, and exits 3 when the installed PgBouncer is older than 1.21.
-func preparedPoolerMissing(b *testing.B) string {
-	b.Helper()
-	if preparedMissing == nil {
-		why := ""
-		out, err := exec.Command("bash", "../scripts/pgbouncer.sh", "prepared").Output()
-		var exit *exec.ExitError
-		if errors.As(err, &exit) && exit.ExitCode() == 3 {
-			why = "PgBouncer < 1.21 installed"
-			b.Logf("installed PgBouncer: %s; the system's package sources offer no newer one", strings.TrimSpace(string(out)))
-		} else if err != nil {
-			var stderr []byte
-			if exit != nil {
-				stderr = exit.Stderr
-			}
-			b.Fatalf("scripts/pgbouncer.sh prepared: %v\n%s", err, stderr)
-		}
-		preparedMissing = &why
-	}
-	return *preparedMissing
 }
 
 // drainSetup registers the perspective, appends the backlog (which enqueues it and creates

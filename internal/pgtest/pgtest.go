@@ -15,6 +15,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"net"
 	"net/url"
@@ -245,6 +246,40 @@ func StartPreparedPooler(t testing.TB, name string) string {
 	return startPooler(t, name, "PGBOUNCER_PREPARED=1")
 }
 
+var (
+	preparedMu      sync.Mutex
+	preparedChecked bool
+	preparedMissing string
+)
+
+// PreparedPoolerMissing is why StartPreparedPooler cannot run here, "" when it can:
+// scripts/pgbouncer.sh prepared installs a PgBouncer >= 1.21 when the system's package
+// sources offer one, and exits 3 when the installed PgBouncer is older. The answer is kept for
+// the test binary (the script may run apt-get to find it).
+func PreparedPoolerMissing(t testing.TB) string {
+	t.Helper()
+	preparedMu.Lock()
+	defer preparedMu.Unlock()
+	if !preparedChecked {
+		cmd := scriptCommand("pgbouncer.sh", nil, "prepared")
+		out, err := cmd.Output()
+		var exit *exec.ExitError
+		switch {
+		case errors.As(err, &exit) && exit.ExitCode() == 3:
+			preparedMissing = "PgBouncer < 1.21 installed"
+			t.Logf("installed PgBouncer: %s; the system's package sources offer no newer one", strings.TrimSpace(string(out)))
+		case err != nil:
+			var stderr []byte
+			if exit != nil {
+				stderr = exit.Stderr
+			}
+			t.Fatalf("pgtest: scripts/pgbouncer.sh prepared: %v\n%s", err, stderr)
+		}
+		preparedChecked = true
+	}
+	return preparedMissing
+}
+
 // startPooler starts scripts/pgbouncer.sh with env added to its environment.
 func startPooler(t testing.TB, name string, env ...string) string {
 	t.Helper()
@@ -358,9 +393,15 @@ func freePort(t testing.TB) int {
 // runScript runs the project's scripts/<name> with args, with DATABASE_URL set to the
 // server's and env (NAME=value) added to its environment, and returns its combined output.
 func runScript(name string, env []string, args ...string) ([]byte, error) {
+	return scriptCommand(name, env, args...).CombinedOutput()
+}
+
+// scriptCommand is the command that runs the project's scripts/name with args, and env added
+// to its environment.
+func scriptCommand(name string, env []string, args ...string) *exec.Cmd {
 	_, file, _, _ := runtime.Caller(0)
 	script := filepath.Join(filepath.Dir(file), "..", "..", "scripts", name)
 	cmd := exec.Command("bash", append([]string{script}, args...)...)
 	cmd.Env = append(append(os.Environ(), "DATABASE_URL="+ServerURL()), env...)
-	return cmd.CombinedOutput()
+	return cmd
 }
