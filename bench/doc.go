@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/perspectives-go/perspectives/db"
 )
 
 // The generated parts of BENCHMARKS.md: each lies between its begin line (which starts with
@@ -263,17 +265,12 @@ func postgres() string {
 		return "unknown (" + err.Error() + ")"
 	}
 	defer conn.Close(context.Background())
-	var version string
-	if err := conn.QueryRow(ctx, `SELECT version()`).Scan(&version); err != nil {
+	q := db.New(conn)
+	version, err := q.ServerVersion(ctx)
+	if err != nil {
 		return "unknown (" + err.Error() + ")"
 	}
-	rows, err := conn.Query(ctx, `SELECT name || ' = ' || setting || coalesce(unit, '') FROM pg_settings
-		WHERE name = ANY ($1) ORDER BY array_position($1, name)`,
-		[]string{"fsync", "synchronous_commit", "wal_sync_method", "full_page_writes", "shared_buffers", "work_mem", "autovacuum", "max_connections", "jit"})
-	if err != nil {
-		return version + "; settings unknown (" + err.Error() + ")"
-	}
-	settings, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	settings, err := q.ServerSettings(ctx, []string{"fsync", "synchronous_commit", "wal_sync_method", "full_page_writes", "shared_buffers", "work_mem", "autovacuum", "max_connections", "jit"})
 	if err != nil {
 		return version + "; settings unknown (" + err.Error() + ")"
 	}

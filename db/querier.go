@@ -321,6 +321,11 @@ type Querier interface {
 	RegisterLockTry(ctx context.Context) (bool, error)
 	// In the transaction that adds a build: see wh_registration.
 	RegistrationBump(ctx context.Context) error
+	// The named settings as "name = value", the value as SHOW prints it (with its unit), in the
+	// order of names.
+	ServerSettings(ctx context.Context, names []string) ([]string, error)
+	// The server itself, for reports (the benchmark harness, bench/doc.go).
+	ServerVersion(ctx context.Context) (string, error)
 	// The skipped events of a perspective's builds that are not retired (or of all when
 	// perspective_name is NULL), newest first.
 	SkippedEvents(ctx context.Context, arg SkippedEventsParams) ([]SkippedEventsRow, error)
