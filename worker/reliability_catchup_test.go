@@ -8,11 +8,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"log/slog"
 	"os"
 	"os/exec"
-	"os/signal"
 	"strconv"
 	"syscall"
 	"testing"
@@ -53,39 +50,18 @@ func runCatchUpVictim() error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", helperEnvPageSize, err)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	go func() {
-		_, _ = io.Copy(io.Discard, os.Stdin)
-		cancel()
-	}()
-	pool, err := pgxpool.New(ctx, os.Getenv(helperEnvDBURL))
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	lk, err := locker.NewPostgres(pool, killLockOptions)
-	if err != nil {
-		return err
-	}
-	w, err := worker.New(pool, worker.Config{
-		Perspectives:    []worker.Perspective{sleepyPerspective{Perspective: newVLedger(os.Getenv(helperEnvPerspective), 1), sleep: sleep}},
-		Locker:          lk,
-		PollInterval:    20 * time.Millisecond,
-		CatchUpPageSize: pageSize,
-		Logger:          slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
+	return runVictim(func(pool *pgxpool.Pool) (worker.Config, error) {
+		lk, err := locker.NewPostgres(pool, killLockOptions)
+		if err != nil {
+			return worker.Config{}, err
+		}
+		return worker.Config{
+			Perspectives:    []worker.Perspective{sleepyPerspective{Perspective: newVLedger(os.Getenv(helperEnvPerspective), 1), sleep: sleep}},
+			Locker:          lk,
+			PollInterval:    20 * time.Millisecond,
+			CatchUpPageSize: pageSize,
+		}, nil
 	})
-	if err != nil {
-		return err
-	}
-	if err := w.Start(ctx); err != nil {
-		return err
-	}
-	fmt.Println("started")
-	<-ctx.Done()
-	return w.Stop(context.Background())
 }
 
 func TestReliabilityProcessKilledMidCatchUp(t *testing.T) {

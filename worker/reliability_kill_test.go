@@ -105,6 +105,25 @@ func runRewindVictim() error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", helperEnvSleep, err)
 	}
+	return runVictim(func(pool *pgxpool.Pool) (worker.Config, error) {
+		lk, err := locker.NewPostgres(pool, killLockOptions)
+		if err != nil {
+			return worker.Config{}, err
+		}
+		return worker.Config{
+			InstanceID:   instance,
+			Perspectives: []worker.Perspective{slowPerspective{Perspective: ledgerPerspective(os.Getenv(helperEnvPerspective)), stream: stream, sleep: sleep, out: os.Stdout}},
+			Locker:       lk,
+			LockOptions:  killLockOptions,
+			PollInterval: 20 * time.Millisecond,
+		}, nil
+	})
+}
+
+// runVictim runs one worker, with the Config config makes on its pool and a log on stderr,
+// until the process is killed, its stdin closes (the parent died) or a minute passes. It
+// prints "started" once the worker has started.
+func runVictim(config func(pool *pgxpool.Pool) (worker.Config, error)) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
@@ -113,25 +132,17 @@ func runRewindVictim() error {
 		_, _ = io.Copy(io.Discard, os.Stdin)
 		cancel()
 	}()
-
 	pool, err := pgxpool.New(ctx, os.Getenv(helperEnvDBURL))
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	lk, err := locker.NewPostgres(pool, killLockOptions)
+	cfg, err := config(pool)
 	if err != nil {
 		return err
 	}
-	persp := slowPerspective{Perspective: ledgerPerspective(os.Getenv(helperEnvPerspective)), stream: stream, sleep: sleep, out: os.Stdout}
-	w, err := worker.New(pool, worker.Config{
-		InstanceID:   instance,
-		Perspectives: []worker.Perspective{persp},
-		Locker:       lk,
-		LockOptions:  killLockOptions,
-		PollInterval: 20 * time.Millisecond,
-		Logger:       slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
-	})
+	cfg.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	w, err := worker.New(pool, cfg)
 	if err != nil {
 		return err
 	}

@@ -8,11 +8,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
 	"os"
 	"os/exec"
-	"os/signal"
 	"syscall"
 	"testing"
 	"time"
@@ -33,35 +30,14 @@ func runLeaderVictim() error {
 	if err != nil {
 		return fmt.Errorf("%s: %w", helperEnvInstance, err)
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
-	defer stop()
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	go func() {
-		_, _ = io.Copy(io.Discard, os.Stdin)
-		cancel()
-	}()
-	pool, err := pgxpool.New(ctx, os.Getenv(helperEnvDBURL))
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	w, err := worker.New(pool, worker.Config{
-		InstanceID:   instance,
-		Perspectives: []worker.Perspective{ledgerPerspective(os.Getenv(helperEnvPerspective))},
-		LockOptions:  killLockOptions,
-		PollInterval: 20 * time.Millisecond,
-		Logger:       slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})),
+	return runVictim(func(*pgxpool.Pool) (worker.Config, error) {
+		return worker.Config{
+			InstanceID:   instance,
+			Perspectives: []worker.Perspective{ledgerPerspective(os.Getenv(helperEnvPerspective))},
+			LockOptions:  killLockOptions,
+			PollInterval: 20 * time.Millisecond,
+		}, nil
 	})
-	if err != nil {
-		return err
-	}
-	if err := w.Start(ctx); err != nil {
-		return err
-	}
-	fmt.Println("started")
-	<-ctx.Done()
-	return w.Stop(context.Background())
 }
 
 func TestReliabilityLeaderKilledIsTakenOverAfterItsLeaseExpires(t *testing.T) {
