@@ -7,12 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/golang-migrate/migrate/v4"
-	migratepgx "github.com/golang-migrate/migrate/v4/database/pgx/v5"
-	"github.com/golang-migrate/migrate/v4/source/iofs"
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/stretchr/testify/require"
 
 	"github.com/perspectives-go/perspectives/internal/pgtest"
@@ -84,16 +80,9 @@ func TestMigrateFromVersion1KeepsEachPerspectiveAsItsFirstBuild(t *testing.T) {
 	require.NoError(t, err)
 	defer d.Close()
 
-	src, err := iofs.New(schema.FS, ".")
-	require.NoError(t, err)
-	driver, err := migratepgx.WithInstance(stdlib.OpenDBFromPool(d.Pool), &migratepgx.Config{MigrationsTable: schema.MigrationsTable})
-	require.NoError(t, err)
-	m, err := migrate.NewWithInstance("iofs", src, "pgx5", driver)
-	require.NoError(t, err)
+	m, closeMigrator := newMigrator(t, d.Pool)
 	require.NoError(t, m.Steps(1), "the schema as it was before builds")
-	srcErr, dbErr := m.Close()
-	require.NoError(t, srcErr)
-	require.NoError(t, dbErr)
+	closeMigrator()
 
 	stream, event := uuid.New(), uuid.Must(uuid.NewV7())
 	for _, sql := range []string{
