@@ -242,7 +242,7 @@ const (
 // until stopping ends. The wait for a notification ends with stopping at once (an
 // interrupted read, no cancel request); the statements are let finish (see runSession).
 func (n *notifier) run(_, stopping context.Context) {
-	wait := notifierRetryMin
+	retry := backoff{first: notifierRetryMin, max: notifierRetryMax}
 	for {
 		started := time.Now()
 		err := n.runSession(stopping)
@@ -260,16 +260,15 @@ func (n *notifier) run(_, stopping context.Context) {
 		}
 		n.lost(err)
 		if time.Since(started) > time.Minute {
-			wait = notifierRetryMin // it had been working: not a persistent failure
+			retry.reset() // it had been working: not a persistent failure
 		}
-		t := time.NewTimer(wait)
+		t := time.NewTimer(retry.fail(time.Now()))
 		select {
 		case <-stopping.Done():
 			t.Stop()
 			return
 		case <-t.C:
 		}
-		wait = min(2*wait, notifierRetryMax)
 	}
 }
 

@@ -334,8 +334,7 @@ func (w *Worker) pollUntil(ctx context.Context, deadline time.Time) bool {
 // listen wakes the loop on every committed Append, resubscribing after a failure; polling
 // covers whatever it misses.
 func (w *Worker) listen(ctx context.Context) {
-	first := min(w.cfg.PollInterval, time.Second)
-	wait := first
+	retry := backoff{first: min(w.cfg.PollInterval, time.Second), max: 30 * time.Second}
 	for {
 		started := time.Now()
 		err := w.store.Listen(ctx, w.notified)
@@ -349,8 +348,9 @@ func (w *Worker) listen(ctx context.Context) {
 			return
 		}
 		if time.Since(started) > time.Minute {
-			wait = first // it had been working: not a persistent failure
+			retry.reset() // it had been working: not a persistent failure
 		}
+		wait := retry.fail(time.Now())
 		w.log.Warn("queue notifications interrupted; polling until resubscribed",
 			slog.Any("error", err), slog.Duration("retry_in", wait))
 		// Meanwhile the loop claims every reconnectInterval from the oldest row: no event
@@ -359,6 +359,5 @@ func (w *Worker) listen(ctx context.Context) {
 		if !w.pollUntil(ctx, time.Now().Add(wait)) {
 			return
 		}
-		wait = min(2*wait, 30*time.Second)
 	}
 }
