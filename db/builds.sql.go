@@ -123,6 +123,9 @@ WITH win AS (
 ), q AS (
     DELETE FROM wh_perspective_events e USING win
     WHERE e.stream_id = win.stream_id AND e.perspective_name = $1
+), d AS (
+    DELETE FROM wh_perspective_pairs p USING win
+    WHERE p.stream_id = win.stream_id AND p.perspective_name = $1
 ), s AS (
     DELETE FROM wh_perspective_snapshots sn USING win
     WHERE sn.stream_id = win.stream_id AND sn.perspective_name = $1
@@ -142,8 +145,8 @@ type BuildCleanupBatchParams struct {
 	BatchSize int32
 }
 
-// Deletes the rows of up to batch_size pairs of a retired build: queue rows, snapshots,
-// model and cursor. Returns the number of pairs deleted (0: none left).
+// Deletes the rows of up to batch_size pairs of a retired build: queue rows, due rows,
+// snapshots, model and cursor. Returns the number of pairs deleted (0: none left).
 func (q *Queries) BuildCleanupBatch(ctx context.Context, arg BuildCleanupBatchParams) (int64, error) {
 	row := q.db.QueryRow(ctx, buildCleanupBatch, arg.BuildKey, arg.BatchSize)
 	var deleted int64
@@ -564,9 +567,14 @@ WITH queued AS (
                         AND s.event_id = e.event_id)
     ON CONFLICT DO NOTHING
     RETURNING 1
+), due AS (
+    INSERT INTO wh_perspective_pairs (stream_id, perspective_name, due_at)
+    SELECT $2, $1::text, now()
+    WHERE EXISTS (SELECT 1 FROM queued)
+    ON CONFLICT (stream_id, perspective_name) DO NOTHING
 )
 SELECT count(*)::bigint FROM queued
-WHERE (SELECT count(*) FROM (SELECT wh_notify_queued(now()) WHERE EXISTS (SELECT 1 FROM queued)) n) >= 0
+WHERE (SELECT count(*) FROM (SELECT pg_notify('wh_perspective_events', '') WHERE EXISTS (SELECT 1 FROM queued)) n) >= 0
 `
 
 type QueueEnqueueStreamFromParams struct {
@@ -576,11 +584,11 @@ type QueueEnqueueStreamFromParams struct {
 }
 
 // Queues a stream's stored events from an event on (inclusive; the nil UUID: all of them)
-// for a build: what a catch-up could not apply (a failing event and the ones after it) is
-// left to the normal path, which retries it with backoff; a rebuild queues the whole
-// stream. Events the pair skipped stay skipped. Due at the transaction's start, which the
-// listening workers are told (wh_notify_queued: the claims may pass that time before the
-// catch-up commits). Returns the rows queued.
+// for a build: what a catch-up could not apply (a failing event and the ones after it, the
+// rest of a long stream) is left to the normal path; a rebuild queues the whole stream.
+// Events the pair skipped stay skipped. The pair's due row is created, due now, unless it
+// has one (a failure recorded in the same transaction keeps its backoff); the listening
+// workers are told. Returns the rows queued.
 func (q *Queries) QueueEnqueueStreamFrom(ctx context.Context, arg QueueEnqueueStreamFromParams) (int64, error) {
 	row := q.db.QueryRow(ctx, queueEnqueueStreamFrom, arg.BuildKey, arg.StreamID, arg.FromEventID)
 	var column_1 int64

@@ -42,17 +42,15 @@ WITH target AS (
         failed_event_id = CASE WHEN t.clears THEN NULL ELSE c.failed_event_id END,
         failed_since = CASE WHEN t.clears THEN NULL ELSE c.failed_since END,
         attempts = CASE WHEN t.clears THEN 0 ELSE c.attempts END,
-        next_attempt_at = CASE WHEN t.clears THEN NULL ELSE c.next_attempt_at END,
         updated_at = now()
     FROM target t
     WHERE c.stream_id = t.stream_id AND c.perspective_name = t.perspective_name
 ), due AS (
-    UPDATE wh_perspective_events q
-    SET next_attempt_at = now(), attempts = 0, last_error = NULL
+    UPDATE wh_perspective_pairs d
+    SET due_at = now(), leased_by = NULL
     FROM target t
     WHERE t.clears
-      AND q.stream_id = t.stream_id AND q.perspective_name = t.perspective_name
-      AND q.event_id <> $1::uuid
+      AND d.stream_id = t.stream_id AND d.perspective_name = t.perspective_name
 )
 SELECT t.perspective_name AS build_key
 FROM target t
@@ -105,9 +103,11 @@ SELECT c.stream_id, b.perspective_name, b.version, b.build_key, c.status,
        c.failed_event_id, e.event_type AS failed_event_type,
        c.attempts, COALESCE(c.last_error, '')::text AS last_error,
        COALESCE(c.failed_since, c.updated_at)::timestamptz AS failed_since,
-       c.next_attempt_at
+       d.due_at AS next_attempt_at
 FROM wh_perspective_builds b
 JOIN wh_perspective_cursors c ON c.perspective_name = b.build_key AND c.status <> 'ok'
+LEFT JOIN wh_perspective_pairs d
+  ON d.stream_id = c.stream_id AND d.perspective_name = c.perspective_name AND d.due_at < 'infinity'
 LEFT JOIN wh_event_store e ON e.event_id = c.failed_event_id
 WHERE b.state <> 'retired'
   AND ($1::text IS NULL OR b.perspective_name = $1::text)
@@ -137,6 +137,7 @@ type PairsFailedRow struct {
 // The failing and parked pairs of the builds that are not retired (of one perspective, or of
 // all when perspective_name is NULL), parked first, then oldest failure first, with the
 // failing event's type (NULL: not one event's failure, or the event is not stored).
+// when it is due next (none while parked: 'infinity')
 func (q *Queries) PairsFailed(ctx context.Context, arg PairsFailedParams) ([]PairsFailedRow, error) {
 	rows, err := q.db.Query(ctx, pairsFailed, arg.PerspectiveName, arg.MaxRows)
 	if err != nil {
@@ -172,7 +173,7 @@ func (q *Queries) PairsFailed(ctx context.Context, arg PairsFailedParams) ([]Pai
 const pairsRetry = `-- name: PairsRetry :many
 WITH cur AS (
     UPDATE wh_perspective_cursors c
-    SET status = 'failed', next_attempt_at = NULL, updated_at = now()
+    SET status = 'failed', updated_at = now()
     FROM wh_perspective_builds b
     WHERE b.perspective_name = $1 AND b.state <> 'retired'
       AND c.perspective_name = b.build_key
@@ -180,10 +181,10 @@ WITH cur AS (
       AND ($2::uuid IS NULL OR c.stream_id = $2::uuid)
     RETURNING c.stream_id, c.perspective_name, b.version
 ), due AS (
-    UPDATE wh_perspective_events q
-    SET next_attempt_at = now()
+    UPDATE wh_perspective_pairs d
+    SET due_at = now(), leased_by = NULL
     FROM cur
-    WHERE q.stream_id = cur.stream_id AND q.perspective_name = cur.perspective_name
+    WHERE d.stream_id = cur.stream_id AND d.perspective_name = cur.perspective_name
 )
 SELECT cur.stream_id, cur.perspective_name AS build_key, cur.version
 FROM cur
@@ -204,7 +205,8 @@ type PairsRetryRow struct {
 // Makes the failing and parked pairs of a perspective's builds that are not retired (of one
 // stream, or all when stream_id is NULL) due now: status 'failed' until an application
 // succeeds, attempts kept, so a pair that fails again goes straight back to its policy (a
-// parked pair is parked again). Wakes the workers. Returns the pairs.
+// parked pair is parked again). One row per pair, whatever its backlog: its cursor's status
+// and its due row. Wakes the workers. Returns the pairs.
 func (q *Queries) PairsRetry(ctx context.Context, arg PairsRetryParams) ([]PairsRetryRow, error) {
 	rows, err := q.db.Query(ctx, pairsRetry, arg.PerspectiveName, arg.StreamID)
 	if err != nil {

@@ -10,18 +10,15 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgtype"
 )
 
 const instanceBeat = `-- name: InstanceBeat :exec
 
-INSERT INTO wh_instances (host, pid, heartbeat_interval, perspectives, versions, rates, claimed_at, instance_id)
+INSERT INTO wh_instances (host, pid, heartbeat_interval, perspectives, versions, rates, instance_id)
 VALUES ($1, $2, make_interval(secs => $3::float8),
-        $4::text[], $5::integer[], $6::float8[],
-        now() - make_interval(secs => $7::float8), $8)
+        $4::text[], $5::integer[], $6::float8[], $7)
 ON CONFLICT (instance_id) DO UPDATE
 SET last_seen_at = now(),
-    claimed_at = EXCLUDED.claimed_at,
     host = EXCLUDED.host,
     pid = EXCLUDED.pid,
     heartbeat_interval = EXCLUDED.heartbeat_interval,
@@ -31,22 +28,20 @@ SET last_seen_at = now(),
 `
 
 type InstanceBeatParams struct {
-	Host              string
-	Pid               int32
-	HeartbeatSeconds  float64
-	Perspectives      []string
-	Versions          []int32
-	Rates             []float64
-	ClaimedAgoSeconds pgtype.Float8
-	InstanceID        uuid.UUID
+	Host             string
+	Pid              int32
+	HeartbeatSeconds float64
+	Perspectives     []string
+	Versions         []int32
+	Rates            []float64
+	InstanceID       uuid.UUID
 }
 
 // Worker instances' heartbeats (wh_instances, schema/000004_operations.up.sql). Liveness is
 // judged on the database clock: an instance is alive while its row is younger than three
 // of its heartbeat intervals.
-// Records an instance as running now: inserts its row (started now) or refreshes it, with
-// when it last claimed work (claimed_ago_seconds before now; NULL: it has stopped claiming).
-// Its first heartbeat only, and again when InstanceRefresh found no row (the parameters are
+// Records an instance as running now: inserts its row (started now) or refreshes it. Its
+// first heartbeat only, and again when InstanceRefresh found no row (the parameters are
 // InstanceRefresh's, in the same order).
 func (q *Queries) InstanceBeat(ctx context.Context, arg InstanceBeatParams) error {
 	_, err := q.db.Exec(ctx, instanceBeat,
@@ -56,7 +51,6 @@ func (q *Queries) InstanceBeat(ctx context.Context, arg InstanceBeatParams) erro
 		arg.Perspectives,
 		arg.Versions,
 		arg.Rates,
-		arg.ClaimedAgoSeconds,
 		arg.InstanceID,
 	)
 	return err
@@ -80,20 +74,18 @@ SET host = $1,
     perspectives = $4::text[],
     versions = $5::integer[],
     rates = $6::float8[],
-    claimed_at = now() - make_interval(secs => $7::float8),
     last_seen_at = now()
-WHERE instance_id = $8
+WHERE instance_id = $7
 `
 
 type InstanceRefreshParams struct {
-	Host              string
-	Pid               int32
-	HeartbeatSeconds  float64
-	Perspectives      []string
-	Versions          []int32
-	Rates             []float64
-	ClaimedAgoSeconds pgtype.Float8
-	InstanceID        uuid.UUID
+	Host             string
+	Pid              int32
+	HeartbeatSeconds float64
+	Perspectives     []string
+	Versions         []int32
+	Rates            []float64
+	InstanceID       uuid.UUID
 }
 
 // Refreshes an instance's row as InstanceBeat does, and never inserts it: a heartbeat that
@@ -107,7 +99,6 @@ func (q *Queries) InstanceRefresh(ctx context.Context, arg InstanceRefreshParams
 		arg.Perspectives,
 		arg.Versions,
 		arg.Rates,
-		arg.ClaimedAgoSeconds,
 		arg.InstanceID,
 	)
 	if err != nil {

@@ -29,7 +29,6 @@ type WhInstance struct {
 	Perspectives      []string
 	Versions          []int32
 	Rates             []float64
-	ClaimedAt         *time.Time
 }
 
 type WhLeader struct {
@@ -73,7 +72,6 @@ type WhPerspectiveCursor struct {
 	Status               string
 	LastError            *string
 	Attempts             int32
-	NextAttemptAt        *time.Time
 	EventsSinceSnapshot  int32
 	UpdatedAt            time.Time
 	StreamLockInstanceID uuid.NullUUID
@@ -88,9 +86,6 @@ type WhPerspectiveEvent struct {
 	PerspectiveName string
 	EventID         uuid.UUID
 	EnqueuedAt      time.Time
-	Attempts        int32
-	LastError       *string
-	NextAttemptAt   time.Time
 }
 
 type WhPerspectiveModel struct {
@@ -99,6 +94,13 @@ type WhPerspectiveModel struct {
 	Model           []byte
 	LastEventID     uuid.UUID
 	UpdatedAt       time.Time
+}
+
+type WhPerspectivePair struct {
+	StreamID        uuid.UUID
+	PerspectiveName string
+	DueAt           time.Time
+	LeasedBy        uuid.NullUUID
 }
 
 type WhPerspectiveSnapshot struct {

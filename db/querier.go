@@ -34,8 +34,8 @@ type Querier interface {
 	// every instance fold the same page again, for ever, when a page takes longer than the lease
 	// (a slow perspective: TestReliabilityRandomizedModelCheck, LockTimeout 2 s).
 	BuildCatchUpAdvance(ctx context.Context, arg BuildCatchUpAdvanceParams) (int64, error)
-	// Deletes the rows of up to batch_size pairs of a retired build: queue rows, snapshots,
-	// model and cursor. Returns the number of pairs deleted (0: none left).
+	// Deletes the rows of up to batch_size pairs of a retired build: queue rows, due rows,
+	// snapshots, model and cursor. Returns the number of pairs deleted (0: none left).
 	BuildCleanupBatch(ctx context.Context, arg BuildCleanupBatchParams) (int64, error)
 	// Adds a build. An active one (the perspective's first) is promoted at once.
 	BuildCreate(ctx context.Context, arg BuildCreateParams) error
@@ -77,8 +77,8 @@ type Querier interface {
 	// fencing check must see the time after the wait.
 	CursorLock(ctx context.Context, arg CursorLockParams) (CursorLockRow, error)
 	// Resets the pair's cursor (purge): no position, no failure; its queued rows (of a pair
-	// that was failing or parked) are due now, which the listening workers are told
-	// (wh_notify_queued).
+	// that was failing or parked) are due now (its due row, when it has one; its lease, if any,
+	// is kept), which the listening workers are told.
 	CursorReset(ctx context.Context, arg CursorResetParams) error
 	// Creates the missing cursor rows of the given pairs and returns the pairs it created.
 	// An existing row is left alone; but when another transaction has updated it and is still
@@ -112,9 +112,8 @@ type Querier interface {
 	// Worker instances' heartbeats (wh_instances, schema/000004_operations.up.sql). Liveness is
 	// judged on the database clock: an instance is alive while its row is younger than three
 	// of its heartbeat intervals.
-	// Records an instance as running now: inserts its row (started now) or refreshes it, with
-	// when it last claimed work (claimed_ago_seconds before now; NULL: it has stopped claiming).
-	// Its first heartbeat only, and again when InstanceRefresh found no row (the parameters are
+	// Records an instance as running now: inserts its row (started now) or refreshes it. Its
+	// first heartbeat only, and again when InstanceRefresh found no row (the parameters are
 	// InstanceRefresh's, in the same order).
 	InstanceBeat(ctx context.Context, arg InstanceBeatParams) error
 	// Removes an instance's row at its clean stop.
@@ -176,9 +175,25 @@ type Querier interface {
 	// The notification is in a one-row FROM, so it is sent even when no queue row was deleted
 	// (a catch-up page applies events that were never queued).
 	PairsApplyCommit(ctx context.Context, arg PairsApplyCommitParams) (int64, error)
+	// The claim: leases up to max_pairs due pairs of the builds this instance runs (build_keys),
+	// oldest due first, in one statement. A pair is due when its due row says so (due_at: its
+	// oldest queued event, a backoff, 'infinity' while parked, the end of another lease) and
+	// nothing else holds it: no unexpired stream lock on it (a rewind, a bootstrap, a purge, an
+	// operator's lock) and its build's catch-up has passed its stream. Rows another claim is
+	// leasing are skipped (SKIP LOCKED), never waited for. Leasing moves the row's due time to
+	// the lease's end (lease_seconds on the database clock): if the instance dies, the pair is
+	// due again then; wh_pairs_release ends the lease after the job.
+	// The build keys are a filter (IS TRUE keeps the comparison out of the index condition), so
+	// that the plan is always the due index read in order, stopping at max_pairs rows.
+	// Returns the leased pairs (leased true), then one row (leased false) whose due_at is when
+	// the next pair not due yet becomes due (NULL: none waits), so that the caller wakes then.
+	PairsClaim(ctx context.Context, arg PairsClaimParams) ([]PairsClaimRow, error)
+	// The due rows of the given pairs (tests, status): due time and lease holder.
+	PairsDue(ctx context.Context, arg PairsDueParams) ([]WhPerspectivePair, error)
 	// The failing and parked pairs of the builds that are not retired (of one perspective, or of
 	// all when perspective_name is NULL), parked first, then oldest failure first, with the
 	// failing event's type (NULL: not one event's failure, or the event is not stored).
+	// when it is due next (none while parked: 'infinity')
 	PairsFailed(ctx context.Context, arg PairsFailedParams) ([]PairsFailedRow, error)
 	// The normal path: one transaction applies the queued events of a group of (stream,
 	// perspective) pairs (Config.GroupSize; a single pair is a group of one) in a handful of
@@ -192,35 +207,34 @@ type Querier interface {
 	// while rows joined from other tables stay as of the statement's snapshot, so a model read
 	// here could predate the cursor it came with (a rewind that committed meanwhile keeps the
 	// cursor position but changes the model).
-	// Each pair it locked also gets its claim mark, held to the end of the transaction: a
-	// transaction-level advisory lock by which other instances' claims (QueueDuePairs) pass over
-	// the pairs this transaction applies (they cannot see row locks; a claim holds the shared
-	// side only for the moment it tests it). Taken above the row lock, for the pairs locked only.
 	// Each pair is looked up by the cursors' key in a LATERAL subquery of its own, whatever the
 	// statistics say: planned as a join, a single build's cursors (all of them matching its key)
 	// were once estimated at one row after the retired-build check, and the join scanned every
 	// cursor for each pair (31 ms for 50 pairs of 2,000 cursors).
 	PairsLockForApply(ctx context.Context, arg PairsLockForApplyParams) ([]PairsLockForApplyRow, error)
-	// Records a failure of each given pair on its cursor and queued rows: errors[i] caused by
+	// Records a failure of each given pair on its cursor and its due row: errors[i] caused by
 	// event_ids[i] (the nil UUID: not one event's), and does what actions[i] says (the worker's
 	// failure policy decided it from the pair's failures of that event so far; a failure of
 	// another event than the recorded one starts a new count):
-	//   'retry': status 'failed', retried after the backoff (base_seconds doubled per earlier
+	//   'retry': status 'failed', due after the backoff (base_seconds doubled per earlier
 	//            failure, capped at max_seconds, from now);
-	//   'park':  status 'parked', its rows due at 9999-12-31 (no claim takes them; Appends give
-	//            the rows they add the same due time) until an operator retries or skips;
+	//   'park':  status 'parked', due never ('infinity') until an operator retries or skips;
 	//   'skip':  the event is recorded in wh_skipped_events (skipped_by, reason 'policy') and
-	//            unqueued; the pair's failure state clears and its other rows are due now. Its
-	//            version is bumped: a rewind in flight, which replayed the event, is refused.
-	// Parking and skipping notify wh_applied (WaitFor wakes), skipping also
-	// wh_perspective_events (the rest is due), and a retry names its due time there
-	// (wh_notify_queued: a backoff shorter than the rest of the transaction would otherwise leave
-	// the rows behind a claim's start). Returns each pair's action and new due time.
+	//            unqueued; the pair's failure state clears and it is due now. Its version is
+	//            bumped: a rewind in flight, which replayed the event, is refused.
+	// One row per pair is written whatever its backlog: the cursor and the due row (created if
+	// the pair has none, its lease ended). Parking and skipping notify wh_applied (WaitFor
+	// wakes), skipping also wh_perspective_events (the pair is due now). Returns each pair's
+	// action and due time.
 	PairsMarkFailed(ctx context.Context, arg PairsMarkFailedParams) ([]PairsMarkFailedRow, error)
+	// Ends the caller's leases on the given pairs after their job (see wh_pairs_release):
+	// delays[i] negative: due at its oldest queued event; else that many seconds from now.
+	PairsRelease(ctx context.Context, arg PairsReleaseParams) error
 	// Makes the failing and parked pairs of a perspective's builds that are not retired (of one
 	// stream, or all when stream_id is NULL) due now: status 'failed' until an application
 	// succeeds, attempts kept, so a pair that fails again goes straight back to its policy (a
-	// parked pair is parked again). Wakes the workers. Returns the pairs.
+	// parked pair is parked again). One row per pair, whatever its backlog: its cursor's status
+	// and its due row. Wakes the workers. Returns the pairs.
 	PairsRetry(ctx context.Context, arg PairsRetryParams) ([]PairsRetryRow, error)
 	PerspectiveExists(ctx context.Context, perspectiveName string) (bool, error)
 	PerspectiveList(ctx context.Context) ([]WhPerspective, error)
@@ -230,59 +244,12 @@ type Querier interface {
 	QueueCountFor(ctx context.Context, arg QueueCountForParams) (int64, error)
 	// Queue depth per perspective, and the age of its oldest row on the database clock.
 	QueueDepth(ctx context.Context) ([]QueueDepthRow, error)
-	// The pairs with due queue rows, oldest row first, of the builds this instance runs
-	// (perspective_names holds their build keys), skipping the pairs listed in inflight_pairs and
-	// skip_pairs, pairs another instance has locked, pairs backing off after a failure, and
-	// pairs whose build's catch-up has not passed their stream yet; each once, each flagged own
-	// or not (see the sharing of streams below): up to pair_limit of its own and pair_limit of
-	// the others' (the caller takes its own first), and where the next claim may start (see the
-	// end).
-	// A loose index scan: each step is one probe of the due index for the first row after the
-	// previous step's (next_attempt_at, stream, perspective) group, so a step passes a whole
-	// group (all the rows one Append queued for a pair) at once, and the cost grows with the
-	// groups passed, not with their rows. The pair is then judged once per group. At most
-	// max_steps groups are passed, so a claim stays cheap when few pairs are due but one of them
-	// has many separately queued groups.
-	// The probe's only index condition is the row comparison, which the planner estimates at a
-	// third of the table whatever its statistics (none on a new or bulk-loaded queue): an
-	// ordered index scan that stops at the first row is then always its cheapest plan. With the
-	// due time (next_attempt_at <= now()) and the perspectives (= ANY, which PostgreSQL 15 would
-	// make an index condition that gives up the index's order) there too, it may estimate a
-	// handful of rows and read and sort all the matching rows instead, at every step: hundreds of
-	// milliseconds per claim on a queue of a few thousand rows. So the perspectives are a
-	// filter (IS TRUE keeps the comparison out of the index condition) and the due time is
-	// judged per group: the first group not due ends the scan.
-	// Several instances running the same builds (the same perspectives and versions, alive by
-	// their heartbeats in wh_instances, and claiming: claimed_at) would all find the same oldest
-	// pairs and collide on their cursor rows. So each prefers the streams its rank among them
-	// owns (hashtext of the stream modulo their number): the scan goes on until it has found
-	// pair_limit pairs of its own,
-	// keeping on the way the first pair_limit claimable pairs of the others' streams (the
-	// others' groups after those cost it the index probe only), and the caller takes its own
-	// first, then the others in order. So the others' oldest pairs fill every claim that does not
-	// find enough of its own: an instance that is busy holds up only the streams it owns, and
-	// only while every other instance has its fill of its own; one that is stopping (it says so
-	// at once), killed (its heartbeats stop) or has not claimed for three heartbeat intervals
-	// (its slots all taken: a perspective's Apply that hangs) drops out, and the streams are
-	// shared out among the others.
-	// An instance without a row (no heartbeat yet, or a store's tests) owns every stream.
-	// The claimable pairs, in order (start false), then, when the claim passed any group, where
-	// the next claim may start (start true): at the first open group passed (perspective ''),
-	// else after the last group passed (its perspective). Every row due now that the next claim
-	// can return lies at or after it, but for the rows left of the pairs being applied, which
-	// their instances look up again, and, when the claim found its fill of its own streams'
-	// pairs, the rows of the other instances' streams, which they claim; and so does every row
-	// queued by a transaction that begins later (but in those groups): it is never after now(),
-	// which a group not yet due (a pair backing off) would be. A row queued by a
-	// transaction running meanwhile may lie before it: its Append's notification names its due
-	// time, and the worker's next claim starts there (worker/schedule.go, notified).
-	QueueDuePairs(ctx context.Context, arg QueueDuePairsParams) ([]QueueDuePairsRow, error)
 	// Queues a stream's stored events from an event on (inclusive; the nil UUID: all of them)
-	// for a build: what a catch-up could not apply (a failing event and the ones after it) is
-	// left to the normal path, which retries it with backoff; a rebuild queues the whole
-	// stream. Events the pair skipped stay skipped. Due at the transaction's start, which the
-	// listening workers are told (wh_notify_queued: the claims may pass that time before the
-	// catch-up commits). Returns the rows queued.
+	// for a build: what a catch-up could not apply (a failing event and the ones after it, the
+	// rest of a long stream) is left to the normal path; a rebuild queues the whole stream.
+	// Events the pair skipped stay skipped. The pair's due row is created, due now, unless it
+	// has one (a failure recorded in the same transaction keeps its backoff); the listening
+	// workers are told. Returns the rows queued.
 	QueueEnqueueStreamFrom(ctx context.Context, arg QueueEnqueueStreamFromParams) (int64, error)
 	// The queued events of the given pairs: at most per_pair_limit per pair, the lowest event
 	// IDs of each.

@@ -39,7 +39,7 @@ var _ worker.Store = &StoreMock{}
 //			CleanupFunc: func(ctx context.Context, perspectives []string, grace time.Duration, batch int, fence worker.LeaderLease) (bool, error) {
 //				panic("mock out the Cleanup method")
 //			},
-//			ListenFunc: func(ctx context.Context, notify func(from time.Time)) error {
+//			ListenFunc: func(ctx context.Context, notify func()) error {
 //				panic("mock out the Listen method")
 //			},
 //			MarkFailedFunc: func(ctx context.Context, p worker.Pair, f worker.Failure, decide func(failures int) worker.FailureAction) (worker.FailureAction, error) {
@@ -53,6 +53,9 @@ var _ worker.Store = &StoreMock{}
 //			},
 //			RegisterFunc: func(ctx context.Context, perspective string, version int) ([]worker.Build, error) {
 //				panic("mock out the Register method")
+//			},
+//			ReleaseFunc: func(ctx context.Context, req worker.ReleaseRequest) error {
+//				panic("mock out the Release method")
 //			},
 //			ReplayFunc: func(ctx context.Context, p worker.Pair, after uuid.UUID, upto uuid.UUID, limit int) ([]worker.Event, error) {
 //				panic("mock out the Replay method")
@@ -92,7 +95,7 @@ type StoreMock struct {
 	CleanupFunc func(ctx context.Context, perspectives []string, grace time.Duration, batch int, fence worker.LeaderLease) (bool, error)
 
 	// ListenFunc mocks the Listen method.
-	ListenFunc func(ctx context.Context, notify func(from time.Time)) error
+	ListenFunc func(ctx context.Context, notify func()) error
 
 	// MarkFailedFunc mocks the MarkFailed method.
 	MarkFailedFunc func(ctx context.Context, p worker.Pair, f worker.Failure, decide func(failures int) worker.FailureAction) (worker.FailureAction, error)
@@ -105,6 +108,9 @@ type StoreMock struct {
 
 	// RegisterFunc mocks the Register method.
 	RegisterFunc func(ctx context.Context, perspective string, version int) ([]worker.Build, error)
+
+	// ReleaseFunc mocks the Release method.
+	ReleaseFunc func(ctx context.Context, req worker.ReleaseRequest) error
 
 	// ReplayFunc mocks the Replay method.
 	ReplayFunc func(ctx context.Context, p worker.Pair, after uuid.UUID, upto uuid.UUID, limit int) ([]worker.Event, error)
@@ -179,7 +185,7 @@ type StoreMock struct {
 			// Ctx is the ctx argument value.
 			Ctx context.Context
 			// Notify is the notify argument value.
-			Notify func(from time.Time)
+			Notify func()
 		}
 		// MarkFailed holds details about calls to the MarkFailed method.
 		MarkFailed []struct {
@@ -222,6 +228,13 @@ type StoreMock struct {
 			Perspective string
 			// Version is the version argument value.
 			Version int
+		}
+		// Release holds details about calls to the Release method.
+		Release []struct {
+			// Ctx is the ctx argument value.
+			Ctx context.Context
+			// Req is the req argument value.
+			Req worker.ReleaseRequest
 		}
 		// Replay holds details about calls to the Replay method.
 		Replay []struct {
@@ -267,6 +280,7 @@ type StoreMock struct {
 	lockPromote      sync.RWMutex
 	lockPurge        sync.RWMutex
 	lockRegister     sync.RWMutex
+	lockRelease      sync.RWMutex
 	lockReplay       sync.RWMutex
 	lockRewindCommit sync.RWMutex
 	lockRewindStart  sync.RWMutex
@@ -514,13 +528,13 @@ func (mock *StoreMock) CleanupCalls() []struct {
 }
 
 // Listen calls ListenFunc.
-func (mock *StoreMock) Listen(ctx context.Context, notify func(from time.Time)) error {
+func (mock *StoreMock) Listen(ctx context.Context, notify func()) error {
 	if mock.ListenFunc == nil {
 		panic("StoreMock.ListenFunc: method is nil but Store.Listen was just called")
 	}
 	callInfo := struct {
 		Ctx    context.Context
-		Notify func(from time.Time)
+		Notify func()
 	}{
 		Ctx:    ctx,
 		Notify: notify,
@@ -537,11 +551,11 @@ func (mock *StoreMock) Listen(ctx context.Context, notify func(from time.Time)) 
 //	len(mockedStore.ListenCalls())
 func (mock *StoreMock) ListenCalls() []struct {
 	Ctx    context.Context
-	Notify func(from time.Time)
+	Notify func()
 } {
 	var calls []struct {
 		Ctx    context.Context
-		Notify func(from time.Time)
+		Notify func()
 	}
 	mock.lockListen.RLock()
 	calls = mock.calls.Listen
@@ -718,6 +732,42 @@ func (mock *StoreMock) RegisterCalls() []struct {
 	mock.lockRegister.RLock()
 	calls = mock.calls.Register
 	mock.lockRegister.RUnlock()
+	return calls
+}
+
+// Release calls ReleaseFunc.
+func (mock *StoreMock) Release(ctx context.Context, req worker.ReleaseRequest) error {
+	if mock.ReleaseFunc == nil {
+		panic("StoreMock.ReleaseFunc: method is nil but Store.Release was just called")
+	}
+	callInfo := struct {
+		Ctx context.Context
+		Req worker.ReleaseRequest
+	}{
+		Ctx: ctx,
+		Req: req,
+	}
+	mock.lockRelease.Lock()
+	mock.calls.Release = append(mock.calls.Release, callInfo)
+	mock.lockRelease.Unlock()
+	return mock.ReleaseFunc(ctx, req)
+}
+
+// ReleaseCalls gets all the calls that were made to Release.
+// Check the length with:
+//
+//	len(mockedStore.ReleaseCalls())
+func (mock *StoreMock) ReleaseCalls() []struct {
+	Ctx context.Context
+	Req worker.ReleaseRequest
+} {
+	var calls []struct {
+		Ctx context.Context
+		Req worker.ReleaseRequest
+	}
+	mock.lockRelease.RLock()
+	calls = mock.calls.Release
+	mock.lockRelease.RUnlock()
 	return calls
 }
 

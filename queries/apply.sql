@@ -12,10 +12,6 @@
 -- while rows joined from other tables stay as of the statement's snapshot, so a model read
 -- here could predate the cursor it came with (a rewind that committed meanwhile keeps the
 -- cursor position but changes the model).
--- Each pair it locked also gets its claim mark, held to the end of the transaction: a
--- transaction-level advisory lock by which other instances' claims (QueueDuePairs) pass over
--- the pairs this transaction applies (they cannot see row locks; a claim holds the shared
--- side only for the moment it tests it). Taken above the row lock, for the pairs locked only.
 -- Each pair is looked up by the cursors' key in a LATERAL subquery of its own, whatever the
 -- statistics say: planned as a join, a single build's cursors (all of them matching its key)
 -- were once estimated at one row after the retired-build check, and the join scanned every
@@ -43,10 +39,7 @@ CROSS JOIN LATERAL (
         WHERE b.build_key = c.perspective_name AND b.state = 'retired'
     )
     FOR UPDATE OF c SKIP LOCKED
-) l
-CROSS JOIN LATERAL (
-    SELECT pg_advisory_xact_lock(hashtext(l.stream_id::text), hashtext(l.perspective_name))
-) mark;
+) l;
 
 -- name: CursorsMissing :many
 -- Which of the given pairs have no cursor row. A plain read: it never waits for a row that
@@ -136,7 +129,6 @@ WITH input AS (
         failed_event_id = CASE WHEN i.last_event_id < c.failed_event_id THEN c.failed_event_id END,
         failed_since = CASE WHEN i.last_event_id < c.failed_event_id THEN c.failed_since END,
         attempts = CASE WHEN i.last_event_id < c.failed_event_id THEN c.attempts ELSE 0 END,
-        next_attempt_at = CASE WHEN i.last_event_id < c.failed_event_id THEN c.next_attempt_at END,
         updated_at = now()
     FROM input i
     WHERE c.stream_id = i.stream_id AND c.perspective_name = i.perspective_name
@@ -152,21 +144,20 @@ SELECT (SELECT a.deleted FROM applied a)::bigint AS deleted
 FROM (SELECT pg_notify('wh_applied', '')) notified;
 
 -- name: PairsMarkFailed :many
--- Records a failure of each given pair on its cursor and queued rows: errors[i] caused by
+-- Records a failure of each given pair on its cursor and its due row: errors[i] caused by
 -- event_ids[i] (the nil UUID: not one event's), and does what actions[i] says (the worker's
 -- failure policy decided it from the pair's failures of that event so far; a failure of
 -- another event than the recorded one starts a new count):
---   'retry': status 'failed', retried after the backoff (base_seconds doubled per earlier
+--   'retry': status 'failed', due after the backoff (base_seconds doubled per earlier
 --            failure, capped at max_seconds, from now);
---   'park':  status 'parked', its rows due at 9999-12-31 (no claim takes them; Appends give
---            the rows they add the same due time) until an operator retries or skips;
+--   'park':  status 'parked', due never ('infinity') until an operator retries or skips;
 --   'skip':  the event is recorded in wh_skipped_events (skipped_by, reason 'policy') and
---            unqueued; the pair's failure state clears and its other rows are due now. Its
---            version is bumped: a rewind in flight, which replayed the event, is refused.
--- Parking and skipping notify wh_applied (WaitFor wakes), skipping also
--- wh_perspective_events (the rest is due), and a retry names its due time there
--- (wh_notify_queued: a backoff shorter than the rest of the transaction would otherwise leave
--- the rows behind a claim's start). Returns each pair's action and new due time.
+--            unqueued; the pair's failure state clears and it is due now. Its version is
+--            bumped: a rewind in flight, which replayed the event, is refused.
+-- One row per pair is written whatever its backlog: the cursor and the due row (created if
+-- the pair has none, its lease ended). Parking and skipping notify wh_applied (WaitFor
+-- wakes), skipping also wh_perspective_events (the pair is due now). Returns each pair's
+-- action and due time.
 WITH input AS (
     SELECT unnest(@stream_ids::uuid[]) AS stream_id,
            unnest(@perspective_names::text[]) AS perspective_name,
@@ -185,17 +176,15 @@ WITH input AS (
     JOIN wh_perspective_cursors c
       ON c.stream_id = i.stream_id AND c.perspective_name = i.perspective_name
 ), old AS (
-    -- at: the time of this statement, not of its transaction's start (now()). Recorded in
-    -- an apply transaction, a failure comes after its Apply ran, maybe for long, while claims
-    -- started past the pair's old due time (QueueDuePairs' Next): rows due at the start of
-    -- that transaction could lie behind where the claims start.
+    -- The backoff runs from this statement's time, not its transaction's start: recorded in
+    -- an apply transaction, a failure comes after its Apply ran, maybe for long.
     SELECT s.stream_id, s.perspective_name, s.before AS attempts, s.error, s.action, s.failing AS event_id,
            CASE WHEN s.before > 0 THEN s.failed_since END AS failed_since,
-           clock_timestamp() AS at,
            CASE s.action
                WHEN 'retry' THEN clock_timestamp() + interval '1 second' * LEAST(
                    s.max_seconds, s.base_seconds * power(2, LEAST(s.before, 40)))
-               WHEN 'park' THEN '9999-12-31 00:00:00+00'::timestamptz
+               WHEN 'park' THEN 'infinity'::timestamptz
+               ELSE clock_timestamp()
            END AS due
     FROM same s
 ), cur AS (
@@ -205,9 +194,6 @@ WITH input AS (
         failed_event_id = CASE WHEN o.action = 'skip' THEN NULL ELSE o.event_id END,
         failed_since = CASE WHEN o.action = 'skip' THEN NULL ELSE COALESCE(o.failed_since, now()) END,
         attempts = CASE WHEN o.action = 'skip' THEN 0 ELSE o.attempts + 1 END,
-        -- A parked pair's rows carry its wait (9999-12-31), not its cursor: a late event
-        -- that sorts before its failing one is queued due now, and claimed (see wh_append).
-        next_attempt_at = CASE WHEN o.action = 'retry' THEN o.due END,
         version = CASE WHEN o.action = 'skip' THEN c.version + 1 ELSE c.version END,
         updated_at = now()
     FROM old o
@@ -224,20 +210,15 @@ WITH input AS (
     USING old o
     WHERE o.action = 'skip'
       AND q.stream_id = o.stream_id AND q.perspective_name = o.perspective_name AND q.event_id = o.event_id
-), queued AS (
-    UPDATE wh_perspective_events q
-    SET attempts = CASE WHEN o.action = 'skip' THEN 0 ELSE q.attempts + 1 END,
-        last_error = CASE WHEN o.action = 'skip' THEN NULL ELSE o.error END,
-        next_attempt_at = COALESCE(o.due, o.at)
-    FROM old o
-    WHERE q.stream_id = o.stream_id AND q.perspective_name = o.perspective_name
-      AND q.event_id IS DISTINCT FROM CASE WHEN o.action = 'skip' THEN o.event_id END
+), due AS (
+    INSERT INTO wh_perspective_pairs (stream_id, perspective_name, due_at)
+    SELECT o.stream_id, o.perspective_name, o.due FROM old o
+    ON CONFLICT (stream_id, perspective_name) DO UPDATE
+    SET due_at = EXCLUDED.due_at, leased_by = NULL
 )
-SELECT o.stream_id, o.perspective_name, o.action::text AS action, COALESCE(o.due, o.at)::timestamptz AS next_attempt_at
+SELECT o.stream_id, o.perspective_name, o.action::text AS action, o.due::timestamptz AS due_at
 FROM old o
 WHERE (SELECT count(*) FROM (
           SELECT pg_notify('wh_applied', '') FROM old WHERE action <> 'retry'
           UNION ALL
-          SELECT pg_notify('wh_perspective_events', '') FROM old WHERE action = 'skip'
-          UNION ALL
-          SELECT wh_notify_queued(o.due) FROM old o WHERE o.action = 'retry') n) >= 0;
+          SELECT pg_notify('wh_perspective_events', '') FROM old WHERE action = 'skip') n) >= 0;

@@ -86,11 +86,11 @@ WHERE b.build_key = @build_key
 
 -- name: QueueEnqueueStreamFrom :one
 -- Queues a stream's stored events from an event on (inclusive; the nil UUID: all of them)
--- for a build: what a catch-up could not apply (a failing event and the ones after it) is
--- left to the normal path, which retries it with backoff; a rebuild queues the whole
--- stream. Events the pair skipped stay skipped. Due at the transaction's start, which the
--- listening workers are told (wh_notify_queued: the claims may pass that time before the
--- catch-up commits). Returns the rows queued.
+-- for a build: what a catch-up could not apply (a failing event and the ones after it, the
+-- rest of a long stream) is left to the normal path; a rebuild queues the whole stream.
+-- Events the pair skipped stay skipped. The pair's due row is created, due now, unless it
+-- has one (a failure recorded in the same transaction keeps its backoff); the listening
+-- workers are told. Returns the rows queued.
 WITH queued AS (
     INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)
     SELECT e.stream_id, @build_key::text, e.event_id
@@ -101,9 +101,14 @@ WITH queued AS (
                         AND s.event_id = e.event_id)
     ON CONFLICT DO NOTHING
     RETURNING 1
+), due AS (
+    INSERT INTO wh_perspective_pairs (stream_id, perspective_name, due_at)
+    SELECT @stream_id, @build_key::text, now()
+    WHERE EXISTS (SELECT 1 FROM queued)
+    ON CONFLICT (stream_id, perspective_name) DO NOTHING
 )
 SELECT count(*)::bigint FROM queued
-WHERE (SELECT count(*) FROM (SELECT wh_notify_queued(now()) WHERE EXISTS (SELECT 1 FROM queued)) n) >= 0;
+WHERE (SELECT count(*) FROM (SELECT pg_notify('wh_perspective_events', '') WHERE EXISTS (SELECT 1 FROM queued)) n) >= 0;
 
 -- name: BuildQueueAge :one
 -- The age of the oldest event queued for a build, in microseconds (-1: none queued).
@@ -135,8 +140,8 @@ WHERE perspective_name = ANY(@perspective_names::text[])
   AND retired_at <= now() - make_interval(secs => @grace_seconds::float8);
 
 -- name: BuildCleanupBatch :one
--- Deletes the rows of up to batch_size pairs of a retired build: queue rows, snapshots,
--- model and cursor. Returns the number of pairs deleted (0: none left).
+-- Deletes the rows of up to batch_size pairs of a retired build: queue rows, due rows,
+-- snapshots, model and cursor. Returns the number of pairs deleted (0: none left).
 WITH win AS (
     SELECT c.stream_id
     FROM wh_perspective_cursors c
@@ -149,6 +154,9 @@ WITH win AS (
 ), q AS (
     DELETE FROM wh_perspective_events e USING win
     WHERE e.stream_id = win.stream_id AND e.perspective_name = @build_key
+), d AS (
+    DELETE FROM wh_perspective_pairs p USING win
+    WHERE p.stream_id = win.stream_id AND p.perspective_name = @build_key
 ), s AS (
     DELETE FROM wh_perspective_snapshots sn USING win
     WHERE sn.stream_id = win.stream_id AND sn.perspective_name = @build_key

@@ -26,8 +26,8 @@ FOR UPDATE;
 
 -- name: CursorReset :exec
 -- Resets the pair's cursor (purge): no position, no failure; its queued rows (of a pair
--- that was failing or parked) are due now, which the listening workers are told
--- (wh_notify_queued).
+-- that was failing or parked) are due now (its due row, when it has one; its lease, if any,
+-- is kept), which the listening workers are told.
 WITH cur AS (
     UPDATE wh_perspective_cursors c
     SET last_event_id = NULL,
@@ -38,22 +38,22 @@ WITH cur AS (
         failed_event_id = NULL,
         failed_since = NULL,
         attempts = 0,
-        next_attempt_at = NULL,
         updated_at = now()
     WHERE c.stream_id = @stream_id AND c.perspective_name = @perspective_name
     RETURNING c.stream_id, c.perspective_name
 ), due AS (
-    UPDATE wh_perspective_events q
-    SET next_attempt_at = now(), attempts = 0, last_error = NULL
+    UPDATE wh_perspective_pairs d
+    SET due_at = now()
     FROM cur
-    WHERE q.stream_id = cur.stream_id AND q.perspective_name = cur.perspective_name
-      AND q.next_attempt_at > now()
+    WHERE d.stream_id = cur.stream_id AND d.perspective_name = cur.perspective_name
+      AND d.due_at > now() AND d.leased_by IS NULL
     RETURNING 1
 )
-SELECT wh_notify_queued(now()) WHERE EXISTS (SELECT 1 FROM due);
+SELECT pg_notify('wh_perspective_events', '') WHERE EXISTS (SELECT 1 FROM due);
 
 -- name: CursorsFailed :many
-SELECT stream_id, perspective_name, attempts, last_error, next_attempt_at, updated_at
-FROM wh_perspective_cursors
-WHERE status <> 'ok'
-ORDER BY perspective_name, updated_at;
+SELECT c.stream_id, c.perspective_name, c.attempts, c.last_error, d.due_at AS next_attempt_at, c.updated_at
+FROM wh_perspective_cursors c
+LEFT JOIN wh_perspective_pairs d ON d.stream_id = c.stream_id AND d.perspective_name = c.perspective_name
+WHERE c.status <> 'ok'
+ORDER BY c.perspective_name, c.updated_at;

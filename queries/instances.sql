@@ -3,17 +3,14 @@
 -- of its heartbeat intervals.
 
 -- name: InstanceBeat :exec
--- Records an instance as running now: inserts its row (started now) or refreshes it, with
--- when it last claimed work (claimed_ago_seconds before now; NULL: it has stopped claiming).
--- Its first heartbeat only, and again when InstanceRefresh found no row (the parameters are
+-- Records an instance as running now: inserts its row (started now) or refreshes it. Its
+-- first heartbeat only, and again when InstanceRefresh found no row (the parameters are
 -- InstanceRefresh's, in the same order).
-INSERT INTO wh_instances (host, pid, heartbeat_interval, perspectives, versions, rates, claimed_at, instance_id)
+INSERT INTO wh_instances (host, pid, heartbeat_interval, perspectives, versions, rates, instance_id)
 VALUES (@host, @pid, make_interval(secs => @heartbeat_seconds::float8),
-        @perspectives::text[], @versions::integer[], @rates::float8[],
-        now() - make_interval(secs => sqlc.narg(claimed_ago_seconds)::float8), @instance_id)
+        @perspectives::text[], @versions::integer[], @rates::float8[], @instance_id)
 ON CONFLICT (instance_id) DO UPDATE
 SET last_seen_at = now(),
-    claimed_at = EXCLUDED.claimed_at,
     host = EXCLUDED.host,
     pid = EXCLUDED.pid,
     heartbeat_interval = EXCLUDED.heartbeat_interval,
@@ -32,7 +29,6 @@ SET host = @host,
     perspectives = @perspectives::text[],
     versions = @versions::integer[],
     rates = @rates::float8[],
-    claimed_at = now() - make_interval(secs => sqlc.narg(claimed_ago_seconds)::float8),
     last_seen_at = now()
 WHERE instance_id = @instance_id;
 

@@ -27,9 +27,58 @@ func (w *Worker) pacing(key string, took time.Duration) time.Duration {
 	return 0
 }
 
-// runJob runs one job under the apply coordinator and reports to the loop. A pair that
-// another goroutine of this process holds (a Purge) is skipped and reported busy.
+// runJob runs one job and reports to the loop. A pair job then releases its pairs' leases,
+// but those a follow-up keeps (see release).
 func (w *Worker) runJob(ctx context.Context, j job) jobResult {
+	r := w.run(ctx, j)
+	if len(j.pairs) > 0 {
+		w.release(ctx, r)
+	}
+	return r
+}
+
+// busyWait is how long a pair found held by another transaction or goroutine (a purge, a
+// failure being recorded, a catch-up page) waits before it is due again.
+const busyWait = 100 * time.Millisecond
+
+// release ends the leases of r's pairs that no follow-up keeps: each is due again at its
+// oldest queued event (its row goes when nothing is queued), a busy one after busyWait, one
+// whose failure could not be recorded after its backoff (unrecordedWait). It runs under a
+// fresh context bounded by releaseTimeout, so that a stop does not leave the leases to lapse;
+// when it fails they do lapse, and the pairs are due again after LockTimeout.
+func (w *Worker) release(ctx context.Context, r jobResult) {
+	kept := map[Pair]bool{}
+	for _, next := range r.next {
+		for _, p := range next.pairs {
+			kept[p] = true
+		}
+	}
+	req := ReleaseRequest{Instance: w.cfg.InstanceID, Later: map[Pair]time.Duration{}}
+	for _, p := range r.job.pairs {
+		if !kept[p] {
+			req.Pairs = append(req.Pairs, p)
+		}
+	}
+	if len(req.Pairs) == 0 {
+		return
+	}
+	for _, p := range r.busy {
+		req.Later[p] = busyWait
+	}
+	for _, p := range r.unrecorded {
+		req.Later[p] = w.unrecordedWait(r.job.unrecorded[p] + 1)
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	if err := w.store.Release(rctx, req); err != nil {
+		w.log.Warn("releasing the pairs' leases failed; they are due again when the leases lapse",
+			slog.Int("pairs", len(req.Pairs)), slog.Duration("lease", w.cfg.LockOptions.LockTimeout), slog.Any("error", err))
+	}
+}
+
+// run runs one job under the apply coordinator. A pair that another goroutine of this
+// process holds (a Purge) is skipped and reported busy.
+func (w *Worker) run(ctx context.Context, j job) jobResult {
 	r := jobResult{job: j}
 	switch j.kind {
 	case jobCatchUp:
@@ -302,7 +351,7 @@ func (w *Worker) fail(ctx context.Context, k Pair, cause error, r *jobResult) {
 		// The pair backs off in the loop (its rows stay due): said once for the spell.
 		r.unrecorded = append(r.unrecorded, k)
 		level := slog.LevelError
-		if r.job.backingOff[k] {
+		if r.job.unrecorded[k] > 0 {
 			level = slog.LevelDebug
 		}
 		w.log.Log(rctx, level, "recording failure failed; the pair is retried with backoff",

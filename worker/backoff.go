@@ -72,25 +72,27 @@ func (w *Worker) noteClaimFailure(ctx context.Context, b *backoff, err error) {
 	}
 }
 
-// The pairs whose failure could not be recorded (Store.MarkFailed failed) back off here:
-// their rows stay due in the database, so without it they would be claimed again at once, and
-// fail again, at every wake-up. Such a pair is not claimed until its backoff (RetryBackoff,
-// doubling up to MaxRetryBackoff, as a recorded failure's) ends; a job of it that ends with
-// nothing left unrecorded resets it.
+// The pairs whose failure could not be recorded (Store.MarkFailed failed) back off: their
+// job releases them due only after unrecordedWait (RetryBackoff, doubling up to
+// MaxRetryBackoff with each such failure in a row, as a recorded failure's), so that they
+// are not claimed again, to fail again, at every wake-up. The loop counts them (schedule.held);
+// a job of the pair that ends with nothing left unrecorded resets the count.
 
-// unrecorded takes the pairs of a job that ended at now whose failure could not be
-// recorded, and resets the backoff of the others that left the flight and ran to the end
-// (not busy, contended or cut off).
-func (s *schedule) unrecorded(r jobResult, now time.Time) {
+// unrecordedWait is how long a pair whose failure could not be recorded, for the n-th time
+// in a row (from 1), waits before it is due again.
+func (w *Worker) unrecordedWait(n int) time.Duration {
+	b := backoff{first: w.cfg.RetryBackoff, max: w.cfg.MaxRetryBackoff, failures: n - 1}
+	return b.fail(time.Now())
+}
+
+// unrecorded takes the pairs of a job that ended whose failure could not be recorded, and
+// resets the count of the others that left the flight and ran to the end (not busy,
+// contended or cut off).
+func (s *schedule) unrecorded(r jobResult) {
 	failed := make(map[Pair]bool, len(r.unrecorded))
 	for _, p := range r.unrecorded {
 		failed[p] = true
-		b, ok := s.held[p]
-		if !ok {
-			b = &backoff{first: s.retry.first, max: s.retry.max}
-			s.held[p] = b
-		}
-		b.fail(now)
+		s.held[p]++
 	}
 	if len(s.held) == 0 {
 		return
@@ -102,39 +104,12 @@ func (s *schedule) unrecorded(r jobResult, now time.Time) {
 		}
 	}
 	for _, p := range r.job.pairs {
-		b, ok := s.held[p]
+		n, ok := s.held[p]
 		if !ok || failed[p] || unfinished[p] || s.inflight[p] {
 			continue
 		}
 		delete(s.held, p)
 		s.log.Info("pair processed again after failures that could not be recorded",
-			s.logPair(p, slog.Int("unrecorded_failures", b.failures))...)
+			s.logPair(p, slog.Int("unrecorded_failures", n))...)
 	}
-}
-
-// backingOff returns the pairs whose backoff has not ended at now: the claims skip them. It
-// forgets a pair not claimed again for MaxRetryBackoff after its backoff ended: its rows are
-// gone (applied by another instance, skipped, a retired build's), and so is the spell.
-func (s *schedule) backingOff(now time.Time) []Pair {
-	var out []Pair
-	for p, b := range s.held {
-		switch {
-		case b.waiting(now) > 0:
-			out = append(out, p)
-		case !s.inflight[p] && now.Sub(b.until) > s.retry.max:
-			delete(s.held, p)
-		}
-	}
-	return out
-}
-
-// nextRetry is how long after now the first backoff that has not ended ends (0: none).
-func (s *schedule) nextRetry(now time.Time) time.Duration {
-	var d time.Duration
-	for _, b := range s.held {
-		if w := b.waiting(now); w > 0 && (d == 0 || w < d) {
-			d = w
-		}
-	}
-	return d
 }

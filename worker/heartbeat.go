@@ -38,11 +38,6 @@ type instanceRecord struct {
 	Interval     time.Duration
 	Perspectives []PerspectiveVersion
 	Rates        []float64 // events applied per second over the last interval, per Perspectives[i]
-	// When it last claimed work, as long before the write (Claiming false: it has stopped
-	// claiming, or never claims). Claims share the streams out among the instances that are
-	// claiming (QueueDuePairs).
-	Claiming   bool
-	ClaimedAgo time.Duration
 }
 
 // instanceRecorder is where heartbeats are written: the pgStore. A Store without it (a unit
@@ -72,11 +67,8 @@ type heartbeat struct {
 	applied func() []int64
 	last    []int64
 	lastAt  time.Time
-	// claimed is when the instance last claimed work (zero: it is not claiming); nil: the
-	// row never says it claims.
-	claimed func() time.Time
 
-	mu       sync.Mutex // one write at a time (the run goroutine's, beatNow's)
+	mu       sync.Mutex // one write at a time
 	failing  bool       // the last write failed
 	recorded bool       // the row was written: later writes only refresh it
 
@@ -95,8 +87,8 @@ func newInstanceRecord(id uuid.UUID, interval time.Duration, perspectives []Pers
 // startHeartbeat records row at once (bounded by heartbeatTimeout), and keeps recording row
 // every row.Interval in the background, as a service: the writes are not tied to ctx (stop
 // ends them).
-func startHeartbeat(ctx context.Context, rec instanceRecorder, row instanceRecord, applied func() []int64, claimed func() time.Time, log *slog.Logger) *heartbeat {
-	h := &heartbeat{rec: rec, row: row, log: log, applied: applied, claimed: claimed}
+func startHeartbeat(ctx context.Context, rec instanceRecorder, row instanceRecord, applied func() []int64, log *slog.Logger) *heartbeat {
+	h := &heartbeat{rec: rec, row: row, log: log, applied: applied}
 	bg := context.WithoutCancel(ctx)
 	h.write(bg)
 	_ = h.svc.Start(bg) // a fresh service: it starts
@@ -119,28 +111,16 @@ func (h *heartbeat) run(ctx, stopping context.Context) {
 	}
 }
 
-// beatNow records the row at once (as the worker stops claiming), under ctx and bounded by
-// heartbeatTimeout.
-func (h *heartbeat) beatNow(ctx context.Context) {
-	h.write(ctx)
-}
-
 // write records the row once, bounded by heartbeatTimeout.
 func (h *heartbeat) write(ctx context.Context) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	now := time.Now()
 	h.rates(now)
-	h.row.Claiming, h.row.ClaimedAgo = false, 0
-	if h.claimed != nil {
-		if at := h.claimed(); !at.IsZero() {
-			h.row.Claiming, h.row.ClaimedAgo = true, max(now.Sub(at), 0)
-		}
-	}
 	// Only the first write inserts the row (and the one after a refresh found none). A
 	// refresh that runs on the server after its client gave up on it cannot bring back the
-	// row that stop deletes next, which would show the instance alive, and claiming, for
-	// three more intervals.
+	// row that stop deletes next, which would show the instance alive for three more
+	// intervals.
 	wctx, cancel := context.WithTimeout(ctx, heartbeatTimeout)
 	var err error
 	if h.recorded {

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5/pgtype"
 
 	"github.com/perspectives-go/perspectives/db"
 )
@@ -92,7 +91,6 @@ func instanceParams(r instanceRecord) db.InstanceRefreshParams {
 	return db.InstanceRefreshParams{
 		InstanceID: r.ID, Host: r.Host, Pid: int32(r.PID), HeartbeatSeconds: r.Interval.Seconds(),
 		Perspectives: names, Versions: versions, Rates: append(make([]float64, 0, len(names)), r.Rates...),
-		ClaimedAgoSeconds: pgtype.Float8{Float64: r.ClaimedAgo.Seconds(), Valid: r.Claiming},
 	}
 }
 

@@ -21,7 +21,7 @@ import (
 
 // The topics a notifier subscribes to: PostgreSQL notification channels.
 const (
-	topicQueue   = "wh_perspective_events" // wh_append queues rows (payload: their due time)
+	topicQueue   = "wh_perspective_events" // pairs were made due (wh_append queued rows, an operator retried)
 	topicApplied = "wh_applied"            // a commit made events visible in models (WaitFor)
 	topicProbe   = "wh_notifier_probe"     // the notifier's own probe
 )

@@ -7,7 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -72,67 +72,45 @@ func pairArrays(pairs []Pair) ([]uuid.UUID, []string) {
 }
 
 func (s *pgStore) Claim(ctx context.Context, req ClaimRequest) (Claimed, error) {
-	arg := db.QueueDuePairsParams{
-		InstanceID:       req.Instance,
-		PerspectiveNames: req.Perspectives,
-		SkipPairs:        pairTexts(req.Skip),
-		PairLimit:        int32(req.Limit),
-		MaxSteps:         int32(req.MaxSteps),
-	}
-	if !req.From.At.IsZero() {
-		arg.FromAt = &req.From.At
-		arg.FromStream = uuid.NullUUID{UUID: req.From.Stream, Valid: true}
-		arg.FromPerspective = &req.From.Perspective
-	}
-	for _, g := range req.Recheck {
-		arg.RecheckStreams = append(arg.RecheckStreams, g.Stream)
-		arg.RecheckPerspectives = append(arg.RecheckPerspectives, g.Perspective)
-		arg.RecheckAt = append(arg.RecheckAt, g.At)
-	}
-	for p, at := range req.InFlight {
-		arg.InflightPairs = append(arg.InflightPairs, pairText(p))
-		arg.InflightAt = append(arg.InflightAt, at)
-	}
-	rows, err := s.q.QueueDuePairs(ctx, arg)
+	rows, err := s.q.PairsClaim(ctx, db.PairsClaimParams{
+		InstanceID:   req.Instance,
+		BuildKeys:    req.Perspectives,
+		MaxPairs:     int32(req.Limit),
+		LeaseSeconds: req.Lease.Seconds(),
+	})
 	if err != nil {
 		return Claimed{}, err
 	}
-	// The streams this instance owns first, then the others, each in the claim's order (see
-	// QueueDuePairs).
-	c := Claimed{At: make(map[Pair]time.Time, len(rows))}
-	var others []db.QueueDuePairsRow
-	take := func(r db.QueueDuePairsRow) {
-		p := Pair{Stream: r.StreamID, Perspective: r.PerspectiveName}
-		c.Pairs = append(c.Pairs, p)
-		c.At[p] = r.NextAttemptAt
-	}
+	var c Claimed
 	for _, r := range rows {
 		switch {
-		case r.Start:
-			c.Next = QueuePosition{At: r.NextAttemptAt, Stream: r.StreamID, Perspective: r.PerspectiveName}
-		case !r.Ok:
-		case r.Own && len(c.Pairs) < req.Limit:
-			take(r)
-		case !r.Own:
-			others = append(others, r)
+		case r.Leased:
+			c.Pairs = append(c.Pairs, Pair{Stream: r.StreamID, Perspective: r.PerspectiveName})
+		case r.DueAt != nil:
+			c.NextDue = *r.DueAt
 		}
 	}
-	for _, r := range others[:min(len(others), req.Limit-len(c.Pairs))] {
-		take(r)
-	}
+	// The statement returns the pairs in no particular order: oldest stream first keeps
+	// groups, and so their row locks, in one order.
+	slices.SortFunc(c.Pairs, comparePairs)
 	return c, nil
 }
 
-// pairText names a pair as QueueDuePairs does: 'stream_id/perspective_name'.
-func pairText(p Pair) string { return p.Stream.String() + "/" + p.Perspective }
-
-// pairTexts names pairs as QueueDuePairs does.
-func pairTexts(pairs []Pair) []string {
-	out := make([]string, len(pairs))
-	for i, p := range pairs {
-		out[i] = pairText(p)
+func (s *pgStore) Release(ctx context.Context, req ReleaseRequest) error {
+	if len(req.Pairs) == 0 {
+		return nil
 	}
-	return out
+	streams, names := pairArrays(req.Pairs)
+	delays := make([]float64, len(req.Pairs))
+	for i, p := range req.Pairs {
+		delays[i] = -1 // at its oldest queued event
+		if d, ok := req.Later[p]; ok {
+			delays[i] = d.Seconds()
+		}
+	}
+	return s.q.PairsRelease(ctx, db.PairsReleaseParams{
+		InstanceID: req.Instance, StreamIds: streams, PerspectiveNames: names, Delays: delays,
+	})
 }
 
 func (s *pgStore) RewindStart(ctx context.Context, p Pair) (RewindStart, error) {
@@ -293,7 +271,7 @@ func (s *pgStore) MarkFailed(ctx context.Context, p Pair, f Failure, decide func
 // a connection of its own (never a pool connection). Behind a transaction pooler without
 // listenConnect, Listen returns ErrNotificationsLost. When the notifier's session is lost,
 // Listen returns why (the worker subscribes again later, polling meanwhile).
-func (s *pgStore) Listen(ctx context.Context, notify func(from time.Time)) error {
+func (s *pgStore) Listen(ctx context.Context, notify func()) error {
 	sub := subscribe(s.pool, topicQueue, s.listenConnect)
 	defer sub.close()
 	var session uint64
@@ -310,28 +288,15 @@ func (s *pgStore) Listen(ctx context.Context, notify func(from time.Time)) error
 		case nt.session == 0 && session != 0:
 			return cmp.Or(nt.err, errors.New("the notifier's session was lost"))
 		case nt.session != session:
-			// Events appended before the subscription took effect (or while the session was
-			// replaced), anywhere.
+			// Events may have been appended before the subscription took effect (or while the
+			// session was replaced).
 			session = nt.session
-			notify(time.Time{})
+			notify()
 		}
-		if nt.overflow {
-			notify(time.Time{})
-		}
-		for _, p := range nt.payloads {
-			notify(notifiedDue(p))
+		if nt.overflow || len(nt.payloads) > 0 {
+			notify()
 		}
 	}
-}
-
-// notifiedDue is the due time a queue notification names (see wh_append: microseconds since
-// the epoch), or the zero time when it names none (an operator's retry or skip).
-func notifiedDue(payload string) time.Time {
-	us, err := strconv.ParseInt(payload, 10, 64)
-	if err != nil {
-		return time.Time{}
-	}
-	return time.UnixMicro(us)
 }
 
 // probeTimeout bounds the wait for the notifier's probe notification, and the grace of its

@@ -41,11 +41,15 @@ type Store interface {
 	// retired at least grace ago. It reports whether any such build has rows left. Fenced
 	// by fence, as Promote.
 	Cleanup(ctx context.Context, perspectives []string, grace time.Duration, batch int, fence LeaderLease) (more bool, err error)
-	// Claim returns up to req.Limit due pairs, each once: those of the streams this instance
-	// owns first (when other instances running the same builds share the streams out), each
-	// group oldest due first; and the position of the first queued group it passed (the
-	// next claim's From).
+	// Claim leases up to req.Limit due pairs, oldest due first (one statement: see
+	// PairsClaim), for req.Lease on the database clock. It also says when the next pair of
+	// those builds that is not due yet becomes due (the zero time: none is waiting).
 	Claim(ctx context.Context, req ClaimRequest) (Claimed, error)
+	// Release ends req.Instance's leases on pairs whose job has ended: a pair with nothing
+	// queued loses its due row, the others are due at their oldest queued event, or
+	// req.Later[p] from now when given. It never leaves a queued event without a due row,
+	// even while an Append to the pair is in flight (see wh_pairs_release).
+	Release(ctx context.Context, req ReleaseRequest) error
 	// Apply runs one transaction over pairs: it locks their cursor rows (skipping, and
 	// returning as busy, those another transaction holds), reads each locked pair's state
 	// (at most perPair queued events, and its model), passes the states to decide and
@@ -75,14 +79,11 @@ type Store interface {
 	// action. It returns the action written.
 	MarkFailed(ctx context.Context, p Pair, f Failure, decide func(failures int) FailureAction) (FailureAction, error)
 	// Listen calls notify once subscribed to the queue's notification (which every committed
-	// Append that queued rows sends, and every other statement that makes rows due), and then
-	// for each notification, until ctx ends or the subscription fails. Each call says where
-	// the rows it announces may lie: due at from or later, in the claim's order; the zero
-	// time when that is not known (once subscribed: rows queued before; a notification that
-	// names no due time). It returns ErrNotificationsLost when the connection cannot receive
-	// notifications at all (it goes through a pooler): the worker then polls only, and says
-	// so once.
-	Listen(ctx context.Context, notify func(from time.Time)) error
+	// Append that queued rows sends, and every other statement that makes pairs due), and
+	// then for each notification, until ctx ends or the subscription fails. It returns
+	// ErrNotificationsLost when the connection cannot receive notifications at all (it goes
+	// through a pooler): the worker then polls only, and says so once.
+	Listen(ctx context.Context, notify func()) error
 	// Status reports every build with its catch-up progress and queue (metrics).
 	Status(ctx context.Context) ([]BuildStatus, error)
 }
@@ -97,58 +98,29 @@ type Pair struct {
 	Perspective string
 }
 
-// QueuedGroup is one pair's queued rows of one due time: the rows of the Appends that
-// stamped theirs with that time (an Append gives its rows the due time of the rows the pair
-// has queued already).
-type QueuedGroup struct {
-	Pair
-	At time.Time
-}
-
 // ClaimRequest asks Store.Claim for due pairs.
 type ClaimRequest struct {
-	Instance     uuid.UUID // pairs another instance holds a stream lock on are not due
-	Perspectives []string  // the perspectives this instance runs
-	// InFlight are the pairs in jobs here, not returned, each with the due time of the group
-	// it was claimed at (zero: not known), which the next claim's start may pass.
-	InFlight map[Pair]time.Time
-	Skip     []Pair // pairs just found held by another transaction: not returned
-	// Recheck are the groups at which pairs whose jobs here ended lately were claimed (a pair
-	// may come with several): when one still has rows, the claim starts there at the latest
-	// (the claims since it was claimed may have passed that group as held; see Claimed.Next).
-	Recheck  []QueuedGroup
-	Limit    int // at most this many pairs
-	MaxSteps int // at most this many queued groups passed (bounds the claim's cost)
-	// From is where the claim starts (zero: at the oldest row): a position the last claim
-	// returned as Claimed.Next, or before it, so that it does not pass the groups being
-	// applied nor the dead index entries of rows applied since.
-	From QueuePosition
+	Instance     uuid.UUID     // the lease holder
+	Perspectives []string      // the build keys this instance runs
+	Limit        int           // at most this many pairs
+	Lease        time.Duration // how long the lease lasts: the pairs are due again then if not released
 }
 
-// QueuePosition is a position in the claim's order of queued rows: due time, stream, then
-// perspective.
-type QueuePosition struct {
-	At     time.Time // zero: before every row
-	Stream uuid.UUID
-	// "": the stream's first group due at At, included; a name: just after that group.
-	Perspective string
-}
-
-// Claimed is what Store.Claim found.
+// Claimed is what Store.Claim leased.
 type Claimed struct {
 	Pairs []Pair
-	// At is the due time of each returned pair's group (the pair's position, with its
-	// stream): every row of it the claim could return is at or after it.
-	At map[Pair]time.Time
-	// Next is where the next claim may start (zero: the claim passed no group): every row due
-	// then is at or after it but in the groups of the pairs in flight here that it was told
-	// of (ClaimRequest.InFlight), and of the pairs it returned here, which the caller looks up
-	// again when their jobs end (ClaimRequest.Recheck); and when the claim found its fill of
-	// this instance's own pairs, but in the groups of other instances' streams, which they
-	// claim. Every row queued by a transaction that began after the claim is at or after it
-	// but in those groups; one queued by a transaction running while the claim ran may lie
-	// before it: its Append's notification names its due time (Store.Listen).
-	Next QueuePosition
+	// NextDue is when the first pair of those builds that is not due yet becomes due (a
+	// backoff ending, a lease lapsing); the zero time: none is waiting.
+	NextDue time.Time
+}
+
+// ReleaseRequest asks Store.Release to end leases.
+type ReleaseRequest struct {
+	Instance uuid.UUID
+	Pairs    []Pair
+	// Later holds the pairs due again only after a wait (held by another transaction; a
+	// failure that could not be recorded), and that wait.
+	Later map[Pair]time.Duration
 }
 
 // PairState is one pair as Store.Apply read it under its cursor row lock.

@@ -55,17 +55,7 @@ type Worker struct {
 	lead *elector
 	// maintainNow asks the loop to look at the builds at once (a leader lease was won).
 	maintainNow atomic.Bool
-	// lastClaim is when the loop last claimed (unix nanoseconds; claimsStopped: it claims no
-	// more), for the heartbeats: the claims share the streams out among the instances claiming.
-	lastClaim atomic.Int64
-	beatEvery time.Duration // HeartbeatInterval (tests shorten it)
-
-	// notifiedMu guards notifiedFrom: the earliest due time named by the queue notifications
-	// received since the loop last took it (notifiedAny: any received; the zero time: one did
-	// not name it). The listener sets it, the loop's next claim starts there at the latest.
-	notifiedMu   sync.Mutex
-	notifiedFrom time.Time
-	notifiedAny  bool
+	beatEvery   time.Duration // HeartbeatInterval (tests shorten it)
 }
 
 // New validates cfg (including LockOptions) and returns a worker on pool. It does not
@@ -161,8 +151,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	w.gauges = gauges
 	if rec, ok := w.store.(instanceRecorder); ok {
-		w.lastClaim.Store(time.Now().UnixNano()) // about to claim
-		w.beats = startHeartbeat(ctx, rec, newInstanceRecord(w.cfg.InstanceID, w.beatEvery, w.running()), w.appliedCounts, w.claimedAt, w.log)
+		w.beats = startHeartbeat(ctx, rec, newInstanceRecord(w.cfg.InstanceID, w.beatEvery, w.running()), w.appliedCounts, w.log)
 	}
 	ls, _ := w.store.(leaderStore)
 	opts := w.cfg.LockOptions
@@ -214,12 +203,6 @@ func (w *Worker) Stop(ctx context.Context) error {
 	w.stopLoop()
 	done := w.done
 	w.mu.Unlock()
-	// Say at once that it claims no more: the other instances share its streams out among
-	// themselves now, not when its row goes (after its operations end).
-	w.lastClaim.Store(claimsStopped)
-	if w.beats != nil {
-		w.beats.beatNow(ctx)
-	}
 	// Resign the leader leases at once: the other instances take the maintenance over at
 	// their next attempt, and a maintenance write still running here is refused by its fence.
 	w.lead.stop(ctx)
@@ -261,30 +244,8 @@ type backgroundStore interface {
 	stopBackground(ctx context.Context) error
 }
 
-// claimsStopped is lastClaim once Stop has begun.
-const claimsStopped = -1
-
-// noteClaim records that the loop claimed now, unless Stop has begun.
-func (w *Worker) noteClaim() {
-	for {
-		old := w.lastClaim.Load()
-		if old == claimsStopped || w.lastClaim.CompareAndSwap(old, time.Now().UnixNano()) {
-			return
-		}
-	}
-}
-
-// claimedAt is when the loop last claimed (zero: it claims no more).
-func (w *Worker) claimedAt() time.Time {
-	if n := w.lastClaim.Load(); n > 0 {
-		return time.Unix(0, n)
-	}
-	return time.Time{}
-}
-
-// Notify wakes the loop at once, as when new events are known to be queued: its next claim
-// starts at the oldest row (where they lie is not known).
-func (w *Worker) Notify() { w.notified(time.Time{}) }
+// Notify wakes the loop at once, as when new events are known to be queued.
+func (w *Worker) Notify() { w.wakeUp() }
 
 // wakeUp wakes the loop at once.
 func (w *Worker) wakeUp() {
@@ -294,29 +255,7 @@ func (w *Worker) wakeUp() {
 	}
 }
 
-// notified takes a queue notification (Store.Listen): rows were queued due at from or later
-// (the zero time: anywhere). It wakes the loop, whose next claim starts there at the latest.
-func (w *Worker) notified(from time.Time) {
-	w.notifiedMu.Lock()
-	if !w.notifiedAny || from.Before(w.notifiedFrom) {
-		w.notifiedFrom, w.notifiedAny = from, true
-	}
-	w.notifiedMu.Unlock()
-	w.wakeUp()
-}
-
-// takeNotified returns, and forgets, the earliest due time the queue notifications received
-// since the last call named; false when none was received.
-func (w *Worker) takeNotified() (time.Time, bool) {
-	w.notifiedMu.Lock()
-	defer w.notifiedMu.Unlock()
-	from, ok := w.notifiedFrom, w.notifiedAny
-	w.notifiedFrom, w.notifiedAny = time.Time{}, false
-	return from, ok
-}
-
-// pollUntil wakes the loop every reconnectInterval until deadline, each time for a claim from
-// the oldest row (no notification says where rows were queued); false when ctx ended.
+// pollUntil wakes the loop every reconnectInterval until deadline; false when ctx ended.
 func (w *Worker) pollUntil(ctx context.Context, deadline time.Time) bool {
 	tick := time.NewTicker(reconnectInterval)
 	defer tick.Stop()
@@ -337,7 +276,7 @@ func (w *Worker) listen(ctx context.Context) {
 	retry := backoff{first: min(w.cfg.PollInterval, time.Second), max: 30 * time.Second}
 	for {
 		started := time.Now()
-		err := w.store.Listen(ctx, w.notified)
+		err := w.store.Listen(ctx, w.wakeUp)
 		if ctx.Err() != nil {
 			return
 		}
@@ -353,9 +292,8 @@ func (w *Worker) listen(ctx context.Context) {
 		wait := retry.fail(time.Now())
 		w.log.Warn("queue notifications interrupted; polling until resubscribed",
 			slog.Any("error", err), slog.Duration("retry_in", wait))
-		// Meanwhile the loop claims every reconnectInterval from the oldest row: no event
-		// appended while the subscription is down (a restart, a failover) waits for a whole
-		// PollInterval.
+		// Meanwhile the loop claims every reconnectInterval: no event appended while the
+		// subscription is down (a restart, a failover) waits for a whole PollInterval.
 		if !w.pollUntil(ctx, time.Now().Add(wait)) {
 			return
 		}
