@@ -132,12 +132,13 @@ BEGIN
     -- Hold every pair's due row until commit (see above); insert again any a release deleted
     -- meanwhile. A new statement: it sees the rows other transactions committed since.
     LOOP
+        -- (each pair a probe of the key, whatever the statistics say)
         SELECT count(*), count(*) FILTER (WHERE l.due_at = 'infinity') INTO held, parked
-        FROM (SELECT d.due_at
-              FROM wh_perspective_pairs d
-              JOIN unnest(pair_streams, pair_keys) AS p (stream_id, build_key)
-                ON d.stream_id = p.stream_id AND d.perspective_name = p.build_key
-              FOR KEY SHARE OF d) l;
+        FROM unnest(pair_streams, pair_keys) AS p (stream_id, build_key)
+        CROSS JOIN LATERAL (
+            SELECT d.due_at FROM wh_perspective_pairs d
+            WHERE d.stream_id = p.stream_id AND d.perspective_name = p.build_key
+            FOR KEY SHARE) l;
         EXIT WHEN held >= want;
         INSERT INTO wh_perspective_pairs (stream_id, perspective_name, due_at)
         SELECT p.stream_id, p.build_key, now()
@@ -185,6 +186,9 @@ CREATE FUNCTION wh_pairs_release(
     delays            float8[]
 ) RETURNS void
 LANGUAGE plpgsql
+-- Each pair a probe of the due rows' key, whatever the statistics say (as wh_delete_applied).
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 AS $$
 DECLARE
     locked_streams uuid[];
@@ -192,13 +196,13 @@ DECLARE
 BEGIN
     SELECT array_agg(l.stream_id), array_agg(l.perspective_name)
     INTO locked_streams, locked_names
-    FROM (SELECT d.stream_id, d.perspective_name
-          FROM wh_perspective_pairs d
-          JOIN unnest(stream_ids, perspective_names) AS p (stream_id, perspective_name)
-            ON d.stream_id = p.stream_id AND d.perspective_name = p.perspective_name
-          WHERE d.leased_by = wh_pairs_release.instance_id
-          ORDER BY d.stream_id, d.perspective_name
-          FOR UPDATE OF d SKIP LOCKED) l;
+    FROM (SELECT * FROM unnest(stream_ids, perspective_names) AS p (stream_id, perspective_name)
+          ORDER BY 1, 2) p
+    CROSS JOIN LATERAL (
+        SELECT d.stream_id, d.perspective_name FROM wh_perspective_pairs d
+        WHERE d.stream_id = p.stream_id AND d.perspective_name = p.perspective_name
+          AND d.leased_by = wh_pairs_release.instance_id
+        FOR UPDATE SKIP LOCKED) l;
 
     IF locked_streams IS NOT NULL THEN
         DELETE FROM wh_perspective_pairs d

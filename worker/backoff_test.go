@@ -27,23 +27,33 @@ func TestBackoffDoublesUpToItsCapAndResets(t *testing.T) {
 	assert.Equal(t, time.Second, b.fail(t0))
 }
 
-// A pair whose failure could not be recorded is skipped by the claims until its backoff
-// ends, and forgotten when it is not claimed again for MaxRetryBackoff after that (its rows
-// went elsewhere): the map keeps nothing that is over.
-func TestScheduleForgetsAPairBackingOffThatIsNotClaimedAgain(t *testing.T) {
+// A pair whose failure could not be recorded waits RetryBackoff, doubling with each such
+// failure in a row up to MaxRetryBackoff, before it is due again; the loop counts the failures
+// in a row and forgets them once a job of the pair runs to the end.
+func TestUnrecordedFailuresBackOffAndTheCountResets(t *testing.T) {
 	t.Parallel()
+	w := &Worker{cfg: Config{RetryBackoff: time.Second, MaxRetryBackoff: 4 * time.Second}}
+	var waits []time.Duration
+	for n := 1; n <= 4; n++ {
+		waits = append(waits, w.unrecordedWait(n))
+	}
+	assert.Equal(t, []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 4 * time.Second}, waits)
+
 	s, _ := newTestSchedule(30 * time.Second)
-	s.retry = backoff{first: time.Second, max: 4 * time.Second}
 	p := Pair{Stream: uuid.New(), Perspective: "p"}
 	t0 := time.Now()
-	s.finish(jobResult{job: job{kind: jobApply, pairs: []Pair{p}}, unrecorded: []Pair{p}}, t0)
-
-	assert.Equal(t, []Pair{p}, s.backingOff(t0.Add(999*time.Millisecond)))
-	assert.Equal(t, time.Millisecond, s.nextRetry(t0.Add(999*time.Millisecond)))
-	assert.Empty(t, s.backingOff(t0.Add(time.Second)), "claimable once the backoff ends")
-	assert.Contains(t, s.held, p, "its spell goes on until it is processed")
-	assert.Empty(t, s.backingOff(t0.Add(5*time.Second)))
-	assert.Contains(t, s.held, p)
-	s.backingOff(t0.Add(5*time.Second + time.Nanosecond))
-	assert.Empty(t, s.held, "not claimed for MaxRetryBackoff since: forgotten")
+	for range 2 {
+		j := job{kind: jobApply, pairs: []Pair{p}}
+		s.started(&j)
+		s.finish(jobResult{job: j, unrecorded: []Pair{p}}, t0)
+	}
+	assert.Equal(t, 2, s.held[p])
+	j := job{kind: jobApply, pairs: []Pair{p}}
+	s.started(&j)
+	assert.Equal(t, 2, j.unrecorded[p], "the next job knows the count, for its release's wait")
+	s.finish(jobResult{job: j, busy: []Pair{p}}, t0)
+	assert.Equal(t, 2, s.held[p], "a job that did not run to the end keeps the count")
+	s.started(&j)
+	s.finish(jobResult{job: j}, t0)
+	assert.NotContains(t, s.held, p, "a job that ran to the end resets it")
 }

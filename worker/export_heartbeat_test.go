@@ -10,4 +10,4 @@ import (
 func (w *Worker) SetHeartbeatInterval(d time.Duration) { w.beatEvery = d }
 
 // BeatNow writes the started worker's heartbeat once, as the periodic heartbeat does.
-func (w *Worker) BeatNow() { w.beats.beatNow(context.Background()) }
+func (w *Worker) BeatNow() { w.beats.write(context.Background()) }

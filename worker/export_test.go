@@ -151,9 +151,6 @@ func NewPGStore(pool *pgxpool.Pool, retryBase, retryMax time.Duration) Store {
 	return newPGStore(pool, retryBase, retryMax)
 }
 
-// NotifiedDue is the due time a queue notification's payload names (zero: none).
-var NotifiedDue = notifiedDue
-
 // IsConnectionError is isConnectionError.
 var IsConnectionError = isConnectionError
 

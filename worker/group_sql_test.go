@@ -12,7 +12,6 @@ package worker_test
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -88,9 +87,10 @@ func gsUnregister(t *testing.T, ctx context.Context, names ...string) {
 func gsSeal(t *testing.T, ctx context.Context, names []string, streams ...uuid.UUID) {
 	t.Helper()
 	gsUnregister(t, ctx, names...)
-	gsExec(t, ctx, testDB.Pool,
-		`DELETE FROM wh_perspective_events WHERE perspective_name = ANY($1) AND stream_id <> ALL($2)`,
-		names, streams)
+	for _, table := range []string{"wh_perspective_events", "wh_perspective_pairs"} {
+		gsExec(t, ctx, testDB.Pool,
+			`DELETE FROM `+table+` WHERE perspective_name = ANY($1) AND stream_id <> ALL($2)`, names, streams)
+	}
 }
 
 func gsExec(t testing.TB, ctx context.Context, q db.DBTX, sql string, args ...any) {
@@ -163,15 +163,17 @@ type gsCursor struct {
 	Status              string
 	Attempts            int32
 	LastError           *string
-	NextAttemptAt       *time.Time
+	NextAttemptAt       *time.Time // the pair's due row's due time (nil: none, or parked)
 }
 
 func gsReadCursor(t testing.TB, ctx context.Context, p gsPair) gsCursor {
 	t.Helper()
 	var c gsCursor
 	require.NoError(t, testDB.Pool.QueryRow(ctx, `
-		SELECT last_event_id, version, events_since_snapshot, status, attempts, last_error, next_attempt_at
-		FROM wh_perspective_cursors WHERE stream_id = $1 AND perspective_name = $2`, p.Stream, p.Name).
+		SELECT c.last_event_id, c.version, c.events_since_snapshot, c.status, c.attempts, c.last_error,
+		       (SELECT d.due_at FROM wh_perspective_pairs d
+		        WHERE d.stream_id = c.stream_id AND d.perspective_name = c.perspective_name AND d.due_at < 'infinity')
+		FROM wh_perspective_cursors c WHERE c.stream_id = $1 AND c.perspective_name = $2`, p.Stream, p.Name).
 		Scan(&c.LastEventID, &c.Version, &c.EventsSinceSnapshot, &c.Status, &c.Attempts, &c.LastError, &c.NextAttemptAt))
 	return c
 }
@@ -574,8 +576,8 @@ func TestGroupSQLSnapshotsInsertAndDeleteExactlyTheListed(t *testing.T) {
 	require.Equal(t, newestFirst(ascending[a][:2]...), stored(aOther))
 }
 
-// PairsMarkFailed records each pair's error on its cursor and on every queued row of it,
-// and schedules the retry at base doubled per earlier attempt, capped at max; the pairs not
+// PairsMarkFailed records each pair's error on its cursor and schedules the retry on its due
+// row at base doubled per earlier attempt, capped at max, ending its lease; the pairs not
 // listed, and a sibling perspective's rows, do not change.
 func TestGroupSQLPairsMarkFailedBacksOffPerPair(t *testing.T) {
 	t.Parallel()
@@ -617,530 +619,20 @@ func TestGroupSQLPairsMarkFailedBacksOffPerPair(t *testing.T) {
 		require.NotNil(t, c.NextAttemptAt)
 		got := c.NextAttemptAt.Sub(before)
 		require.True(t, got >= want.backoff && got < want.backoff+5*time.Second, "%v: retry in %s, want %s", p, got, want.backoff)
-		due := gsDueTimes(t, ctx, p)
-		require.Len(t, due, 1, "every queued row of %v has one retry time", p)
-		require.True(t, due[0].Equal(*c.NextAttemptAt), "queue rows retry with the cursor")
+		require.Equal(t, uuid.Nil, gsDue(t, ctx, p).LeasedBy, "%v: its lease ends", p)
 	}
-	require.Equal(t, gsCursor{Status: "ok"}, gsReadCursor(t, ctx, bystander))
-	require.Equal(t, gsCursor{Status: "ok"}, gsReadCursor(t, ctx, gsPair{first.Stream, sibling}))
-	var siblingFailed int
-	require.NoError(t, testDB.Pool.QueryRow(ctx, `SELECT count(*) FROM wh_perspective_events
-		WHERE perspective_name = $1 AND attempts > 0`, sibling).Scan(&siblingFailed))
-	require.Zero(t, siblingFailed, "the sibling perspective's queue rows are untouched")
+	for _, p := range []gsPair{bystander, {first.Stream, sibling}} {
+		c := gsReadCursor(t, ctx, p)
+		require.Equal(t, "ok", c.Status, "%v", p)
+		require.Zero(t, c.Attempts, "%v", p)
+		d := gsDue(t, ctx, p)
+		require.True(t, d.Exists && !d.DueAt.After(before), "%v: still due at its append, %+v", p, d)
+	}
 }
 
-// gsClaim runs QueueDuePairs and returns the claimable pairs (at most PairLimit). A nil
-// InflightPairs is sent as NULL, which must mean "none".
-func gsClaim(t *testing.T, ctx context.Context, arg db.QueueDuePairsParams) []gsPair {
-	t.Helper()
-	rows, err := pgq.New(testDB.Pool).QueueDuePairs(ctx, arg)
-	require.NoError(t, err)
-	out := []gsPair{}
-	for _, r := range rows {
-		if r.Ok && len(out) < int(arg.PairLimit) {
-			out = append(out, gsPair{r.StreamID, r.PerspectiveName})
-		}
-	}
-	require.LessOrEqual(t, len(rows), int(arg.PairLimit)+1)
-	return out
-}
-
-// gsDueTimes is the distinct next_attempt_at of the pair's queue rows, in order.
-func gsDueTimes(t *testing.T, ctx context.Context, p gsPair) []time.Time {
-	t.Helper()
-	rows, err := testDB.Pool.Query(ctx, `SELECT DISTINCT next_attempt_at FROM wh_perspective_events
-		WHERE stream_id = $1 AND perspective_name = $2 ORDER BY 1`, p.Stream, p.Name)
-	require.NoError(t, err)
-	times, err := pgx.CollectRows(rows, pgx.RowTo[time.Time])
-	require.NoError(t, err)
-	return times
-}
-
-// gsStreamsDescending returns n new stream IDs, highest first: appended in this order, the
-// oldest rows are not the lowest stream IDs.
-func gsStreamsDescending(n int) []uuid.UUID {
-	out := make([]uuid.UUID, n)
-	for i := range out {
-		out[i] = uuid.New()
-	}
-	slices.SortFunc(out, func(a, b uuid.UUID) int { return bytes.Compare(b[:], a[:]) })
-	return out
-}
-
-// QueueDuePairs returns each due pair of the asked perspectives once, however many Appends
-// queued it, the pair with the oldest due row first.
-func TestClaimSQLReturnsEachDuePairOnceOldestFirst(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	name := gsRegister(t, ctx, "claim_once")
-	sibling := gsRegister(t, ctx, "claim_once_sib")
-	s := gsStreamsDescending(4)
-	first, second, third, notDue := s[0], s[1], s[2], s[3]
-	// first is queued by three separate Appends, around the others'.
-	gsAppend(t, ctx, first, 2)
-	gsAppend(t, ctx, second, 1)
-	gsAppend(t, ctx, first, 1)
-	gsAppend(t, ctx, third, 1)
-	gsAppend(t, ctx, first, 1)
-	gsAppend(t, ctx, notDue, 1)
-	gsExec(t, ctx, testDB.Pool, `UPDATE wh_perspective_events SET next_attempt_at = now() + interval '1 hour'
-		WHERE stream_id = $1 AND perspective_name = $2`, notDue, name)
-	gsSeal(t, ctx, []string{name, sibling}, s...)
-	require.Len(t, gsDueTimes(t, ctx, gsPair{first, name}), 1, "three Appends, one due time: the pair's first")
-
-	me := uuid.New()
-	require.Equal(t, gsPairs(name, first, second, third), gsClaim(t, ctx, db.QueueDuePairsParams{
-		PerspectiveNames: []string{name}, InstanceID: me, PairLimit: 10, MaxSteps: 100,
-	}), "each due pair once, oldest due row first; the sibling's rows and the rows not yet due are not claimed")
-	require.Equal(t, gsPairs(sibling, first, second, third, notDue), gsClaim(t, ctx, db.QueueDuePairsParams{
-		PerspectiveNames: []string{sibling}, InstanceID: me, PairLimit: 10, MaxSteps: 100,
-	}), "the sibling's rows of notDue are due")
-}
-
-// QueueDuePairs skips the caller's busy pairs, pairs under another instance's live stream
-// lock and pairs whose cursor backs off; an expired or own lock does not exclude.
-func TestClaimSQLSkipsBusyLockedAndBackingOffPairs(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	name := gsRegister(t, ctx, "claim_skip")
-	sibling := gsRegister(t, ctx, "claim_skip_sib")
-	streams := make([]uuid.UUID, 7)
-	for i := range streams {
-		streams[i] = uuid.New()
-		gsAppend(t, ctx, streams[i], 1) // one Append each: claimed in this order
-	}
-	gsSeal(t, ctx, []string{name, sibling}, streams...)
-	busy, foreignLive, foreignExpired, ownLive, backingOff, backedOff, plain :=
-		streams[0], streams[1], streams[2], streams[3], streams[4], streams[5], streams[6]
-
-	me, other := uuid.New(), uuid.New()
-	setLock := func(stream uuid.UUID, perspective string, owner uuid.UUID, expiry string) {
-		gsExec(t, ctx, testDB.Pool, `UPDATE wh_perspective_cursors
-			SET stream_lock_instance_id = $3, stream_lock_expiry = now() + $4::interval, stream_lock_reason = 'rewind'
-			WHERE stream_id = $1 AND perspective_name = $2`, stream, perspective, owner, expiry)
-	}
-	setLock(foreignLive, name, other, "1 hour")
-	setLock(foreignExpired, name, other, "-1 minute")
-	setLock(ownLive, name, me, "1 hour")
-	setLock(plain, sibling, other, "1 hour") // the same stream's lock of another perspective
-	gsExec(t, ctx, testDB.Pool, `UPDATE wh_perspective_cursors SET next_attempt_at = now() + interval '1 hour'
-		WHERE stream_id = $1 AND perspective_name = $2`, backingOff, name)
-	gsExec(t, ctx, testDB.Pool, `UPDATE wh_perspective_cursors SET next_attempt_at = now() - interval '1 minute'
-		WHERE stream_id = $1 AND perspective_name = $2`, backedOff, name)
-
-	got := gsClaim(t, ctx, db.QueueDuePairsParams{
-		PerspectiveNames: []string{name}, InstanceID: me, PairLimit: 10, MaxSteps: 100,
-		InflightPairs: []string{busy.String() + "/" + name, plain.String() + "/" + sibling},
-	})
-	require.Equal(t, gsPairs(name, foreignExpired, ownLive, backedOff, plain), got)
-
-	// Without the exclusions of the caller, the busy pair is claimed again.
-	got = gsClaim(t, ctx, db.QueueDuePairsParams{
-		PerspectiveNames: []string{name}, InstanceID: me, PairLimit: 10, MaxSteps: 100,
-	})
-	require.Equal(t, gsPairs(name, busy, foreignExpired, ownLive, backedOff, plain), got)
-	// For another instance, this instance's live lock is a foreign one.
-	got = gsClaim(t, ctx, db.QueueDuePairsParams{
-		PerspectiveNames: []string{name}, InstanceID: other, PairLimit: 10, MaxSteps: 100,
-	})
-	require.Equal(t, gsPairs(name, busy, foreignLive, foreignExpired, backedOff, plain), got)
-}
-
-// QueueDuePairs returns at most pair_limit pairs, the oldest first.
-func TestClaimSQLRespectsPairLimit(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	name := gsRegister(t, ctx, "claim_limit")
-	streams := gsStreamsDescending(4)
-	for _, s := range streams {
-		gsAppend(t, ctx, s, 2)
-	}
-	gsSeal(t, ctx, []string{name}, streams...)
-	me := uuid.New()
-
-	for limit := 1; limit <= 4; limit++ {
-		require.Equal(t, gsPairs(name, streams[:limit]...), gsClaim(t, ctx, db.QueueDuePairsParams{
-			PerspectiveNames: []string{name}, InstanceID: me, PairLimit: int32(limit), MaxSteps: 100,
-		}), "pair_limit %d", limit)
-	}
-	require.Equal(t, gsPairs(name, streams...), gsClaim(t, ctx, db.QueueDuePairsParams{
-		PerspectiveNames: []string{name}, InstanceID: me, PairLimit: 10, MaxSteps: 100,
-	}))
-	// A skipped pair does not count against the limit.
-	require.Equal(t, gsPairs(name, streams[1:3]...), gsClaim(t, ctx, db.QueueDuePairsParams{
-		PerspectiveNames: []string{name}, InstanceID: me, PairLimit: 2, MaxSteps: 100,
-		InflightPairs: []string{streams[0].String() + "/" + name},
-	}))
-}
-
-// Fair order: a hot stream that queued many separate Appends before the cold streams is one
-// pair in the claim, not a wall of groups in front of them. Each Append stamps its rows with
-// the due time its pair already has (wh_append), so the claim passes the hot pair's rows in
-// one step, and a claim with room for the hot pair and the cold ones returns them all.
-func TestClaimSQLServesAHotStreamsManyAppendsAsOnePair(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	name := gsRegister(t, ctx, "claim_fair")
-	const hotAppends, coldStreams = 200, 10
-	hot := uuid.New()
-	for range hotAppends {
-		gsAppend(t, ctx, hot, 1) // a hot stream: many one-event Appends
-	}
-	cold := gsStreamsDescending(coldStreams)
-	for _, c := range cold {
-		gsAppend(t, ctx, c, 1)
-	}
-	gsSeal(t, ctx, []string{name}, append([]uuid.UUID{hot}, cold...)...)
-	require.Len(t, gsDueTimes(t, ctx, gsPair{hot, name}), 1, "the hot pair's %d Appends share its due time", hotAppends)
-
-	limit := int32(1 + coldStreams)
-	got := gsClaim(t, ctx, db.QueueDuePairsParams{
-		PerspectiveNames: []string{name}, InstanceID: uuid.New(), PairLimit: limit,
-		MaxSteps: 2 * limit, // what the worker passes for a claim of limit pairs with nothing to skip
-	})
-	require.Equal(t, gsPairs(name, append([]uuid.UUID{hot}, cold...)...), got,
-		"the hot pair (oldest) and every cold pair, in the order of their oldest queued event")
-
-	// The hot pair in flight (skipped), its later Appends keep its place: the cold pairs
-	// are claimed, not hidden behind its rows.
-	for range 50 {
-		gsAppend(t, ctx, hot, 1)
-	}
-	got = gsClaim(t, ctx, db.QueueDuePairsParams{
-		PerspectiveNames: []string{name}, InstanceID: uuid.New(), PairLimit: coldStreams,
-		InflightPairs: []string{hot.String() + "/" + name}, MaxSteps: 1 + 2*coldStreams,
-	})
-	require.Equal(t, gsPairs(name, cold...), got)
-}
-
-// Append stamps a pair's new queue rows with the due time of the rows it has queued: a
-// pair backing off after a failure keeps its retry time for the rows it gains, and a pair
-// with nothing queued gets now().
-func TestAppendStampsRowsWithTheirPairsDueTime(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	name := gsRegister(t, ctx, "append_due")
-	fresh, backingOff := uuid.New(), uuid.New()
-	gsAppend(t, ctx, backingOff, 2)
-	gsExec(t, ctx, testDB.Pool, `UPDATE wh_perspective_events SET next_attempt_at = now() + interval '1 hour'
-		WHERE stream_id = $1 AND perspective_name = $2`, backingOff, name)
-	retry := gsDueTimes(t, ctx, gsPair{backingOff, name})
-	require.Len(t, retry, 1)
-
-	before := time.Now()
-	gsAppend(t, ctx, backingOff, 3)
-	gsAppend(t, ctx, fresh, 1)
-	gsAppend(t, ctx, fresh, 1)
-	require.Equal(t, retry, gsDueTimes(t, ctx, gsPair{backingOff, name}), "the new rows wait for the pair's retry")
-	due := gsDueTimes(t, ctx, gsPair{fresh, name})
-	require.Len(t, due, 1, "the second Append joins the first's due time")
-	require.WithinDuration(t, before, due[0], 5*time.Second, "a pair with nothing queued is due now")
-	var n int
-	require.NoError(t, testDB.Pool.QueryRow(ctx, `SELECT count(*) FROM wh_perspective_events
-		WHERE stream_id = ANY($1) AND perspective_name = $2`, pgq.Args([]any{[]uuid.UUID{fresh, backingOff}})[0], name).Scan(&n))
-	require.Equal(t, 7, n, "every event queued")
-}
-
-// An Append's notification names the earliest due time it stamped on its rows (see
-// worker.Store.Listen): that of a group it joined, now() for a pair with nothing queued; an
-// operator's notification names none.
-func TestAppendNotificationNamesTheEarliestDueTimeItQueued(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	name := gsRegister(t, ctx, "append_notify")
-	listener := gsListener(t, ctx)
-	appender, err := pgx.Connect(ctx, testDB.DirectURL) // its notifications carry its PID
-	require.NoError(t, err)
-	defer func() { _ = appender.Close(ctx) }()
-	// notified appends to stream on appender and returns what its notification names.
-	notified := func(stream uuid.UUID) time.Time {
-		t.Helper()
-		require.NoError(t, worker.Append(ctx, appender, events(stream, newIDs(t, 1))...))
-		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		for {
-			n, err := listener.WaitForNotification(wctx)
-			require.NoError(t, err, "the Append's notification")
-			if n.PID == appender.PgConn().PID() { // other tests append too
-				require.NotEmpty(t, n.Payload)
-				return worker.NotifiedDue(n.Payload)
-			}
-		}
-	}
-
-	old := uuid.New()
-	gsAppend(t, ctx, old, 1)
-	gsExec(t, ctx, testDB.Pool, `UPDATE wh_perspective_events SET next_attempt_at = date_trunc('second', now()) - interval '1 hour 0.123456 second'
-		WHERE stream_id = $1 AND perspective_name = $2`, old, name)
-	due := gsDueTimes(t, ctx, gsPair{old, name})
-	require.Len(t, due, 1)
-	require.True(t, due[0].Equal(notified(old)), "the group the Append joined, to the microsecond")
-
-	fresh := uuid.New()
-	got := notified(fresh)
-	due = gsDueTimes(t, ctx, gsPair{fresh, name})
-	require.Len(t, due, 1)
-	require.True(t, due[0].Equal(got), "now() for a pair with nothing queued: %s, named %s", due[0], got)
-
-	require.True(t, worker.NotifiedDue("").IsZero(), "a notification that names no due time: anywhere")
-}
-
-// The other statements that make queue rows due tell the listening workers so, naming their
-// due time (a claim that ran meanwhile may have started past it): a purge making a parked
-// pair's rows due now, a rebuild queueing a stream again, a failure's retry time.
-func TestStatementsMakingRowsDueNameTheirDueTime(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	name := gsRegister(t, ctx, "due_notify")
-	listener := gsListener(t, ctx)
-	// named waits for a notification naming due (other tests' name other times).
-	named := func(what string, p gsPair) {
-		t.Helper()
-		due := gsDueTimes(t, ctx, p)
-		require.Len(t, due, 1, what)
-		wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		for {
-			n, err := listener.WaitForNotification(wctx)
-			require.NoError(t, err, "%s: a notification naming %s", what, due[0])
-			if worker.NotifiedDue(n.Payload).Equal(due[0]) {
-				return
-			}
-		}
-	}
-	admin, err := worker.NewAdmin(testDB.Pool, nil)
-	require.NoError(t, err)
-
-	parked := gsPair{uuid.New(), name}
-	gsAppend(t, ctx, parked.Stream, 2)
-	gsExec(t, ctx, testDB.Pool, `UPDATE wh_perspective_events SET next_attempt_at = '9999-12-31 00:00:00+00'
-		WHERE stream_id = $1 AND perspective_name = $2`, parked.Stream, name)
-	require.NoError(t, admin.Purge(ctx, parked.Stream, name))
-	named("a purge", parked)
-
-	rebuilt := gsPair{uuid.New(), name}
-	gsAppend(t, ctx, rebuilt.Stream, 2)
-	gsExec(t, ctx, testDB.Pool, `DELETE FROM wh_perspective_events WHERE stream_id = $1 AND perspective_name = $2`, rebuilt.Stream, name)
-	n, err := admin.Rebuild(ctx, rebuilt.Stream, name)
-	require.NoError(t, err)
-	require.EqualValues(t, 2, n)
-	named("a rebuild", rebuilt)
-
-	failing := gsPair{uuid.New(), name}
-	gsAppend(t, ctx, failing.Stream, 1)
-	store := worker.NewPGStore(testDB.Pool, time.Millisecond, time.Millisecond)
-	action, err := store.MarkFailed(ctx, worker.Pair{Stream: failing.Stream, Perspective: name}, worker.Failure{Cause: "boom"},
-		func(int) worker.FailureAction { return worker.FailureRetry })
-	require.NoError(t, err)
-	require.Equal(t, worker.FailureRetry, action)
-	named("a retry", failing)
-}
-
-// QueueDuePairs passes at most max_steps queued groups. A pair has several groups when
-// Appends that ran concurrently stamped its rows with different times (each read none of
-// the other's rows); here the groups are made by hand.
-func TestClaimSQLMaxStepsBoundsTheGroupsPassed(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	name := gsRegister(t, ctx, "claim_steps")
-	const hotGroups = 8
-	s := gsStreamsDescending(3)
-	bulk, hot, cold := s[0], s[1], s[2]
-	gsAppend(t, ctx, bulk, 20) // one group of 20 rows: one step
-	hotIDs := gsAppend(t, ctx, hot, hotGroups)
-	gsAppend(t, ctx, cold, 1)
-	gsSeal(t, ctx, []string{name}, s...)
-	// bulk now-2h, hot's rows now-1h+i seconds (eight groups), cold now.
-	gsExec(t, ctx, testDB.Pool, `UPDATE wh_perspective_events SET next_attempt_at = now() - interval '2 hours'
-		WHERE stream_id = $1 AND perspective_name = $2`, bulk, name)
-	for i, id := range hotIDs {
-		gsExec(t, ctx, testDB.Pool, `UPDATE wh_perspective_events
-			SET next_attempt_at = now() - interval '1 hour' + $4 * interval '1 second'
-			WHERE stream_id = $1 AND perspective_name = $2 AND event_id = $3`, hot, name, id, i)
-	}
-	require.Len(t, gsDueTimes(t, ctx, gsPair{hot, name}), hotGroups)
-
-	claim := func(steps int32) []gsPair {
-		return gsClaim(t, ctx, db.QueueDuePairsParams{
-			PerspectiveNames: []string{name}, InstanceID: uuid.New(), PairLimit: 10, MaxSteps: steps,
-		})
-	}
-	// Groups in order: bulk's one, hot's eight, cold's one.
-	require.Equal(t, gsPairs(name, bulk, hot, cold), claim(1000), "with steps to spare, every due pair")
-	require.Equal(t, gsPairs(name, bulk, hot, cold), claim(1+hotGroups+1), "exactly enough steps to reach cold")
-	require.Equal(t, gsPairs(name, bulk, hot), claim(1+hotGroups), "one step short of cold")
-	require.Equal(t, gsPairs(name, bulk, hot), claim(3), "hot's groups use up the steps before cold")
-	require.Equal(t, gsPairs(name, bulk, hot), claim(2), "bulk's 20 rows are one step")
-	require.Equal(t, gsPairs(name, bulk), claim(1))
-}
-
-// A pair that an apply transaction has locked carries its claim mark until that transaction
-// ends: other instances' claims pass it over (they cannot see the row lock) and take the
-// pairs behind it; once the transaction ends, the pair is claimed again.
-func TestClaimSQLPassesPairsAnotherTransactionApplies(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	name := gsRegister(t, ctx, "claim_marked")
-	s := gsStreamsDescending(3)
-	for _, stream := range s {
-		gsAppend(t, ctx, stream, 1)
-	}
-	gsSeal(t, ctx, []string{name}, s...)
-	claim := func() []gsPair {
-		return gsClaim(t, ctx, db.QueueDuePairsParams{
-			PerspectiveNames: []string{name}, InstanceID: uuid.New(), PairLimit: 10, MaxSteps: 100,
-		})
-	}
-	require.Equal(t, gsPairs(name, s...), claim())
-
-	tx := gsBegin(t, ctx)
-	streams, names := gsArrays(gsPair{s[0], name})
-	locked, err := pgq.New(tx).PairsLockForApply(ctx, db.PairsLockForApplyParams{StreamIds: streams, PerspectiveNames: names})
-	require.NoError(t, err)
-	require.Len(t, locked, 1)
-	require.Equal(t, gsPairs(name, s[1:]...), claim(), "the pair being applied is passed over")
-	require.NoError(t, tx.Rollback(ctx))
-	require.Equal(t, gsPairs(name, s...), claim(), "the mark ends with the transaction")
-}
-
-// A claim returns where the next one may start (Claimed.Next): at the first group it passed
-// that the next claim must pass again, else just after the last group it passed. The group a
-// pair in flight here was claimed at and the pairs it returns are passed over; a later group
-// of a pair in flight, a pair under another transaction's claim mark, one only skipped (found
-// busy), one whose stream another instance has locked, or one not due stops it; it is never
-// after the claim's now(). A claim from a position returns no pair queued before it.
-func TestClaimSQLNextStartsAfterWhatIsBeingApplied(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	name := gsRegister(t, ctx, "claim_next")
-	s := gsStreamsDescending(5)
-	for _, stream := range s {
-		gsAppend(t, ctx, stream, 1) // one Append each: due in this order
-	}
-	gsSeal(t, ctx, []string{name}, s...)
-	at := make([]worker.QueuePosition, len(s)) // each stream's group: its position
-	for i, stream := range s {
-		due := gsDueTimes(t, ctx, gsPair{stream, name})
-		require.Len(t, due, 1)
-		at[i] = worker.QueuePosition{At: due[0], Stream: stream}
-	}
-	after := func(i int) worker.QueuePosition { // just after stream i's group
-		return worker.QueuePosition{At: at[i].At, Stream: s[i], Perspective: name}
-	}
-	pairs := func(is ...int) []worker.Pair {
-		out := []worker.Pair{}
-		for _, i := range is {
-			out = append(out, worker.Pair{Stream: s[i], Perspective: name})
-		}
-		return out
-	}
-	inflight := func(is ...int) map[worker.Pair]time.Time { // in flight, claimed at their groups
-		out := map[worker.Pair]time.Time{}
-		for _, i := range is {
-			out[worker.Pair{Stream: s[i], Perspective: name}] = at[i].At
-		}
-		return out
-	}
-	store := worker.NewPGStore(testDB.Pool, time.Second, time.Second)
-	claim := func(req worker.ClaimRequest) worker.Claimed {
-		t.Helper()
-		req.Perspectives, req.MaxSteps = []string{name}, 100
-		req.Limit = cmp.Or(req.Limit, 10)
-		c, err := store.Claim(ctx, req)
-		require.NoError(t, err)
-		if c.Pairs == nil {
-			c.Pairs = []worker.Pair{}
-		}
-		return c
-	}
-
-	c := claim(worker.ClaimRequest{InFlight: inflight(0), Limit: 2})
-	require.Equal(t, pairs(1, 2), c.Pairs)
-	require.Equal(t, map[worker.Pair]time.Time{pairs(1)[0]: at[1].At, pairs(2)[0]: at[2].At}, c.At)
-	require.Equal(t, after(2), c.Next, "past the pair in flight and the pairs returned")
-	c = claim(worker.ClaimRequest{From: c.Next})
-	require.Equal(t, pairs(3, 4), c.Pairs, "from there on")
-	require.Equal(t, after(4), c.Next)
-	c = claim(worker.ClaimRequest{From: at[1]})
-	require.Equal(t, pairs(1, 2, 3, 4), c.Pairs, "a position of a group includes it")
-
-	// Pairs whose jobs ended, looked up again at the due time they were claimed at: one with
-	// rows still there starts the claim there, though its position is past them.
-	group := func(i int, at worker.QueuePosition) worker.QueuedGroup {
-		return worker.QueuedGroup{Pair: pairs(i)[0], At: at.At}
-	}
-	c = claim(worker.ClaimRequest{From: after(4), Recheck: []worker.QueuedGroup{group(3, at[3]), group(1, at[1]), group(2, at[0])}})
-	require.Equal(t, pairs(1, 2, 3, 4), c.Pairs, "from the first group looked up that has rows")
-	c = claim(worker.ClaimRequest{From: after(2), Recheck: []worker.QueuedGroup{group(2, at[0])}})
-	require.Equal(t, pairs(3, 4), c.Pairs, "a group looked up that has no rows: from the position")
-	c = claim(worker.ClaimRequest{From: at[1], Recheck: []worker.QueuedGroup{group(3, at[3])}})
-	require.Equal(t, pairs(1, 2, 3, 4), c.Pairs, "a group looked up after the position: from the position")
-	c = claim(worker.ClaimRequest{From: after(4), Recheck: []worker.QueuedGroup{group(2, at[2]), group(2, at[0])}})
-	require.Equal(t, pairs(2, 3, 4), c.Pairs, "one pair at two groups: from the one that has rows")
-	c = claim(worker.ClaimRequest{From: after(4), Recheck: []worker.QueuedGroup{group(2, at[0]), group(2, at[2])}})
-	require.Equal(t, pairs(2, 3, 4), c.Pairs, "in either order")
-
-	c = claim(worker.ClaimRequest{Skip: pairs(0)})
-	require.Equal(t, pairs(1, 2, 3, 4), c.Pairs)
-	require.Equal(t, at[0], c.Next, "a pair skipped once is passed again")
-
-	gsExec(t, ctx, testDB.Pool, `UPDATE wh_perspective_cursors SET stream_lock_instance_id = $3,
-		stream_lock_expiry = now() + interval '1 minute', stream_lock_reason = 'test'
-		WHERE stream_id = $1 AND perspective_name = $2`, s[1], name, uuid.New())
-	c = claim(worker.ClaimRequest{InFlight: inflight(0)})
-	require.Equal(t, pairs(2, 3, 4), c.Pairs)
-	require.Equal(t, at[1], c.Next, "a pair another instance has locked is passed again")
-	gsExec(t, ctx, testDB.Pool, `UPDATE wh_perspective_cursors SET stream_lock_instance_id = NULL,
-		stream_lock_expiry = NULL, stream_lock_reason = NULL WHERE stream_id = $1 AND perspective_name = $2`, s[1], name)
-
-	// Another transaction applying stream 0 (its claim mark).
-	tx, err := testDB.Pool.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	streams, names := gsArrays(gsPair{s[0], name})
-	locked, err := pgq.New(tx).PairsLockForApply(ctx, db.PairsLockForApplyParams{StreamIds: streams, PerspectiveNames: names})
-	require.NoError(t, err)
-	require.Len(t, locked, 1)
-	c = claim(worker.ClaimRequest{Limit: 1})
-	require.Equal(t, pairs(1), c.Pairs, "the pair another transaction applies is passed over")
-	require.Equal(t, at[0], c.Next, "and passed again: that transaction may leave rows of it")
-	require.NoError(t, tx.Rollback(ctx))
-	c = claim(worker.ClaimRequest{Limit: 1})
-	require.Equal(t, pairs(0), c.Pairs)
-	require.Equal(t, after(0), c.Next)
-	c = claim(worker.ClaimRequest{InFlight: map[worker.Pair]time.Time{pairs(0)[0]: at[1].At}, Limit: 1})
-	require.Equal(t, pairs(1), c.Pairs)
-	require.Equal(t, at[0], c.Next, "a pair in flight claimed at another group: passed again")
-
-	// A later group of a pair in flight (its job may have read the pair's rows before it).
-	later := gsAppend(t, ctx, s[0], 1) // stored; queued here (the perspective is unregistered)
-	gsExec(t, ctx, testDB.Pool, `INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)
-		VALUES ($1, $2, $3)`, s[0], name, later[0])
-	due := gsDueTimes(t, ctx, gsPair{s[0], name})
-	require.Len(t, due, 2)
-	c = claim(worker.ClaimRequest{InFlight: inflight(0, 1, 2, 3)})
-	require.Equal(t, pairs(4), c.Pairs)
-	require.Equal(t, worker.QueuePosition{At: due[1], Stream: s[0]}, c.Next, "a later group of a pair in flight is passed again")
-
-	gsExec(t, ctx, testDB.Pool, `DELETE FROM wh_perspective_events WHERE event_id = $1`, later[0])
-	gsExec(t, ctx, testDB.Pool, `UPDATE wh_perspective_events SET next_attempt_at = now() + interval '1 hour'
-		WHERE stream_id = $1 AND perspective_name = $2`, s[4], name)
-	c = claim(worker.ClaimRequest{InFlight: inflight(0, 1, 2)})
-	require.Equal(t, pairs(3), c.Pairs)
-	require.Equal(t, uuid.Nil, c.Next.Stream, "a group not due yet stops it (at most now())")
-	require.False(t, c.Next.At.After(time.Now()))
-	require.True(t, at[3].At.Before(c.Next.At))
-
-	gsExec(t, ctx, testDB.Pool, `DELETE FROM wh_perspective_events WHERE perspective_name = $1`, name)
-	c = claim(worker.ClaimRequest{})
-	require.Empty(t, c.Pairs)
-	require.Equal(t, worker.QueuePosition{}, c.Next, "an empty queue: no group passed")
-}
-
-// PairsMarkFailed stamps the rows it moves with the time of its statement, not of its
-// transaction's start: in an apply transaction it runs after the perspective's Apply, maybe
-// long after, and claims meanwhile start past older due times (Claimed.Next), which would
-// leave the rows behind them until a claim from the oldest row.
+// PairsMarkFailed's backoff runs from the time of its statement, not of its transaction's
+// start: in an apply transaction it runs after the perspective's Apply, maybe long after, and
+// a backoff shorter than that Apply would otherwise be over before it was recorded.
 func TestGroupSQLPairsMarkFailedStampsTheStatementsTime(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -1163,16 +655,16 @@ func TestGroupSQLPairsMarkFailedStampsTheStatementsTime(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(ctx))
 	for _, p := range []gsPair{retried, skipped} {
-		due := gsDueTimes(t, ctx, p)
-		require.Len(t, due, 1, "%v", p)
-		require.True(t, due[0].Sub(began) >= 250*time.Millisecond,
-			"%v: due %s after its transaction began, want the statement's time", p, due[0].Sub(began))
+		due := gsDue(t, ctx, p)
+		require.True(t, due.Exists, "%v", p)
+		require.True(t, due.DueAt.Sub(began) >= 250*time.Millisecond,
+			"%v: due %s after its transaction began, want the statement's time", p, due.DueAt.Sub(began))
 	}
 }
 
-// PairsMarkFailed's other actions: park makes the pair's rows wait (9999-12-31) with no
-// retry time on the cursor; skip records the event in wh_skipped_events, unqueues it, makes
-// the pair's other rows due now, clears its failure and bumps its version. A failure of
+// PairsMarkFailed's other actions: park makes the pair's due row wait ('infinity'); skip
+// records the event in wh_skipped_events, unqueues it, makes the pair due now, clears its
+// failure and bumps its version. A failure of
 // another event than the recorded one starts a new count.
 func TestGroupSQLPairsMarkFailedParksSkipsAndCountsPerEvent(t *testing.T) {
 	t.Parallel()
@@ -1202,10 +694,8 @@ func TestGroupSQLPairsMarkFailedParksSkipsAndCountsPerEvent(t *testing.T) {
 	c := gsReadCursor(t, ctx, parked)
 	require.Equal(t, "parked", c.Status)
 	require.EqualValues(t, 1, c.Attempts)
-	require.Nil(t, c.NextAttemptAt, "a parked pair's wait is on its rows, not its cursor")
-	due := gsDueTimes(t, ctx, parked)
-	require.Len(t, due, 1)
-	require.Equal(t, 9999, due[0].UTC().Year())
+	require.Nil(t, c.NextAttemptAt, "a parked pair has no retry time")
+	require.True(t, gsDue(t, ctx, parked).Parked, "its due row waits for an operator")
 
 	c = gsReadCursor(t, ctx, skipped)
 	require.Equal(t, "ok", c.Status)
@@ -1219,9 +709,7 @@ func TestGroupSQLPairsMarkFailedParksSkipsAndCountsPerEvent(t *testing.T) {
 	require.Equal(t, sids[1:], queued(t, ctx, name, skipped.Stream), "the skipped event is unqueued, the others stay")
 	var now time.Time
 	require.NoError(t, testDB.Pool.QueryRow(ctx, `SELECT now()`).Scan(&now))
-	for _, d := range gsDueTimes(t, ctx, skipped) {
-		require.False(t, d.After(now), "the rest is due now")
-	}
+	require.False(t, gsDue(t, ctx, skipped).DueAt.After(now), "the rest is due now")
 	var after int64
 	require.NoError(t, testDB.Pool.QueryRow(ctx, `SELECT version FROM wh_perspective_cursors
 		WHERE stream_id = $1 AND perspective_name = $2`, skipped.Stream, name).Scan(&after))
@@ -1232,163 +720,29 @@ func TestGroupSQLPairsMarkFailedParksSkipsAndCountsPerEvent(t *testing.T) {
 	require.EqualValues(t, 1, c.Attempts, "another event's failure starts a new count")
 }
 
-// The claim's share of the streams (see QueueDuePairs): own pairs first, then the others in
-// order. Instances of other builds, one gone (its heartbeat three intervals old), one that has
-// not claimed for three intervals (its slots all taken) and one stopping do not count; an
-// instance without a row owns every stream.
-func TestClaimSQLInstancesPreferTheStreamsTheyOwn(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	name := gsRegister(t, ctx, "claim_own")
-	// 40 streams, the first 6 of them owned by the second of two instances (rank 1), so that
-	// the first one's claims pass more of the other's pairs than they keep.
-	rankOf := func(s uuid.UUID) int {
-		var rank int
-		require.NoError(t, testDB.Pool.QueryRow(ctx,
-			`SELECT ((hashtext($1::text)::bigint & 2147483647) % 2)::int`, s.String()).Scan(&rank))
-		return rank
-	}
-	var first, rest []uuid.UUID
-	for len(first)+len(rest) < 40 {
-		s := uuid.New()
-		if rankOf(s) == 1 && len(first) < 6 {
-			first = append(first, s)
-		} else if len(rest) < 34 {
-			rest = append(rest, s)
-		}
-	}
-	streams := append(first, rest...)
-	for _, s := range streams {
-		gsAppend(t, ctx, s, 1) // one Append each: claimed in this order
-	}
-	gsSeal(t, ctx, []string{name}, streams...)
-
-	ids := gsStreamsDescending(6) // any six instance IDs, ranked by the database's order
-	slices.SortFunc(ids, func(a, b uuid.UUID) int { return bytes.Compare(a[:], b[:]) })
-	a, b, other, gone, stuck, stopping := ids[0], ids[1], ids[2], ids[3], ids[4], ids[5]
-	// beat records an instance seen seenAgo ago that last claimed claimedAgo ago ("": it has
-	// stopped claiming).
-	beat := func(id uuid.UUID, perspective, seenAgo, claimedAgo string) {
-		gsExec(t, ctx, testDB.Pool, `INSERT INTO wh_instances
-			(instance_id, host, pid, heartbeat_interval, perspectives, versions, last_seen_at, claimed_at)
-			VALUES ($1, 'test', 1, interval '5 seconds', ARRAY[$2::text], ARRAY[1], now() - $3::interval,
-			        now() - NULLIF($4, '')::interval)`,
-			id, perspective, seenAgo, claimedAgo)
-		t.Cleanup(func() {
-			gsExec(t, context.Background(), testDB.Pool, `DELETE FROM wh_instances WHERE instance_id = $1`, id)
-		})
-	}
-	beat(a, name, "0 seconds", "0 seconds")
-	beat(b, name, "1 second", "3 seconds")
-	beat(other, name+"_other", "0 seconds", "0 seconds") // other builds: not a peer
-	beat(gone, name, "16 seconds", "16 seconds")         // three heartbeats missed: gone
-	beat(stuck, name, "0 seconds", "16 seconds")         // alive, but no claim for three intervals
-	beat(stopping, name, "0 seconds", "")                // stopping: claims no more
-
-	// Which of a and b owns each stream, as the claim computes it.
-	owner := map[uuid.UUID]uuid.UUID{}
-	for _, s := range streams {
-		owner[s] = ids[rankOf(s)]
-	}
-	// What a claim of limit pairs by me must return: the scan passes the streams in order
-	// and stops at limit own pairs; then own pairs first, then the others in order.
-	expect := func(me uuid.UUID, limit int) []worker.Pair {
-		var own, others []worker.Pair
-		for _, s := range streams {
-			if len(own) == limit {
-				break
-			}
-			p := worker.Pair{Stream: s, Perspective: name}
-			if owner[s] == me {
-				own = append(own, p)
-			} else {
-				others = append(others, p)
-			}
-		}
-		return append(own, others[:min(len(others), limit-len(own))]...)
-	}
-	ownCount := func(pairs []worker.Pair, me uuid.UUID) int {
-		n := 0
-		for _, p := range pairs {
-			if owner[p.Stream] == me {
-				n++
-			}
-		}
-		return n
-	}
-	store := worker.NewPGStore(testDB.Pool, time.Second, time.Second)
-	claim := func(me uuid.UUID, limit int) []worker.Pair {
-		c, err := store.Claim(ctx, worker.ClaimRequest{Instance: me, Perspectives: []string{name}, Limit: limit, MaxSteps: 1000})
-		require.NoError(t, err)
-		return c.Pairs
-	}
-	for _, limit := range []int{1, 5, 15, 30} {
-		gotA, gotB := claim(a, limit), claim(b, limit)
-		require.Equal(t, expect(a, limit), gotA, "a, limit %d", limit)
-		require.Equal(t, expect(b, limit), gotB, "b, limit %d", limit)
-		// They share only the pairs one took to fill its claim.
-		for _, p := range gsIntersect(gotA, gotB) {
-			require.True(t, slices.Index(gotA, p) >= ownCount(gotA, a) || slices.Index(gotB, p) >= ownCount(gotB, b),
-				"limit %d: %v claimed by both as their own", limit, p)
-		}
-	}
-	// The statement itself keeps at most limit of the others' pairs, however far it scans.
-	for _, limit := range []int{1, 5} {
-		rows, err := pgq.New(testDB.Pool).QueueDuePairs(ctx, db.QueueDuePairsParams{
-			PerspectiveNames: []string{name}, InstanceID: a, PairLimit: int32(limit), MaxSteps: 1000,
-		})
-		require.NoError(t, err)
-		others := 0
-		for _, r := range rows {
-			if r.Ok && !r.Own {
-				others++
-			}
-		}
-		passed, own := 0, 0 // the others' streams the scan passes before its limit of own
-		for _, st := range streams {
-			if own == limit {
-				break
-			}
-			if owner[st] == a {
-				own++
-			} else {
-				passed++
-			}
-		}
-		require.Greater(t, passed, limit, "limit %d: the claim passes more of the others' pairs than it keeps", limit)
-		require.Equal(t, limit, others, "limit %d: the others' pairs the claim keeps", limit)
-	}
-	// The next claim's start: a claim that finds its fill of its own pairs starts the next one
-	// after them, past the other's streams before them, which b claims; one that does not
-	// (it takes b's pairs to fill it) starts the next one at the first of b's it passed.
-	next := func(me uuid.UUID, limit int) worker.QueuePosition {
-		c, err := store.Claim(ctx, worker.ClaimRequest{Instance: me, Perspectives: []string{name}, Limit: limit, MaxSteps: 1000})
-		require.NoError(t, err)
-		return c.Next
-	}
-	firstA := slices.IndexFunc(streams, func(s uuid.UUID) bool { return owner[s] == a })
-	require.Greater(t, firstA, 0, "b's streams come first")
-	last := streams[firstA]
-	require.Equal(t, worker.QueuePosition{At: gsDueTimes(t, ctx, gsPair{last, name})[0], Stream: last, Perspective: name}, next(a, 1))
-	require.Equal(t, worker.QueuePosition{At: gsDueTimes(t, ctx, gsPair{streams[0], name})[0], Stream: streams[0]}, next(a, 40))
-	// Each instance's own pairs come first: a claim with room for all returns every stream.
-	all := claim(a, 40)
-	require.Len(t, all, 40)
-	// An instance without a row owns every stream: the claim's plain order.
-	want := make([]worker.Pair, 10)
-	for i := range want {
-		want[i] = worker.Pair{Stream: streams[i], Perspective: name}
-	}
-	require.Equal(t, want, claim(uuid.New(), 10))
+// gsDueRow is a pair's due row.
+type gsDueRow struct {
+	Exists   bool
+	DueAt    time.Time // zero when parked
+	Parked   bool      // due 'infinity'
+	LeasedBy uuid.UUID
 }
 
-// gsIntersect is the pairs in both x and y.
-func gsIntersect(x, y []worker.Pair) []worker.Pair {
-	var out []worker.Pair
-	for _, p := range x {
-		if slices.Contains(y, p) {
-			out = append(out, p)
-		}
+// gsDue reads the pair's due row.
+func gsDue(t testing.TB, ctx context.Context, p gsPair) gsDueRow {
+	t.Helper()
+	var d gsDueRow
+	var due *time.Time
+	var by uuid.NullUUID
+	err := testDB.Pool.QueryRow(ctx, `SELECT CASE WHEN due_at < 'infinity' THEN due_at END, due_at = 'infinity', leased_by
+		FROM wh_perspective_pairs WHERE stream_id = $1 AND perspective_name = $2`, p.Stream, p.Name).Scan(&due, &d.Parked, &by)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return d
 	}
-	return out
+	require.NoError(t, err)
+	d.Exists, d.LeasedBy = true, by.UUID
+	if due != nil {
+		d.DueAt = *due
+	}
+	return d
 }

@@ -114,7 +114,7 @@ func TestHeartbeatBeatsEveryIntervalSurvivesFailuresAndForgetsAtStop(t *testing.
 		start := time.Now()
 
 		var applied atomic.Int64 // events applied to orders
-		h := startHeartbeat(context.Background(), rec, row, func() []int64 { return []int64{applied.Load()} }, nil, log)
+		h := startHeartbeat(context.Background(), rec, row, func() []int64 { return []int64{applied.Load()} }, log)
 		stopped := false
 		defer func() {
 			if !stopped {
@@ -194,7 +194,7 @@ func TestHeartbeatStopWaitsForTheBeatInProgress(t *testing.T) {
 		rec := &fakeInstances{}
 		log := slog.New(slog.NewTextHandler(&syncBuf{}, nil))
 		id := uuid.New()
-		h := startHeartbeat(context.Background(), rec, newInstanceRecord(id, every, nil), nil, nil, log)
+		h := startHeartbeat(context.Background(), rec, newInstanceRecord(id, every, nil), nil, log)
 		rec.set(func(f *fakeInstances) { f.hang = true })
 		time.Sleep(every) // the second beat begins, and hangs until its timeout
 		synctest.Wait()
@@ -218,7 +218,7 @@ func TestHeartbeatStopRunsUnderItsContext(t *testing.T) {
 		const every = 5 * time.Second
 		rec := &fakeInstances{}
 		var logs syncBuf
-		h := startHeartbeat(context.Background(), rec, newInstanceRecord(uuid.New(), every, nil), nil, nil, slog.New(slog.NewTextHandler(&logs, nil)))
+		h := startHeartbeat(context.Background(), rec, newInstanceRecord(uuid.New(), every, nil), nil, slog.New(slog.NewTextHandler(&logs, nil)))
 		rec.set(func(f *fakeInstances) { f.hang = true })
 		time.Sleep(every) // the second beat begins, and hangs
 		synctest.Wait()

@@ -1,14 +1,13 @@
 package worker_test
 
-// Plans that hold without statistics. The claim (QueueDuePairs), the
-// per-pair reads (QueueEventsForPairs, QueueIDsForPair), the DELETE of applied rows
-// (wh_delete_applied, which PairsApplyCommit calls), the queue probe of wh_append and promotion's
-// catch-up check (BuildQueueAge) must read the queue,
-// wh_perspective_events, through index probes only, whatever its statistics say: a claim on a
-// bulk-loaded, never-analyzed queue was once a bitmap heap scan and a sort of ~18,000 rows,
-// 1.8–2.5 s instead of ~1.6 ms. The bounded reads (the claim's steps, a pair's first events,
-// wh_append's probe) must be ordered Index (Only) Scans under their Limit, with no Sort: a
-// Sort there reads all of a hot pair's rows for a few. QueueIDsForPair, which returns all of
+// Plans that hold without statistics. The per-pair reads (QueueEventsForPairs,
+// QueueIDsForPair), the DELETE of applied rows (wh_delete_applied, which PairsApplyCommit
+// calls) and promotion's catch-up check (BuildQueueAge) must read the queue,
+// wh_perspective_events, through index probes only, whatever its statistics say; the claim
+// (PairsClaim) must read the due rows through their due index, and wh_append's lock of the
+// due rows must probe their key. The bounded reads (a pair's first events) must be ordered
+// Index (Only) Scans under their Limit, with no Sort: a Sort there reads all of a hot pair's
+// rows for a few. QueueIDsForPair, which returns all of
 // a pair's rows, may also find them with a bitmap scan of the primary key and sort them, but
 // never scan the table. The pair lookups of the group path (PairsLockForApply, ModelsGet,
 // PairsApplyCommit's UPDATE) must go through the cursors', snapshots' and models' keys.
@@ -45,22 +44,25 @@ import (
 const (
 	planQueue     = "wh_perspective_events"
 	planQueuePKey = "wh_perspective_events_pkey"
-	planQueueDue  = "wh_perspective_events_due_idx"
+	// the due rows (PairsClaim, wh_append)
+	planPairs       = "wh_perspective_pairs"
+	planPairsDue    = "wh_perspective_pairs_due_idx"
+	planPairsKey    = "wh_perspective_pairs_pkey"
 	// promotion's catch-up check (BuildQueueAge)
 	planQueueBuildAge = "wh_perspective_events_build_age_idx"
 )
 
 // The builds of the test's database (the build keys of version 1's first builds).
 const (
-	planBuildA = "plans_a" // the hot pair's rows share one due time, as wh_append stamps them
-	planBuildB = "plans_b" // the hot pair's rows each have their own due time, as older versions queued them
+	planBuildA = "plans_a"
+	planBuildB = "plans_b"
 )
 
 // planPairIndexes are the indexes whose key is a pair (stream, perspective) of the cursors.
 var planPairIndexes = []string{"wh_perspective_cursors_pkey", "wh_perspective_cursors_build_idx"}
 
 // The tables the loads write: autovacuum is off for them, so their statistics are the test's.
-var planTables = []string{planQueue, "wh_event_store", "wh_perspective_cursors", "wh_perspective_models", "wh_perspective_snapshots"}
+var planTables = []string{planQueue, planPairs, "wh_event_store", "wh_perspective_cursors", "wh_perspective_models", "wh_perspective_snapshots"}
 
 // planCall is a statement with its arguments, as the generated code sends them, and the
 // settings it is planned under (a function's SET clauses: "name=value").
@@ -331,14 +333,18 @@ func planLoad(t *testing.T, ctx context.Context, conn *pgx.Conn, tag string, hot
 		UNION ALL
 		SELECT gen_random_uuid(), md5($2::text || s)::uuid, $2::text, '{}'
 		FROM generate_series(1, 3000) s, generate_series(1, 3)`, hot, tag)
-	planExec(t, ctx, conn, `INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id, next_attempt_at)
+	planExec(t, ctx, conn, `INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id, enqueued_at)
 		SELECT e.stream_id, b.build_key, e.event_id,
-		       CASE WHEN e.stream_id <> $1::uuid -- one due time per pair
+		       CASE WHEN e.stream_id <> $1::uuid
 		                THEN now() - interval '1 hour' + (abs(hashtext(e.stream_id::text)) % 3600000) * interval '1 ms'
-		            WHEN b.build_key = $3::text THEN now() - interval '2 hours'
 		            ELSE now() - interval '2 hours' + random() * interval '1 hour' END
 		FROM wh_event_store e CROSS JOIN (VALUES ($3::text), ($4::text)) b (build_key)
 		WHERE e.event_type = $2::text`, hot, tag, planBuildA, planBuildB)
+	planExec(t, ctx, conn, `INSERT INTO wh_perspective_pairs (stream_id, perspective_name, due_at)
+		SELECT q.stream_id, q.perspective_name, min(q.enqueued_at)
+		FROM wh_perspective_events q JOIN wh_event_store e ON e.event_id = q.event_id
+		WHERE e.event_type = $1::text
+		GROUP BY 1, 2`, tag)
 	planExec(t, ctx, conn, `WITH queued AS (
 		    SELECT DISTINCT e.stream_id, b.build_key AS perspective_name
 		    FROM wh_event_store e CROSS JOIN (VALUES ($2::text), ($3::text)) b (build_key)
@@ -407,26 +413,20 @@ func planStatements(t *testing.T, ctx context.Context, conn *pgx.Conn, hot uuid.
 		models[i], since[i], lastIDs[i] = "{}", 1, applied[len(applied)-1]
 	}
 
-	// The statement of wh_append that reads the queue, as its source has it, with the
-	// function's arguments as the parameters $1 to $5 (and without its INTO).
+	// The statement of wh_append that locks the pairs' due rows, as its source has it, with
+	// the pairs as the parameters $1 and $2 (and without its INTO).
 	var src string
 	require.NoError(t, conn.QueryRow(ctx, `SELECT prosrc FROM pg_proc WHERE proname = 'wh_append'`).Scan(&src))
-	start := strings.Index(src, "WITH ev AS (")
-	require.GreaterOrEqual(t, start, 0, "wh_append: its statement")
+	start := strings.Index(src, "SELECT count(*), count(*) FILTER")
+	require.GreaterOrEqual(t, start, 0, "wh_append: its lock statement")
 	appendSQL, _, ok := strings.Cut(src[start:], ";")
-	require.True(t, ok, "wh_append: the end of its statement")
-	const unnestArgs = "unnest(event_ids, stream_ids, event_types, datas, created_ats)"
-	require.Equal(t, 1, strings.Count(appendSQL, unnestArgs), "wh_append: the arguments of its statement")
-	appendSQL = strings.Replace(appendSQL, unnestArgs,
-		"unnest($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::timestamptz[])", 1)
-	const into = " INTO queued, first_due" // PL/pgSQL's, not SQL
-	require.Equal(t, 1, strings.Count(appendSQL, into), "wh_append: what its statement returns")
+	require.True(t, ok, "wh_append: the end of its lock statement")
+	const pairArgs = "unnest(pair_streams, pair_keys)"
+	require.Equal(t, 1, strings.Count(appendSQL, pairArgs), "wh_append: the pairs of its lock statement")
+	appendSQL = strings.Replace(appendSQL, pairArgs, "unnest($1::uuid[], $2::text[])", 1)
+	const into = " INTO held, parked" // PL/pgSQL's, not SQL
+	require.Equal(t, 1, strings.Count(appendSQL, into), "wh_append: what its lock statement returns")
 	appendSQL = strings.Replace(appendSQL, into, "", 1)
-	appendIDs, appendStreams := newIDs(t, 10), make([]uuid.UUID, 10)
-	appendTypes, appendData, appendAt := make([]string, 10), make([]string, 10), make([]time.Time, 10)
-	for i := range appendIDs {
-		appendStreams[i], appendTypes[i], appendData[i] = hot, "planned", "{}"
-	}
 
 	// The statement of wh_delete_applied, with its arguments as $1 to $3 and planned under
 	// the function's settings, deleting 2,000 queued rows of many pairs: as a join of their
@@ -459,21 +459,14 @@ func planStatements(t *testing.T, ctx context.Context, conn *pgx.Conn, hot uuid.
 
 	pairCond := []string{"(stream_id = ", "(perspective_name = "}
 	statements := []planStatement{{
-		name: "QueueDuePairs",
+		name: "PairsClaim",
 		call: planRecord(t, func(q *db.Queries) error {
-			from := time.Now().Add(-time.Minute)
-			_, err := q.QueueDuePairs(ctx, db.QueueDuePairsParams{
-				PairLimit: 50, InstanceID: uuid.New(), PerspectiveNames: []string{planBuildA, planBuildB}, MaxSteps: 100,
-				// a start, and pairs looked up again (the key probe)
-				FromAt: &from, FromStream: uuid.NullUUID{Valid: true},
-				RecheckStreams: []uuid.UUID{hot}, RecheckPerspectives: []string{planBuildA}, RecheckAt: []time.Time{from},
+			_, err := q.PairsClaim(ctx, db.PairsClaimParams{
+				InstanceID: uuid.New(), BuildKeys: []string{planBuildA, planBuildB}, MaxPairs: 100, LeaseSeconds: 30,
 			})
 			return err
 		}),
-		queue: planQueueDue, limit: true,
-		cond:  []string{"(ROW(next_attempt_at, stream_id, perspective_name) > ROW("},
-		probe: []string{"(next_attempt_at = ", "(stream_id = ", "(perspective_name = "},
-		other: map[string][]string{"wh_perspective_cursors": planPairIndexes},
+		other: map[string][]string{planPairs: {planPairsDue, planPairsKey}, "wh_perspective_cursors": planPairIndexes},
 	}, {
 		name: "QueueEventsForPairs",
 		call: planRecord(t, func(q *db.Queries) error {
@@ -505,9 +498,8 @@ func planStatements(t *testing.T, ctx context.Context, conn *pgx.Conn, hot uuid.
 		queue: planQueuePKey, cond: append(slices.Clip(pairCond), "(event_id = "),
 	}, {
 		name:  "wh_append",
-		call:  planCall{sql: appendSQL, args: pgq.Args([]any{appendIDs, appendStreams, appendTypes, appendData, appendAt})},
-		queue: planQueuePKey, cond: pairCond, limit: true,
-		other: map[string][]string{"wh_perspective_cursors": planPairIndexes},
+		call:  planCall{sql: appendSQL, args: pgq.Args([]any{streams, names})},
+		other: map[string][]string{planPairs: {planPairsKey}},
 	}}
 	// Promotion's catch-up check, the oldest queued event of a build: the first entry of the
 	// build's range of its index, not a scan of the queue.
@@ -588,7 +580,7 @@ func TestPlansSQLHoldWithoutStatistics(t *testing.T) {
 	// The checks can fail: without the index a statement must probe, they report its plans.
 	// Each index is dropped in a transaction that is rolled back.
 	for _, c := range []struct{ statement, drop string }{
-		{"QueueDuePairs", "DROP INDEX " + planQueueDue},
+		{"PairsClaim", "DROP INDEX " + planPairsDue},
 		{"QueueEventsForPairs", "ALTER TABLE wh_perspective_events DROP CONSTRAINT " + planQueuePKey},
 	} {
 		statements := planStatements(t, ctx, conn, hot2)

@@ -98,6 +98,7 @@ func utBuilds() []worker.Build {
 func utLoopStore() *mocks.StoreMock {
 	return &mocks.StoreMock{
 		RegisterFunc: func(context.Context, string, int) ([]worker.Build, error) { return utBuilds(), nil },
+		ReleaseFunc:  func(context.Context, worker.ReleaseRequest) error { return nil },
 		BuildsFunc:   func(context.Context, []string) ([]worker.Build, error) { return utBuilds(), nil },
 		StatusFunc:   func(context.Context) ([]worker.BuildStatus, error) { return nil, nil },
 		CleanupFunc: func(context.Context, []string, time.Duration, int, worker.LeaderLease) (bool, error) {

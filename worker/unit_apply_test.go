@@ -75,6 +75,7 @@ func newUFix(t *testing.T, withLocker bool, cfg func(c *worker.Config)) *uFix {
 	}
 	f.store = &mocks.StoreMock{
 		ApplyFunc: f.apply,
+		ReleaseFunc:  func(context.Context, worker.ReleaseRequest) error { return nil },
 		MarkFailedFunc: func(context.Context, worker.Pair, worker.Failure, func(int) worker.FailureAction) (worker.FailureAction, error) {
 			return worker.FailureRetry, nil
 		},

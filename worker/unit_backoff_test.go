@@ -119,10 +119,11 @@ func TestUnitLoopBacksOffFromAFailingClaim(t *testing.T) {
 	})
 }
 
-// A pair whose failure cannot be recorded (MarkFailed fails: its rows stay due) is not
-// claimed again at every wake but after the backoff its failure would have had (RetryBackoff,
-// doubling up to MaxRetryBackoff); it is logged once for the spell, and a job of the pair
-// that succeeds ends it. The other claims go on meanwhile.
+// A pair whose failure cannot be recorded (MarkFailed fails: its due row keeps no backoff) is
+// not claimed again at every wake but after the backoff its failure would have had
+// (RetryBackoff, doubling up to MaxRetryBackoff), which its job's release gives its due row;
+// it is logged once for the spell, and a job of the pair that succeeds ends it. The other
+// claims go on meanwhile.
 func TestUnitLoopBacksOffFromAPairWhoseFailureCannotBeRecorded(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
@@ -134,14 +135,25 @@ func TestUnitLoopBacksOffFromAPairWhoseFailureCannotBeRecorded(t *testing.T) {
 		var marks []time.Duration     // when MarkFailed ran, since start
 		claims := 0
 		start := time.Now()
+		// p's due row, as the database keeps it: leased by a claim, due again when released
+		// (after the wait the release gives it).
+		due, leased := start, false
 		store.ClaimFunc = func(_ context.Context, req worker.ClaimRequest) (worker.Claimed, error) {
 			mu.Lock()
 			defer mu.Unlock()
 			claims++
-			if _, inFlight := req.InFlight[p]; !queued || inFlight || slices.Contains(req.Skip, p) {
-				return worker.Claimed{}, nil
+			if !queued || leased || time.Now().Before(due) {
+				return worker.Claimed{NextDue: due}, nil
 			}
-			return worker.Claimed{Pairs: []worker.Pair{p}, At: map[worker.Pair]time.Time{p: start}}, nil
+			leased = true
+			return worker.Claimed{Pairs: []worker.Pair{p}}, nil
+		}
+		store.ReleaseFunc = func(_ context.Context, req worker.ReleaseRequest) error {
+			mu.Lock()
+			defer mu.Unlock()
+			require.Equal(t, []worker.Pair{p}, req.Pairs)
+			leased, due = false, time.Now().Add(req.Later[p])
+			return nil
 		}
 		store.ApplyFunc = func(context.Context, []worker.Pair, int, func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
 			mu.Lock()

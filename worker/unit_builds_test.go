@@ -1432,7 +1432,7 @@ func TestUnitLoopClaimsSoonWhileNotSubscribed(t *testing.T) {
 			c.PollInterval = time.Hour
 			c.PollOnly = false
 		})
-		f.store.ListenFunc = func(ctx context.Context, notify func(time.Time)) error {
+		f.store.ListenFunc = func(ctx context.Context, notify func()) error {
 			return errors.New("unexpected EOF") // the session is gone at once, every time
 		}
 		require.NoError(t, f.w.Start(context.Background()))

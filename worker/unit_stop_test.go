@@ -6,6 +6,7 @@ package worker_test
 import (
 	"context"
 	"encoding/json"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -288,30 +289,100 @@ func TestUnitGraceAfterOutlastsItsParentByTheGrace(t *testing.T) {
 	})
 }
 
-// A pair whose job ended is looked up again by the next claim, and by that claim only: with
-// nothing to wake the loop (no notification, a one-minute poll) no other claim follows. The
-// rows that Appends add to its group later are announced by their notifications.
-func TestUnitEndedPairIsLookedUpByTheNextClaimOnly(t *testing.T) {
+// A pair job releases its pairs' leases when it ends, but not a pair a follow-up keeps: that
+// one is released when its follow-up (a rewind) ends. A pair found held by another
+// transaction is released due again after a short wait, the others at their oldest event.
+func TestUnitJobsReleaseTheirPairsAfterTheirFollowUps(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		p := worker.Pair{Stream: uuid.New(), Perspective: utBuilds()[0].Key}
-		due := time.Now()
-		ev := worker.Event{ID: uuid.Must(uuid.NewV7()), StreamID: p.Stream, Type: "n", Data: json.RawMessage(`{"n":1}`)}
+		key := utBuilds()[0].Key
+		late, done, busy := worker.Pair{Stream: uuid.New(), Perspective: key}, worker.Pair{Stream: uuid.New(), Perspective: key},
+			worker.Pair{Stream: uuid.New(), Perspective: key}
+		ev := worker.Event{ID: uuid.Must(uuid.NewV7()), StreamID: late.Stream, Type: "n", Data: json.RawMessage(`{"n":1}`)}
 		var (
-			claims [][]worker.QueuedGroup
-			n      atomic.Int32
+			mu       sync.Mutex
+			releases []worker.ReleaseRequest
+			rewound  bool // when the late pair's rewind ran, releases so far
+			before   int
+			claimed  atomic.Bool
 		)
 		store := utLoopStore()
 		store.ClaimFunc = func(ctx context.Context, req worker.ClaimRequest) (worker.Claimed, error) {
-			if n.Add(1) == 1 {
-				return worker.Claimed{Pairs: []worker.Pair{p}, At: map[worker.Pair]time.Time{p: due}}, nil
+			if claimed.Swap(true) {
+				return worker.Claimed{}, nil
 			}
-			claims = append(claims, req.Recheck)
-			return worker.Claimed{}, nil
+			return worker.Claimed{Pairs: []worker.Pair{late, done, busy}}, nil
 		}
 		store.ApplyFunc = func(ctx context.Context, pairs []worker.Pair, perPair int, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
-			writes := decide([]worker.PairState{{Pair: p, Events: []worker.Event{ev}, Model: json.RawMessage(`{"seq":[]}`)}})
-			assert.Len(t, writes, 1) // not require: a job goroutine
-			return nil, nil
+			decide([]worker.PairState{
+				{Pair: late, LastEventID: uuid.NullUUID{UUID: ev.ID, Valid: true}, Events: []worker.Event{ev},
+					Model: json.RawMessage(`{"seq":[1]}`), ModelAt: ev.ID, Snapshots: []uuid.UUID{ev.ID}},
+				{Pair: done, Events: []worker.Event{{ID: uuid.Must(uuid.NewV7()), StreamID: done.Stream, Type: "n", Data: json.RawMessage(`{"n":1}`)}}},
+			})
+			return []worker.Pair{busy}, nil
+		}
+		store.RewindStartFunc = func(ctx context.Context, p worker.Pair) (worker.RewindStart, error) {
+			mu.Lock()
+			rewound, before = true, len(releases)
+			mu.Unlock()
+			return worker.RewindStart{Version: 1, LastEventID: uuid.NullUUID{UUID: ev.ID, Valid: true}, Queued: []uuid.UUID{ev.ID}}, nil
+		}
+		store.ReplayFunc = func(context.Context, worker.Pair, uuid.UUID, uuid.UUID, int) ([]worker.Event, error) {
+			return []worker.Event{ev}, nil
+		}
+		store.RewindCommitFunc = func(context.Context, worker.RewindCommit) error { return nil }
+		store.ReleaseFunc = func(_ context.Context, req worker.ReleaseRequest) error {
+			mu.Lock()
+			defer mu.Unlock()
+			releases = append(releases, req)
+			return nil
+		}
+		w, err := worker.NewWithStore(store, worker.Config{
+			Perspectives: []worker.Perspective{utPerspective(utName, nil)},
+			PollOnly:     true,
+			PollInterval: time.Minute,
+			Concurrency:  1,
+			Logger:       utLogger(&utLogBuf{}),
+		})
+		require.NoError(t, err)
+		require.NoError(t, w.Start(context.Background()))
+		time.Sleep(time.Second)
+		synctest.Wait()
+		require.NoError(t, w.Stop(context.Background()))
+
+		mu.Lock()
+		defer mu.Unlock()
+		require.True(t, rewound)
+		require.Len(t, releases, 2, "the group's job, then the rewind")
+		require.Equal(t, 1, before, "the group's pairs were released before the rewind ran")
+		require.ElementsMatch(t, []worker.Pair{done, busy}, releases[0].Pairs, "not the pair its rewind keeps")
+		require.Equal(t, map[worker.Pair]time.Duration{busy: 100 * time.Millisecond}, releases[0].Later,
+			"the busy pair waits a moment; the other is due at its oldest event")
+		require.Equal(t, []worker.Pair{late}, releases[1].Pairs)
+		require.Empty(t, releases[1].Later)
+		for _, r := range releases {
+			require.Equal(t, w.InstanceID(), r.Instance)
+		}
+	})
+}
+
+// The loop claims again when the next pair the last claim saw waiting becomes due (a
+// backoff ending), not a whole PollInterval later.
+func TestUnitLoopClaimsWhenTheNextPairBecomesDue(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		t0 := time.Now()
+		var (
+			mu     sync.Mutex
+			claims []time.Duration
+		)
+		store := utLoopStore()
+		store.ClaimFunc = func(ctx context.Context, req worker.ClaimRequest) (worker.Claimed, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			claims = append(claims, time.Since(t0))
+			if len(claims) == 1 {
+				return worker.Claimed{NextDue: t0.Add(3 * time.Second)}, nil
+			}
+			return worker.Claimed{}, nil
 		}
 		w, err := worker.NewWithStore(store, worker.Config{
 			Perspectives: []worker.Perspective{utPerspective(utName, nil)},
@@ -321,55 +392,11 @@ func TestUnitEndedPairIsLookedUpByTheNextClaimOnly(t *testing.T) {
 		})
 		require.NoError(t, err)
 		require.NoError(t, w.Start(context.Background()))
-		time.Sleep(time.Second)
+		time.Sleep(10 * time.Second)
 		synctest.Wait()
 		require.NoError(t, w.Stop(context.Background()))
-
-		require.Equal(t, [][]worker.QueuedGroup{{{Pair: p, At: due}}}, claims,
-			"one claim after the job, looking the pair's group up")
-	})
-}
-
-// A queue notification starts the next claim at the due time it names when that lies before
-// the last claim's Next; one naming a later time leaves the start; one naming none (the
-// subscription's own: rows queued before it, anywhere) starts it at the oldest row.
-func TestUnitNotificationStartsTheNextClaimAtItsDueTime(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		t0 := time.Now()
-		next := worker.QueuePosition{At: t0, Stream: uuid.New(), Perspective: "p"}
-		var froms []worker.QueuePosition
-		notify := make(chan func(time.Time), 1)
-		store := utLoopStore()
-		store.ClaimFunc = func(ctx context.Context, req worker.ClaimRequest) (worker.Claimed, error) {
-			froms = append(froms, req.From)
-			return worker.Claimed{Next: next}, nil
-		}
-		store.ListenFunc = func(ctx context.Context, n func(time.Time)) error {
-			notify <- n
-			<-ctx.Done()
-			return ctx.Err()
-		}
-		w, err := worker.NewWithStore(store, worker.Config{
-			Perspectives: []worker.Perspective{utPerspective(utName, nil)},
-			PollOnly:     false,
-			PollInterval: time.Minute,
-			Logger:       utLogger(&utLogBuf{}),
-		})
-		require.NoError(t, err)
-		require.NoError(t, w.Start(context.Background()))
-		n := <-notify
-		synctest.Wait()
-		for _, at := range []time.Time{t0.Add(-time.Second), t0.Add(time.Second), {}} {
-			n(at)
-			synctest.Wait()
-		}
-		require.NoError(t, w.Stop(context.Background()))
-
-		require.Equal(t, []worker.QueuePosition{
-			{},                         // the first claim: from the oldest row
-			{At: t0.Add(-time.Second)}, // before the last Next: there
-			next,                       // after it: the last Next
-			{},                         // anywhere: from the oldest row
-		}, froms)
+		mu.Lock()
+		defer mu.Unlock()
+		require.Equal(t, []time.Duration{0, 3 * time.Second}, claims, "at start, then when the pair is due; the poll is a minute away")
 	})
 }
