@@ -44,6 +44,8 @@ type upgradeStep struct {
 	// finds, which write or a later check must look at; every other column it adds to a
 	// table must be NULL in the table's existing rows.
 	filled []string
+	// dropped names the columns ("table.column") the migration drops.
+	dropped []string
 	// write writes, at this version, what the release that came with the migration wrote.
 	write func(u *upgrade)
 }
@@ -57,6 +59,9 @@ var upgradeSteps = []upgradeStep{
 	{write: (*upgrade).writeRelease5},
 	{write: (*upgrade).writeRelease6},
 	{write: (*upgrade).writeRelease7},
+	{added: (*upgrade).addedDuePairs, write: (*upgrade).writeRelease8, dropped: []string{
+		"wh_perspective_events.attempts", "wh_perspective_events.last_error", "wh_perspective_events.next_attempt_at",
+		"wh_perspective_cursors.next_attempt_at", "wh_instances.claimed_at"}},
 }
 
 func TestUpgradeStepByStep(t *testing.T) {
@@ -85,13 +90,13 @@ func TestUpgradeStepByStep(t *testing.T) {
 		if step.added != nil {
 			want = step.added(u, before)
 		}
-		requireKept(t, version, before, after, step.filled, want)
+		requireKept(t, version, before, after, step.filled, step.dropped, want)
 		step.write(u)
 	}
 
 	before := dumpTables(t, ctx, direct)
 	require.NoError(t, schema.Migrate(ctx, direct), "the latest version")
-	requireKept(t, len(ups), before, dumpTables(t, ctx, direct), nil, nil)
+	requireKept(t, len(ups), before, dumpTables(t, ctx, direct), nil, nil, nil)
 
 	u.carryOn(d.Pool)
 }
@@ -124,8 +129,8 @@ func TestDownMigrationsRunBackToZero(t *testing.T) {
 	p := u.stream("P")
 	ids := u.newIDs(3)
 	u.appendEvents(p, ids)
-	u.applyPair(6, p, "ledger", ids[:1], 1)
-	u.park(p, "ledger", ids[1])
+	u.applyPair(8, p, "ledger", ids[:1], 1)
+	u.park(8, p, "ledger", ids[1])
 
 	for v := int(latest); v > 0; v-- {
 		require.NoError(t, m.Steps(-1), "down migration %d", v)
@@ -136,6 +141,12 @@ func TestDownMigrationsRunBackToZero(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, uint(v-1), got)
 			require.False(t, dirty)
+		}
+		if v == 8 {
+			var parked int
+			require.NoError(t, direct.QueryRow(ctx, `SELECT count(*) FROM wh_perspective_events
+				WHERE stream_id = $1 AND next_attempt_at = '9999-12-31 00:00:00+00'`, p).Scan(&parked))
+			require.Equal(t, 2, parked, "the parked pair's rows wait for an operator again at version 7")
 		}
 		if v == 4 {
 			var status string
@@ -256,7 +267,7 @@ func normalized(t *testing.T, r row) row {
 // requireKept fails unless migration version kept every row of before in after, with the
 // values of the columns before had; left the columns it added NULL in them (but filled);
 // and added exactly the rows of want (matched on want's columns; the others not NULL).
-func requireKept(t *testing.T, version int, before, after tableRows, filled []string, want map[string][]row) {
+func requireKept(t *testing.T, version int, before, after tableRows, filled, dropped []string, want map[string][]row) {
 	t.Helper()
 	for table, rows := range before {
 		got, ok := after[table]
@@ -265,6 +276,10 @@ func requireKept(t *testing.T, version int, before, after tableRows, filled []st
 			now, ok := got[key]
 			require.True(t, ok, "migration %d lost the row %s of %s", version, key, table)
 			for col, v := range old {
+				if slices.Contains(dropped, table+"."+col) {
+					require.NotContains(t, now, col, "migration %d keeps %s.%s", version, table, col)
+					continue
+				}
 				require.Equal(t, v, now[col], "migration %d changed %s.%s of the row %s", version, table, col, key)
 			}
 			for col, v := range now {
@@ -447,9 +462,12 @@ func (u *upgrade) applyPair(release int, stream uuid.UUID, build string, applied
 	if release >= 4 {
 		failure = ", failed_event_id = NULL, failed_since = NULL"
 	}
+	if release < 8 {
+		failure += ", next_attempt_at = NULL"
+	}
 	n := u.exec(`UPDATE wh_perspective_cursors
 		SET last_event_id = $3, version = version + 1, events_since_snapshot = $4, status = 'ok',
-		    last_error = NULL, attempts = 0, next_attempt_at = NULL, updated_at = now()`+failure+`
+		    last_error = NULL, attempts = 0, updated_at = now()`+failure+`
 		WHERE stream_id = $1 AND perspective_name = $2`, stream, build, last, sinceSnapshot)
 	require.EqualValues(u.t, 1, n, "the cursor of %s/%s", stream, build)
 	if release >= 5 {
@@ -462,9 +480,19 @@ func (u *upgrade) applyPair(release int, stream uuid.UUID, build string, applied
 }
 
 // park writes what release 4 on wrote when a pair's failure policy parked it on the event
-// failing after eight failures: the cursor parked, the rows waiting at 9999-12-31.
-func (u *upgrade) park(stream uuid.UUID, build string, failing uuid.UUID) {
+// failing after eight failures: the cursor parked; before release 8 the rows waiting at
+// 9999-12-31, from release 8 on its due row waiting ('infinity').
+func (u *upgrade) park(release int, stream uuid.UUID, build string, failing uuid.UUID) {
 	u.t.Helper()
+	if release >= 8 {
+		u.exec(`UPDATE wh_perspective_cursors
+			SET status = 'parked', last_error = 'poison', failed_event_id = $3,
+			    failed_since = now() - interval '1 hour', attempts = 8, updated_at = now()
+			WHERE stream_id = $1 AND perspective_name = $2`, stream, build, failing)
+		u.exec(`UPDATE wh_perspective_pairs SET due_at = 'infinity', leased_by = NULL
+			WHERE stream_id = $1 AND perspective_name = $2`, stream, build)
+		return
+	}
 	u.exec(`UPDATE wh_perspective_cursors
 		SET status = 'parked', last_error = 'poison', failed_event_id = $3,
 		    failed_since = now() - interval '1 hour', attempts = 8, next_attempt_at = NULL, updated_at = now()
@@ -576,7 +604,7 @@ func (u *upgrade) writeRelease4() {
 	ids := u.newIDs(3)
 	u.appendEvents(p, ids)
 	u.applyPair(4, p, "ledger", ids[:1], 1)
-	u.park(p, "ledger", ids[1])
+	u.park(4, p, "ledger", ids[1])
 
 	s := u.stream("S")
 	ids = u.newIDs(3)
@@ -625,6 +653,48 @@ func (u *upgrade) writeRelease7() {
 		SELECT n, $1, now() - interval '1 hour', now() - interval '50 minutes'
 		FROM unnest('{instances,cleanup:ledger,cleanup:tally,promotion:ledger@v1,promotion:tally@v2}'::text[]) AS n`,
 		uuid.Must(uuid.NewV7()))
+}
+
+// addedDuePairs: migration 8 gives every pair with queued rows its due row, not leased
+// (writeRelease8 checks the due times of the failing and the parked pair).
+func (u *upgrade) addedDuePairs(before tableRows) map[string][]row {
+	seen := map[string]bool{}
+	var pairs []row
+	for _, q := range before["wh_perspective_events"] {
+		k := fmt.Sprint(q["stream_id"], "/", q["perspective_name"])
+		if seen[k] {
+			continue
+		}
+		seen[k] = true
+		pairs = append(pairs, row{"stream_id": q["stream_id"], "perspective_name": q["perspective_name"], "leased_by": nil})
+	}
+	require.NotEmpty(u.t, pairs)
+	return map[string][]row{"wh_perspective_pairs": pairs}
+}
+
+// writeRelease8: the parked pair's due row waits for an operator and the failing one's is due
+// (its backoff ran out). Stream H is appended (its due row made by wh_append), claimed by the
+// gone instance (leased), its first event applied and the lease released (wh_pairs_release):
+// due again at its second event.
+func (u *upgrade) writeRelease8() {
+	var parked, failing string
+	require.NoError(u.t, u.db.QueryRow(u.ctx, `SELECT
+		(SELECT due_at::text FROM wh_perspective_pairs WHERE stream_id = $1 AND perspective_name = 'ledger'),
+		(SELECT (due_at <= now())::text FROM wh_perspective_pairs WHERE stream_id = $2 AND perspective_name = 'ledger')`,
+		u.streams["P"], u.streams["B"]).Scan(&parked, &failing))
+	require.Equal(u.t, []string{"infinity", "true"}, []string{parked, failing})
+
+	h := u.stream("H")
+	ids := u.newIDs(2)
+	u.appendEvents(h, ids)
+	require.EqualValues(u.t, 1, u.exec(`UPDATE wh_perspective_pairs SET leased_by = $2, due_at = now() + interval '30 seconds'
+		WHERE stream_id = $1 AND perspective_name = 'ledger'`, h, u.gone))
+	u.applyPair(8, h, "ledger", ids[:1], 1)
+	u.exec(`SELECT wh_pairs_release($1, ARRAY[$2::uuid], ARRAY['ledger'], ARRAY[-1::float8])`, u.gone, h)
+	var leased bool
+	require.NoError(u.t, u.db.QueryRow(u.ctx, `SELECT leased_by IS NOT NULL FROM wh_perspective_pairs
+		WHERE stream_id = $1 AND perspective_name = 'ledger' AND due_at <= now()`, h).Scan(&leased))
+	require.False(u.t, leased)
 }
 
 // carryOn starts a worker of the current release on the upgraded database (pool: the tests'
