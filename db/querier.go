@@ -187,7 +187,9 @@ type Querier interface {
 	// that the plan is always the due index read in order, stopping at max_pairs rows.
 	// Returns the leased pairs (leased true), then one row (leased false) whose due_at is when
 	// the next pair not due yet becomes due (NULL: none waits), so that the caller wakes then.
-	PairsClaim(ctx context.Context, arg PairsClaimParams) ([]PairsClaimRow, error)
+	// The statement is wh_claim_pairs (schema/000008_due_pairs.up.sql): the leased rows, then
+	// a row of the nil stream with when the next waiting pair becomes due, if one waits.
+	PairsClaim(ctx context.Context, arg PairsClaimParams) ([]WhPerspectivePair, error)
 	// The due rows of the given pairs (tests, status): due time and lease holder.
 	PairsDue(ctx context.Context, arg PairsDueParams) ([]WhPerspectivePair, error)
 	// The failing and parked pairs of the builds that are not retired (of one perspective, or of

@@ -7,61 +7,19 @@ package db
 
 import (
 	"context"
-	"time"
 
 	"github.com/google/uuid"
 )
 
 const pairsClaim = `-- name: PairsClaim :many
-WITH due AS (
-    SELECT d.stream_id, d.perspective_name
-    FROM wh_perspective_pairs d
-    WHERE d.due_at <= now()
-      AND (d.perspective_name = ANY($1::text[])) IS TRUE
-      AND NOT EXISTS (
-          SELECT 1 FROM wh_perspective_cursors c
-          WHERE c.stream_id = d.stream_id AND c.perspective_name = d.perspective_name
-            AND c.stream_lock_expiry > clock_timestamp())
-      AND NOT EXISTS (
-          SELECT 1 FROM wh_perspective_builds b
-          WHERE b.build_key = d.perspective_name
-            AND NOT b.catchup_done
-            AND (b.catchup_stream_id IS NULL OR d.stream_id >= b.catchup_stream_id))
-    ORDER BY d.due_at
-    LIMIT $2::int
-    FOR UPDATE OF d SKIP LOCKED
-), leased AS (
-    UPDATE wh_perspective_pairs d
-    SET due_at = clock_timestamp() + make_interval(secs => $3::float8),
-        leased_by = $4::uuid
-    FROM due
-    WHERE d.stream_id = due.stream_id AND d.perspective_name = due.perspective_name
-    RETURNING d.stream_id, d.perspective_name
-)
-SELECT l.stream_id::uuid AS stream_id, l.perspective_name::text AS perspective_name,
-       true AS leased, NULL::timestamptz AS due_at
-FROM leased l
-UNION ALL
-SELECT '00000000-0000-0000-0000-000000000000'::uuid, ''::text, false,
-       (SELECT w.due_at FROM wh_perspective_pairs w
-        WHERE w.due_at > now() AND w.due_at < 'infinity'
-          AND (w.perspective_name = ANY($1::text[])) IS TRUE
-        ORDER BY w.due_at
-        LIMIT 1)
+SELECT stream_id, perspective_name, due_at, leased_by FROM wh_claim_pairs($1::uuid, $2::text[], $3::int, $4::float8)
 `
 
 type PairsClaimParams struct {
+	InstanceID   uuid.UUID
 	BuildKeys    []string
 	MaxPairs     int32
 	LeaseSeconds float64
-	InstanceID   uuid.UUID
-}
-
-type PairsClaimRow struct {
-	StreamID        uuid.UUID
-	PerspectiveName string
-	Leased          bool
-	DueAt           *time.Time
 }
 
 // The claim: leases up to max_pairs due pairs of the builds this instance runs (build_keys),
@@ -76,25 +34,27 @@ type PairsClaimRow struct {
 // that the plan is always the due index read in order, stopping at max_pairs rows.
 // Returns the leased pairs (leased true), then one row (leased false) whose due_at is when
 // the next pair not due yet becomes due (NULL: none waits), so that the caller wakes then.
-func (q *Queries) PairsClaim(ctx context.Context, arg PairsClaimParams) ([]PairsClaimRow, error) {
+// The statement is wh_claim_pairs (schema/000008_due_pairs.up.sql): the leased rows, then
+// a row of the nil stream with when the next waiting pair becomes due, if one waits.
+func (q *Queries) PairsClaim(ctx context.Context, arg PairsClaimParams) ([]WhPerspectivePair, error) {
 	rows, err := q.db.Query(ctx, pairsClaim,
+		arg.InstanceID,
 		arg.BuildKeys,
 		arg.MaxPairs,
 		arg.LeaseSeconds,
-		arg.InstanceID,
 	)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	items := []PairsClaimRow{}
+	items := []WhPerspectivePair{}
 	for rows.Next() {
-		var i PairsClaimRow
+		var i WhPerspectivePair
 		if err := rows.Scan(
 			&i.StreamID,
 			&i.PerspectiveName,
-			&i.Leased,
 			&i.DueAt,
+			&i.LeasedBy,
 		); err != nil {
 			return nil, err
 		}

@@ -7,45 +7,9 @@
 -- leasing are skipped (SKIP LOCKED), never waited for. Leasing moves the row's due time to
 -- the lease's end (lease_seconds on the database clock): if the instance dies, the pair is
 -- due again then; wh_pairs_release ends the lease after the job.
--- The build keys are a filter (IS TRUE keeps the comparison out of the index condition), so
--- that the plan is always the due index read in order, stopping at max_pairs rows.
--- Returns the leased pairs (leased true), then one row (leased false) whose due_at is when
--- the next pair not due yet becomes due (NULL: none waits), so that the caller wakes then.
-WITH due AS (
-    SELECT d.stream_id, d.perspective_name
-    FROM wh_perspective_pairs d
-    WHERE d.due_at <= now()
-      AND (d.perspective_name = ANY(@build_keys::text[])) IS TRUE
-      AND NOT EXISTS (
-          SELECT 1 FROM wh_perspective_cursors c
-          WHERE c.stream_id = d.stream_id AND c.perspective_name = d.perspective_name
-            AND c.stream_lock_expiry > clock_timestamp())
-      AND NOT EXISTS (
-          SELECT 1 FROM wh_perspective_builds b
-          WHERE b.build_key = d.perspective_name
-            AND NOT b.catchup_done
-            AND (b.catchup_stream_id IS NULL OR d.stream_id >= b.catchup_stream_id))
-    ORDER BY d.due_at
-    LIMIT @max_pairs::int
-    FOR UPDATE OF d SKIP LOCKED
-), leased AS (
-    UPDATE wh_perspective_pairs d
-    SET due_at = clock_timestamp() + make_interval(secs => @lease_seconds::float8),
-        leased_by = @instance_id::uuid
-    FROM due
-    WHERE d.stream_id = due.stream_id AND d.perspective_name = due.perspective_name
-    RETURNING d.stream_id, d.perspective_name
-)
-SELECT l.stream_id::uuid AS stream_id, l.perspective_name::text AS perspective_name,
-       true AS leased, NULL::timestamptz AS due_at
-FROM leased l
-UNION ALL
-SELECT '00000000-0000-0000-0000-000000000000'::uuid, ''::text, false,
-       (SELECT w.due_at FROM wh_perspective_pairs w
-        WHERE w.due_at > now() AND w.due_at < 'infinity'
-          AND (w.perspective_name = ANY(@build_keys::text[])) IS TRUE
-        ORDER BY w.due_at
-        LIMIT 1);
+-- The statement is wh_claim_pairs (schema/000008_due_pairs.up.sql): the leased rows, then
+-- a row of the nil stream with when the next waiting pair becomes due, if one waits.
+SELECT * FROM wh_claim_pairs(@instance_id::uuid, @build_keys::text[], @max_pairs::int, @lease_seconds::float8);
 
 -- name: PairsRelease :exec
 -- Ends the caller's leases on the given pairs after their job (see wh_pairs_release):

@@ -19,6 +19,7 @@ WHERE d.stream_id = c.stream_id AND d.perspective_name = c.perspective_name AND 
 CREATE INDEX wh_perspective_events_due_idx
     ON wh_perspective_events (next_attempt_at, stream_id, perspective_name, event_id);
 
+DROP FUNCTION wh_claim_pairs(uuid, text[], int, float8);
 DROP FUNCTION wh_pairs_release(uuid, uuid[], text[], float8[]);
 DROP FUNCTION wh_append(uuid[], uuid[], text[], text[], timestamptz[]);
 DROP TABLE wh_perspective_pairs;

@@ -226,3 +226,57 @@ BEGIN
       AND d.leased_by = wh_pairs_release.instance_id;
 END
 $$;
+
+-- The claim (PairsClaim, queries/queue.sql): leases up to max_pairs due pairs of the builds
+-- build_keys, oldest due first, for lease_seconds, in one statement. Returns the leased rows,
+-- then, when a pair of those builds is waiting (not due yet, not parked), a row with the nil
+-- stream whose due_at is when the first of them becomes due. A function so that its plan is
+-- pinned whatever the statistics say: the due rows are read in the due index's order, as far
+-- as the limit needs (no sort of every due row), and each leased row is updated through a
+-- probe of the key (never a hash of the whole table).
+CREATE FUNCTION wh_claim_pairs(
+    instance_id   uuid,
+    build_keys    text[],
+    max_pairs     int,
+    lease_seconds float8
+) RETURNS SETOF wh_perspective_pairs
+LANGUAGE sql
+SET enable_sort = off
+SET enable_bitmapscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+AS $$
+WITH due AS (
+    SELECT d.stream_id, d.perspective_name
+    FROM wh_perspective_pairs d
+    WHERE d.due_at <= now()
+      AND (d.perspective_name = ANY(build_keys)) IS TRUE
+      AND NOT EXISTS (
+          SELECT 1 FROM wh_perspective_cursors c
+          WHERE c.stream_id = d.stream_id AND c.perspective_name = d.perspective_name
+            AND c.stream_lock_expiry > clock_timestamp())
+      AND NOT EXISTS (
+          SELECT 1 FROM wh_perspective_builds b
+          WHERE b.build_key = d.perspective_name
+            AND NOT b.catchup_done
+            AND (b.catchup_stream_id IS NULL OR d.stream_id >= b.catchup_stream_id))
+    ORDER BY d.due_at
+    LIMIT max_pairs
+    FOR UPDATE OF d SKIP LOCKED
+), leased AS (
+    UPDATE wh_perspective_pairs d
+    SET due_at = clock_timestamp() + make_interval(secs => lease_seconds),
+        leased_by = instance_id
+    FROM due
+    WHERE d.stream_id = due.stream_id AND d.perspective_name = due.perspective_name
+    RETURNING d.*
+)
+SELECT l.* FROM leased l
+UNION ALL
+SELECT '00000000-0000-0000-0000-000000000000'::uuid, '', n.due_at, NULL
+FROM (SELECT w.due_at FROM wh_perspective_pairs w
+      WHERE w.due_at > now() AND w.due_at < 'infinity'
+        AND (w.perspective_name = ANY(build_keys)) IS TRUE
+      ORDER BY w.due_at
+      LIMIT 1) n
+$$;

@@ -83,12 +83,11 @@ func (s *pgStore) Claim(ctx context.Context, req ClaimRequest) (Claimed, error) 
 	}
 	var c Claimed
 	for _, r := range rows {
-		switch {
-		case r.Leased:
-			c.Pairs = append(c.Pairs, Pair{Stream: r.StreamID, Perspective: r.PerspectiveName})
-		case r.DueAt != nil:
-			c.NextDue = *r.DueAt
+		if r.StreamID == uuid.Nil {
+			c.NextDue = r.DueAt // the next waiting pair's due time
+			continue
 		}
+		c.Pairs = append(c.Pairs, Pair{Stream: r.StreamID, Perspective: r.PerspectiveName})
 	}
 	// The statement returns the pairs in no particular order: oldest stream first keeps
 	// groups, and so their row locks, in one order.

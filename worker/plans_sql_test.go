@@ -25,6 +25,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -459,13 +460,8 @@ func planStatements(t *testing.T, ctx context.Context, conn *pgx.Conn, hot uuid.
 
 	pairCond := []string{"(stream_id = ", "(perspective_name = "}
 	statements := []planStatement{{
-		name: "PairsClaim",
-		call: planRecord(t, func(q *db.Queries) error {
-			_, err := q.PairsClaim(ctx, db.PairsClaimParams{
-				InstanceID: uuid.New(), BuildKeys: []string{planBuildA, planBuildB}, MaxPairs: 100, LeaseSeconds: 30,
-			})
-			return err
-		}),
+		name:  "PairsClaim",
+		call:  planFunctionCall(t, ctx, conn, "wh_claim_pairs", uuid.New(), []string{planBuildA, planBuildB}, 100, 30.0),
 		other: map[string][]string{planPairs: {planPairsDue, planPairsKey}, "wh_perspective_cursors": planPairIndexes},
 	}, {
 		name: "QueueEventsForPairs",
@@ -633,6 +629,24 @@ func TestPlansSQLGroupLookupsWithOneBuild(t *testing.T) {
 	for _, s := range planGroupLookups(t, ctx, streams, names) {
 		planCheck(t, ctx, conn, s)
 	}
+}
+
+// planFunctionCall is the statement of the SQL function name (its source), with its arguments
+// as $1, $2, … (args, in order) and planned under the function's settings.
+func planFunctionCall(t *testing.T, ctx context.Context, conn *pgx.Conn, name string, args ...any) planCall {
+	t.Helper()
+	var src string
+	var params, settings, types []string
+	require.NoError(t, conn.QueryRow(ctx, `SELECT p.prosrc, p.proargnames[1:p.pronargs], COALESCE(p.proconfig, '{}'),
+		(SELECT array_agg(format_type(a.t, NULL) ORDER BY a.n) FROM unnest(p.proargtypes::oid[]) WITH ORDINALITY AS a (t, n))
+		FROM pg_proc p WHERE p.proname = $1`, name).Scan(&src, &params, &settings, &types))
+	require.Len(t, params, len(args), "%s: its parameters", name)
+	for i, p := range params {
+		re := regexp.MustCompile(`([^\w.])` + p + `\b`)
+		require.True(t, re.MatchString(src), "%s: %s in its source", name, p)
+		src = re.ReplaceAllString(src, fmt.Sprintf("${1}$$%d::%s", i+1, types[i]))
+	}
+	return planCall{sql: src, args: pgq.Args(args), settings: settings}
 }
 
 // planConnect opens one direct connection to d, closed when the test ends (session settings
