@@ -495,3 +495,9 @@ func benchLocker(b testing.TB, opts locker.Options) *locker.Postgres {
 	require.NoError(b, err)
 	return lk
 }
+
+// dueRowsSQL gives every pair with queued events that has no due row one, due at its oldest
+// event: what Append does, for the loads that write the queue by hand.
+const dueRowsSQL = `INSERT INTO wh_perspective_pairs (stream_id, perspective_name, due_at)
+	SELECT stream_id, perspective_name, min(enqueued_at) FROM wh_perspective_events GROUP BY 1, 2
+	ON CONFLICT (stream_id, perspective_name) DO NOTHING`

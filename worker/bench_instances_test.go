@@ -3,7 +3,7 @@ package worker_test
 // Many instances: the same backlog drained by one worker process and by
 // four, each a process of its own (this test binary run again as a worker), on a database
 // created for the run. Reported per variant (instancesVariants): events/s and its ratio to
-// one default process, the claims (QueueDuePairs statements) per applied event and their
+// one default process, the claims (PairsClaim statements) per applied event and their
 // ratio, the CPU time the whole machine spent during the drain (database and workers) and its
 // ratio, and the smallest and largest share of the events one process applied. On a 2-core
 // machine four processes cannot apply more than one: the figure that matters is that they do
@@ -133,7 +133,7 @@ func benchWorkerProcess(dbURL string) error {
 			lastCommit = c.last.UnixNano()
 		}
 		fmt.Printf("claims %d applied %d transactions %d cpu %d last %d\n",
-			stats["QueueDuePairs"].n, applied-reported, stats["PairsLockForApply"].n, cpu-used, lastCommit)
+			stats["PairsClaim"].n, applied-reported, stats["PairsLockForApply"].n, cpu-used, lastCommit)
 		used = cpu
 		reported = applied
 	}
@@ -330,16 +330,15 @@ func BenchmarkInstances(b *testing.B) {
 		}
 		restore := func(tx pgx.Tx) {
 			for _, q := range []string{
-				`TRUNCATE wh_perspective_models, wh_perspective_snapshots, wh_perspective_events`,
+				`TRUNCATE wh_perspective_models, wh_perspective_snapshots, wh_perspective_events, wh_perspective_pairs`,
 				`UPDATE wh_perspective_cursors SET last_event_id = NULL, version = version + 1, events_since_snapshot = 0`,
-				// Due now, in the order they were appended (their due times squeezed into the
-				// last millisecond): a worker that has claimed before starts its claims after
-				// the first group it last passed, so rows older than that would wait for its
-				// once-a-PollInterval claim from the oldest row.
-				`INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id, enqueued_at, next_attempt_at)
-				 SELECT q.stream_id, q.perspective_name, q.event_id, t, t
-				 FROM bench_queue q, (SELECT max(next_attempt_at) AS last FROM bench_queue) l,
-				      LATERAL (SELECT now() - (l.last - q.next_attempt_at) / 1000 AS t) at`,
+				// Due now, in the order they were appended (their times squeezed into the last
+				// millisecond).
+				`INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id, enqueued_at)
+				 SELECT q.stream_id, q.perspective_name, q.event_id, t
+				 FROM bench_queue q, (SELECT max(enqueued_at) AS last FROM bench_queue) l,
+				      LATERAL (SELECT now() - (l.last - q.enqueued_at) / 1000 AS t) at`,
+				dueRowsSQL,
 			} {
 				_, err := tx.Exec(ctx, q)
 				require.NoError(b, err)

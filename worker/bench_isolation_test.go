@@ -121,7 +121,7 @@ func BenchmarkIsolation(b *testing.B) {
 				watch := func() {
 					if rewound.IsZero() && m.counter(b, "perspectives.rewind.completed") > done0 {
 						rewound = time.Now()
-						claimsDuring = tracer.take()["QueueDuePairs"].n
+						claimsDuring = tracer.take()["PairsClaim"].n
 					}
 				}
 				rate := isoDrain(b, m, watch)
@@ -146,7 +146,7 @@ func BenchmarkIsolation(b *testing.B) {
 	b.ReportMetric(medianOf(during)/medianOf(normal), "during/normal")
 	b.ReportMetric(medianOf(covered), "rewind-covers-drain")
 	b.ReportMetric(medianOf(rewindMS), "rewind-ms")
-	// Polls of the queue (QueueDuePairs) the worker made while the rewind replayed.
+	// Polls of the queue (PairsClaim) the worker made while the rewind replayed.
 	b.ReportMetric(medianOf(claims), "claims-during-rewind")
 }
 

@@ -4,7 +4,7 @@ package worker_test
 // events) and for each of many more streams, on a database created for the run and never
 // analyzed, drained by one default worker. Reported per size: events/s,
 // the worker's time per event (ms per 1,000 events) and the claims' median and p99 latency
-// (QueueDuePairs, from the worker's pool), and the ratios large/small. The load writes the
+// (PairsClaim, from the worker's pool), and the ratios large/small. The load writes the
 // rows Append would (events, cursors, queue rows) with INSERT ... SELECT, which is what a
 // migration from another store or a backfill looks like; loading 10M events through Append
 // would take most of the run.
@@ -41,7 +41,7 @@ type claimTimer struct {
 }
 
 func (c *claimTimer) TraceQueryStart(ctx context.Context, conn *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
-	if strings.HasPrefix(data.SQL, "-- name: QueueDuePairs ") {
+	if strings.HasPrefix(data.SQL, "-- name: PairsClaim ") {
 		c.mu.Lock()
 		c.start[conn] = time.Now()
 		c.mu.Unlock()
@@ -76,6 +76,9 @@ func bulkLoad(b *testing.B, pool *pgxpool.Pool, streams, perStream int) {
 		 SELECT e.stream_id, b.build_key, e.event_id FROM wh_event_store e, wh_perspective_builds b
 		 WHERE b.state = 'active' AND $1::int > 0 AND $2::int > 0
 		 ORDER BY e.stream_id, b.build_key, e.event_id`,
+		`INSERT INTO wh_perspective_pairs (stream_id, perspective_name, due_at)
+		 SELECT stream_id, perspective_name, min(enqueued_at) FROM wh_perspective_events
+		 WHERE $1::int > 0 AND $2::int > 0 GROUP BY 1, 2`,
 	} {
 		_, err := pool.Exec(context.Background(), q, streams, perStream)
 		require.NoError(b, err)

@@ -6,13 +6,11 @@ package worker_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"os"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
 
@@ -147,87 +145,6 @@ func TestHeartbeatRunningAfterItsRowIsDeletedDoesNotBringItBack(t *testing.T) {
 	in, ok := instanceOf(t, a, w.InstanceID())
 	require.True(t, ok, "the next heartbeat writes the running instance's row again")
 	require.True(t, in.Alive)
-}
-
-// The heartbeat says when the instance last claimed work, and says at once when it stops
-// claiming: from the start of Stop, while its operations still finish, the other instances
-// share its streams out among themselves (QueueDuePairs counts only instances claiming).
-func TestHeartbeatSaysWhenTheInstanceStopsClaiming(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	name := uniqueName("hb_claim")
-	gated := newGated(name)
-	w, err := worker.New(testDB.Pool, worker.Config{
-		Perspectives: []worker.Perspective{gated},
-		Logger:       quietLogger(), PollInterval: 20 * time.Millisecond, ListenConnect: directListen(),
-	})
-	require.NoError(t, err)
-	// Long enough to tell Stop's own beat from the next periodic one: Stop is called just
-	// after a periodic beat (the refresh below), and the row must change within every/2.
-	const every = 4 * time.Second
-	w.SetHeartbeatInterval(every)
-	require.NoError(t, w.Start(ctx))
-	stopped := make(chan error, 1)
-	defer func() {
-		select {
-		case <-stopped:
-		default:
-			_ = w.Stop(ctx)
-		}
-	}()
-	// claimedAgo is how long ago the row says the instance last claimed (claiming false: it
-	// says it claims no more), and whether the row exists.
-	claimedAgo := func() (ago time.Duration, claiming, exists bool) {
-		var micros *int64
-		err := testDB.Pool.QueryRow(ctx, `SELECT (extract(epoch FROM now() - claimed_at) * 1000000)::bigint
-			FROM wh_instances WHERE instance_id = $1`, w.InstanceID()).Scan(&micros)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return 0, false, false
-		}
-		require.NoError(t, err)
-		if micros == nil {
-			return 0, false, true
-		}
-		return time.Duration(*micros) * time.Microsecond, true, true
-	}
-	ago, claiming, exists := claimedAgo()
-	require.True(t, exists && claiming, "written at Start: claiming")
-	require.Less(t, ago, 5*time.Second)
-	var seen time.Time
-	require.NoError(t, testDB.Pool.QueryRow(ctx, `SELECT last_seen_at FROM wh_instances WHERE instance_id = $1`,
-		w.InstanceID()).Scan(&seen))
-	eventually(t, 10*time.Second, "claimed_at refreshed by a heartbeat (the loop claims every poll)", func() bool {
-		var refreshed bool
-		require.NoError(t, testDB.Pool.QueryRow(ctx, `SELECT last_seen_at > $2 FROM wh_instances WHERE instance_id = $1`,
-			w.InstanceID(), seen).Scan(&refreshed))
-		ago, claiming, _ := claimedAgo()
-		return refreshed && claiming && ago < time.Second
-	})
-
-	// An operation holds a slot; Stop waits for it, and meanwhile the row says: not claiming.
-	stream, ids := uuid.New(), newIDs(t, 1)
-	entered, release := gated.arm(ids[0])
-	defer release()
-	require.NoError(t, worker.Append(ctx, testDB.Pool, events(stream, ids)...))
-	select {
-	case <-entered:
-	case <-time.After(20 * time.Second):
-		t.Fatal("the operation did not start")
-	}
-	go func() { stopped <- w.Stop(ctx) }()
-	eventually(t, every/2, "the row says at once that the instance claims no more, while Stop waits", func() bool {
-		_, claiming, exists := claimedAgo()
-		return exists && !claiming
-	})
-	select {
-	case err := <-stopped:
-		t.Fatalf("Stop returned (%v) while an operation was running", err)
-	default:
-	}
-	release()
-	require.NoError(t, <-stopped)
-	_, _, exists = claimedAgo()
-	require.False(t, exists, "the row is deleted when Stop returns")
 }
 
 // insertInstance writes an instance row as another process would have, last seen seenAgo

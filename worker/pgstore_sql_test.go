@@ -80,12 +80,16 @@ func psCursor(t testing.TB, ctx context.Context, d *pgtest.DB, p worker.Pair, la
 		p.Stream, p.Perspective, psNull(last), version, since)
 }
 
-// psFailed marks the pair's cursor as failed, attempts times, retrying in an hour.
+// psFailed marks the pair's cursor as failed, attempts times, retrying in an hour (its due
+// row).
 func psFailed(t testing.TB, ctx context.Context, d *pgtest.DB, p worker.Pair, attempts int) {
 	t.Helper()
 	gsExec(t, ctx, d.Pool, `UPDATE wh_perspective_cursors
-		SET status = 'failed', attempts = $3, last_error = 'earlier failure', next_attempt_at = now() + interval '1 hour'
+		SET status = 'failed', attempts = $3, last_error = 'earlier failure'
 		WHERE stream_id = $1 AND perspective_name = $2`, p.Stream, p.Perspective, attempts)
+	gsExec(t, ctx, d.Pool, `INSERT INTO wh_perspective_pairs (stream_id, perspective_name, due_at)
+		VALUES ($1, $2, now() + interval '1 hour')
+		ON CONFLICT (stream_id, perspective_name) DO UPDATE SET due_at = EXCLUDED.due_at`, p.Stream, p.Perspective)
 }
 
 func psModel(t testing.TB, ctx context.Context, d *pgtest.DB, p worker.Pair, model string, last uuid.UUID) {
@@ -122,8 +126,10 @@ func psReadCursor(t testing.TB, ctx context.Context, d *pgtest.DB, p worker.Pair
 	t.Helper()
 	var c gsCursor
 	require.NoError(t, d.Pool.QueryRow(ctx, `
-		SELECT last_event_id, version, events_since_snapshot, status, attempts, last_error, next_attempt_at
-		FROM wh_perspective_cursors WHERE stream_id = $1 AND perspective_name = $2`, p.Stream, p.Perspective).
+		SELECT c.last_event_id, c.version, c.events_since_snapshot, c.status, c.attempts, c.last_error,
+		       (SELECT d.due_at FROM wh_perspective_pairs d
+		        WHERE d.stream_id = c.stream_id AND d.perspective_name = c.perspective_name AND d.due_at < 'infinity')
+		FROM wh_perspective_cursors c WHERE c.stream_id = $1 AND c.perspective_name = $2`, p.Stream, p.Perspective).
 		Scan(&c.LastEventID, &c.Version, &c.EventsSinceSnapshot, &c.Status, &c.Attempts, &c.LastError, &c.NextAttemptAt))
 	return c
 }
@@ -766,28 +772,24 @@ func TestPGStoreBootstrapSnapshotsTheModelAtTheCursor(t *testing.T) {
 	require.Equal(t, before, psRead(t, ctx, testDB, mismatch), "nothing written")
 }
 
-// psRequireBackoff checks that the pair's cursor and every queued row of it retry at
-// now + backoff, now being a time of the transaction between from and to.
+// psRequireBackoff checks that the pair's due row retries at now + backoff, now being a time
+// of the transaction between from and to, and that it is not leased.
 func psRequireBackoff(t *testing.T, ctx context.Context, d *pgtest.DB, p worker.Pair, from, to time.Time, backoff time.Duration) time.Time {
 	t.Helper()
 	c := psReadCursor(t, ctx, d, p)
 	require.NotNil(t, c.NextAttemptAt)
 	at := c.NextAttemptAt.Add(-backoff)
 	require.False(t, at.Before(from) || at.After(to), "retry at %s, want now + %s with now in [%s, %s]", c.NextAttemptAt, backoff, from, to)
-	rows, err := d.Pool.Query(ctx, `SELECT next_attempt_at FROM wh_perspective_events WHERE stream_id = $1 AND perspective_name = $2`,
-		p.Stream, p.Perspective)
-	require.NoError(t, err)
-	due, err := pgx.CollectRows(rows, pgx.RowTo[time.Time])
-	require.NoError(t, err)
-	for _, d := range due {
-		require.True(t, d.Equal(*c.NextAttemptAt), "a queued row retries at %s, the cursor at %s", d, c.NextAttemptAt)
-	}
+	var leased bool
+	require.NoError(t, d.Pool.QueryRow(ctx, `SELECT leased_by IS NOT NULL FROM wh_perspective_pairs
+		WHERE stream_id = $1 AND perspective_name = $2`, p.Stream, p.Perspective).Scan(&leased))
+	require.False(t, leased, "the failure's record ends the lease")
 	return *c.NextAttemptAt
 }
 
 // MarkFailed creates a missing cursor row and records the failure: status failed,
-// attempts + 1, the error, and a retry at now + base·2^attempts (capped at max), the same for
-// every queued row of the pair.
+// attempts + 1, the error, and a retry at now + base·2^attempts (capped at max) on the pair's
+// due row.
 func TestPGStoreMarkFailedBacksOffCursorAndQueue(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

@@ -512,11 +512,10 @@ func TestOtherStreamsProceedDuringLongRewind(t *testing.T) {
 	require.Equal(t, expectedLedger(t, all), waitModel(t, ctx, name, slow, 4))
 }
 
-// An event appended while its pair is being applied is skipped by the claim that its
-// wake-up triggers (the pair is in flight); the slot freed by that work polls again, so
-// the event does not wait for the next PollInterval (10 minutes here). A claim long after
-// that Append (past the claims' settle time) passes its group as one the next claim must
-// pass again: the job read the pair's rows before it was queued.
+// An event appended while its pair is being applied is not claimed by the claim that its
+// wake-up triggers (the pair is leased); the job's release makes the pair due again at that
+// event, and the slot freed by that work claims again, so the event does not wait for the
+// next PollInterval (10 minutes here).
 func TestEventAppendedWhilePairInFlightIsAppliedWithoutWaitingForPoll(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -559,12 +558,9 @@ func TestPairWithMoreThanBatchSizeEventsDrainsWithoutWaitingForPolls(t *testing.
 	require.Equal(t, expectedLedger(t, all), waitModel(t, ctx, name, stream, len(all)))
 }
 
-// The claims after the first start past what they passed as being applied (Claimed.Next),
-// and a full claim comes only once a PollInterval (a minute here). Pairs whose jobs leave
-// rows queued, BatchSize at a time, are still drained at once: the worker moves its next
-// claim's start back to them. The rows are older than the claims' settle time, which would
-// otherwise keep the starts before them. (With one instance: two would also take each
-// other's pairs left behind, to fill their claims.)
+// Pairs whose jobs leave rows queued, BatchSize at a time, are drained at once, with a poll
+// only once a minute: each job's release leaves its pair due at its oldest row left, and the
+// slot it frees claims again.
 func TestPairsLeftQueuedAreClaimedAgainBeforeTheNextFullClaim(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -585,11 +581,6 @@ func TestPairsLeftQueuedAreClaimedAgainBeforeTheNextFullClaim(t *testing.T) {
 		evs[i] = events(streams[i], newIDs(t, 4*i+1)) // 1 … 45 events: up to 12 batches
 		require.NoError(t, worker.Append(ctx, testDB.Pool, evs[i]...))
 	}
-	tag, err := testDB.Pool.Exec(ctx, `UPDATE wh_perspective_events SET next_attempt_at = next_attempt_at - interval '1 minute'
-		WHERE perspective_name IN (SELECT build_key FROM wh_perspective_builds WHERE perspective_name = $1)`, name)
-	require.NoError(t, err)
-	require.NotZero(t, tag.RowsAffected())
-
 	startWorker(t, cfg)
 	for i, s := range streams {
 		require.Equal(t, expectedLedger(t, evs[i]), waitModel(t, ctx, name, s, len(evs[i])))
@@ -598,8 +589,8 @@ func TestPairsLeftQueuedAreClaimedAgainBeforeTheNextFullClaim(t *testing.T) {
 
 // Three instances, a one-minute poll, small batches, and sixteen goroutines appending to 20
 // streams for a second and a half (late events among them: IDs taken before a concurrent
-// Append's to the same stream). Every event is applied well before any claim from the oldest
-// row (the first one aside): no row is left behind where the claims start (Claimed.Next).
+// Append's to the same stream). Every event is applied well before the next poll: no pair
+// is left without a due row, nor waiting for a poll.
 func TestConcurrentAppendsToSeveralInstancesDrainBeforeAFullClaim(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -642,11 +633,9 @@ func TestConcurrentAppendsToSeveralInstancesDrainBeforeAFullClaim(t *testing.T) 
 	}
 }
 
-// An Append inside a transaction that began before a claim and committed after it queued
-// its rows before where the next claims start (Claimed.Next: the claim passed the due time
-// they carry, the transaction's start, while they were not visible). Its notification names
-// that due time, and the worker's next claim starts there: the rows do not wait for the next
-// claim from the oldest row (a one-minute poll here).
+// An Append inside a transaction that began before a claim and committed after it made its
+// pair due at the transaction's start, while it was not visible to that claim. Its
+// notification wakes the worker, whose next claim finds it (a one-minute poll here).
 func TestAppendCommittedAfterAClaimPassedItsDueTimeIsAppliedBeforeAFullClaim(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -665,10 +654,9 @@ func TestAppendCommittedAfterAClaimPassedItsDueTimeIsAppliedBeforeAFullClaim(t *
 	require.Equal(t, expectedLedger(t, slow), waitModel(t, ctx, name, slow[0].StreamID, len(slow)))
 }
 
-// An Append that adds rows to a pair's queued group (they take its due time) while a job
-// applies that group, and commits after the job has ended and its group has been looked up
-// again, has its rows in a group every claim has passed. Its notification names the group's
-// due time, and the worker's next claim starts there.
+// An Append that adds rows to a pair while a job applies it (the pair's due row leased), and
+// commits after the job has ended and released the pair: the release left the due row (the
+// Append held it), and the Append's notification wakes the worker, whose next claim finds it.
 func TestAppendJoiningAGroupCommittedAfterItsJobIsAppliedBeforeAFullClaim(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -686,15 +674,15 @@ func TestAppendJoiningAGroupCommittedAfterItsJobIsAppliedBeforeAFullClaim(t *tes
 	tx, err := testDB.Pool.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
-	require.NoError(t, worker.Append(ctx, tx, all[1])) // sees the first event's row: takes its due time
-	var joined bool
-	require.NoError(t, tx.QueryRow(ctx, `SELECT count(DISTINCT next_attempt_at) = 1 FROM wh_perspective_events
+	require.NoError(t, worker.Append(ctx, tx, all[1])) // holds the pair's due row
+	var leased bool
+	require.NoError(t, tx.QueryRow(ctx, `SELECT leased_by IS NOT NULL FROM wh_perspective_pairs
 		WHERE stream_id = $1 AND perspective_name IN (
-			SELECT build_key FROM wh_perspective_builds WHERE perspective_name = $2)`, stream, name).Scan(&joined))
-	require.True(t, joined, "the Append joined the group being applied")
+			SELECT build_key FROM wh_perspective_builds WHERE perspective_name = $2)`, stream, name).Scan(&leased))
+	require.True(t, leased, "the Append joined a pair being applied")
 	release()
 	waitModel(t, ctx, name, stream, 1)
-	time.Sleep(100 * time.Millisecond) // the job's group has been looked up again
+	time.Sleep(100 * time.Millisecond) // the job has ended and released the pair
 	passThem(t, ctx, w, name)
 	require.NoError(t, tx.Commit(ctx))
 	require.Equal(t, expectedLedger(t, all), waitModel(t, ctx, name, stream, len(all)))
@@ -702,8 +690,8 @@ func TestAppendJoiningAGroupCommittedAfterItsJobIsAppliedBeforeAFullClaim(t *tes
 
 // passThem queues an event of a new stream for the perspective's active build, as Append
 // would but without its lock (behind a registration that waits for the test's open
-// transaction, it would wait too), wakes w and waits until the event is applied: the claim
-// that took it started its successors past the groups due before it.
+// transaction, it would wait too), wakes w and waits until the event is applied: a claim
+// ran after the open transaction's rows were queued, and did not see them.
 func passThem(t *testing.T, ctx context.Context, w *worker.Worker, name string) {
 	t.Helper()
 	ev := events(uuid.New(), newIDs(t, 1))[0]
@@ -713,9 +701,11 @@ func passThem(t *testing.T, ctx context.Context, w *worker.Worker, name string) 
 			INSERT INTO wh_event_store (event_id, stream_id, event_type, data) VALUES ($1, $2, $3, $5::jsonb)
 		), c AS (
 			INSERT INTO wh_perspective_cursors (stream_id, perspective_name) SELECT $2, build_key FROM b
+		), d AS (
+			INSERT INTO wh_perspective_pairs (stream_id, perspective_name, due_at) SELECT $2, build_key, now() FROM b
 		)
-		INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id, next_attempt_at)
-		SELECT $2, build_key, $1, now() FROM b`, pgq.Args([]any{ev.ID, ev.StreamID, ev.Type, name, string(ev.Data)})...)
+		INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)
+		SELECT $2, build_key, $1 FROM b`, pgq.Args([]any{ev.ID, ev.StreamID, ev.Type, name, string(ev.Data)})...)
 	require.NoError(t, err)
 	w.Notify()
 	waitModel(t, ctx, name, ev.StreamID, 1)

@@ -296,10 +296,9 @@ func (w *Worker) loop(loopCtx, opsCtx context.Context) {
 			if r.refresh {
 				maintained = time.Time{} // the builds changed: look at them again at once
 			}
-			// A finished job released its pairs (due again if rows are left), or a catch-up
-			// page passed streams whose pairs waited for it: claim (one index probe when
-			// nothing is due).
-			poll = true
+			// A finished pair job released its pairs (due again if rows are left), a catch-up
+			// page passed streams whose pairs waited for it, or the builds changed: claim.
+			poll = poll || len(r.job.pairs) > 0 || r.job.kind == jobCatchUp || r.refresh
 		case <-w.wake:
 			poll = true
 		case <-timer.C:

@@ -103,7 +103,7 @@ var drainRound int
 // one with pgx's exec mode; prepared: one keeping prepared statements, pgx's default mode),
 // and the hand-written baseline. Each iteration is one round of every variant; the figures
 // are events/s per variant and worker/baseline, and where the time goes: statements and
-// commits per stream, streams per claim (QueueDuePairs), statements in flight on average
+// commits per stream, streams per claim (PairsClaim), statements in flight on average
 // (time inside statements / wall time), and the CPU cores used by the server processes of
 // the test database and by this process. Where the installed PgBouncer is older than 1.21
 // (and the system's package sources offer no newer one) the prepared variant is not run:
@@ -178,7 +178,7 @@ func BenchmarkWorkerDrain(b *testing.B) {
 			add(v.name, "inflight", busy.Seconds()/el.Seconds())
 			add(v.name, "pg-cores", pgCPU/el.Seconds())
 			add(v.name, "go-cores", goCPU/el.Seconds())
-			if c := st["QueueDuePairs"].n; c > 0 {
+			if c := st["PairsClaim"].n; c > 0 {
 				add(v.name, "streams/claim", float64(drainStreams)/float64(c))
 			}
 			if verbose {
@@ -231,10 +231,11 @@ func drainSetup(b *testing.B, ctx context.Context) {
 // rows).
 func drainReset(b *testing.B, ctx context.Context) {
 	for _, sql := range []string{
-		`TRUNCATE wh_perspective_events, wh_perspective_cursors, wh_perspective_models, wh_perspective_snapshots`,
+		`TRUNCATE wh_perspective_events, wh_perspective_pairs, wh_perspective_cursors, wh_perspective_models, wh_perspective_snapshots`,
 		`INSERT INTO wh_perspective_events SELECT * FROM bench_drain_queue`,
+		dueRowsSQL,
 		`INSERT INTO wh_perspective_cursors SELECT * FROM bench_drain_cursors`,
-		`VACUUM (ANALYZE) wh_perspective_events, wh_perspective_cursors, wh_perspective_models, wh_perspective_snapshots, wh_event_store`,
+		`VACUUM (ANALYZE) wh_perspective_events, wh_perspective_pairs, wh_perspective_cursors, wh_perspective_models, wh_perspective_snapshots, wh_event_store`,
 		`CHECKPOINT`,
 	} {
 		_, err := testDB.Pool.Exec(ctx, sql)
@@ -322,7 +323,7 @@ WITH input AS (
     UPDATE wh_perspective_cursors c
     SET last_event_id = i.last_event_id, version = c.version + 1,
         events_since_snapshot = i.since_snapshot, status = 'ok', last_error = NULL,
-        attempts = 0, next_attempt_at = NULL, updated_at = now()
+        attempts = 0, updated_at = now()
     FROM input i
     WHERE c.stream_id = i.stream_id AND c.perspective_name = $1
 )

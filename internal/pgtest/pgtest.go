@@ -224,7 +224,7 @@ func Main(m *testing.M, prefix string, dst **DB) int {
 // Truncate empties every perspectives table (between tests that need a clean slate).
 func (d *DB) Truncate(ctx context.Context, t testing.TB) {
 	t.Helper()
-	if _, err := d.Pool.Exec(ctx, "TRUNCATE wh_event_store, wh_perspectives, wh_perspective_builds, wh_perspective_events, wh_perspective_cursors, wh_perspective_models, wh_perspective_snapshots"); err != nil {
+	if _, err := d.Pool.Exec(ctx, "TRUNCATE wh_event_store, wh_perspectives, wh_perspective_builds, wh_perspective_events, wh_perspective_pairs, wh_perspective_cursors, wh_perspective_models, wh_perspective_snapshots"); err != nil {
 		t.Fatalf("truncate: %v", err)
 	}
 }
