@@ -7,7 +7,6 @@ package db
 
 import (
 	"context"
-	"time"
 
 	"github.com/google/uuid"
 )
@@ -369,7 +368,7 @@ WITH input AS (
     ON CONFLICT (stream_id, perspective_name) DO UPDATE
     SET due_at = EXCLUDED.due_at, leased_by = NULL
 )
-SELECT o.stream_id, o.perspective_name, o.action::text AS action, o.due::timestamptz AS due_at
+SELECT o.stream_id, o.perspective_name, o.action::text AS action
 FROM old o
 WHERE (SELECT count(*) FROM (
           SELECT pg_notify('wh_applied', '') FROM old WHERE action <> 'retry'
@@ -392,7 +391,6 @@ type PairsMarkFailedRow struct {
 	StreamID        interface{}
 	PerspectiveName interface{}
 	Action          string
-	DueAt           time.Time
 }
 
 // Records a failure of each given pair on its cursor and its due row: errors[i] caused by
@@ -410,7 +408,7 @@ type PairsMarkFailedRow struct {
 // One row per pair is written whatever its backlog: the cursor and the due row (created if
 // the pair has none, its lease ended). Parking and skipping notify wh_applied (WaitFor
 // wakes), skipping also wh_perspective_events (the pair is due now). Returns each pair's
-// action and due time.
+// action.
 func (q *Queries) PairsMarkFailed(ctx context.Context, arg PairsMarkFailedParams) ([]PairsMarkFailedRow, error) {
 	rows, err := q.db.Query(ctx, pairsMarkFailed,
 		arg.StreamIds,
@@ -429,12 +427,7 @@ func (q *Queries) PairsMarkFailed(ctx context.Context, arg PairsMarkFailedParams
 	items := []PairsMarkFailedRow{}
 	for rows.Next() {
 		var i PairsMarkFailedRow
-		if err := rows.Scan(
-			&i.StreamID,
-			&i.PerspectiveName,
-			&i.Action,
-			&i.DueAt,
-		); err != nil {
+		if err := rows.Scan(&i.StreamID, &i.PerspectiveName, &i.Action); err != nil {
 			return nil, err
 		}
 		items = append(items, i)

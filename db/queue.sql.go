@@ -30,10 +30,6 @@ type PairsClaimParams struct {
 // leasing are skipped (SKIP LOCKED), never waited for. Leasing moves the row's due time to
 // the lease's end (lease_seconds on the database clock): if the instance dies, the pair is
 // due again then; wh_pairs_release ends the lease after the job.
-// The build keys are a filter (IS TRUE keeps the comparison out of the index condition), so
-// that the plan is always the due index read in order, stopping at max_pairs rows.
-// Returns the leased pairs (leased true), then one row (leased false) whose due_at is when
-// the next pair not due yet becomes due (NULL: none waits), so that the caller wakes then.
 // The statement is wh_claim_pairs (schema/000008_due_pairs.up.sql): the leased rows, then
 // a row of the nil stream with when the next waiting pair becomes due, if one waits.
 func (q *Queries) PairsClaim(ctx context.Context, arg PairsClaimParams) ([]WhPerspectivePair, error) {

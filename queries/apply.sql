@@ -157,7 +157,7 @@ FROM (SELECT pg_notify('wh_applied', '')) notified;
 -- One row per pair is written whatever its backlog: the cursor and the due row (created if
 -- the pair has none, its lease ended). Parking and skipping notify wh_applied (WaitFor
 -- wakes), skipping also wh_perspective_events (the pair is due now). Returns each pair's
--- action and due time.
+-- action.
 WITH input AS (
     SELECT unnest(@stream_ids::uuid[]) AS stream_id,
            unnest(@perspective_names::text[]) AS perspective_name,
@@ -216,7 +216,7 @@ WITH input AS (
     ON CONFLICT (stream_id, perspective_name) DO UPDATE
     SET due_at = EXCLUDED.due_at, leased_by = NULL
 )
-SELECT o.stream_id, o.perspective_name, o.action::text AS action, o.due::timestamptz AS due_at
+SELECT o.stream_id, o.perspective_name, o.action::text AS action
 FROM old o
 WHERE (SELECT count(*) FROM (
           SELECT pg_notify('wh_applied', '') FROM old WHERE action <> 'retry'

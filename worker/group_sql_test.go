@@ -163,7 +163,7 @@ type gsCursor struct {
 	Status              string
 	Attempts            int32
 	LastError           *string
-	NextAttemptAt       *time.Time // the pair's due row's due time (nil: none, or parked)
+	NextAttemptAt       *time.Time // when a failing pair is retried: its due row's due time (nil: not failing)
 }
 
 func gsReadCursor(t testing.TB, ctx context.Context, p gsPair) gsCursor {
@@ -172,7 +172,7 @@ func gsReadCursor(t testing.TB, ctx context.Context, p gsPair) gsCursor {
 	require.NoError(t, testDB.Pool.QueryRow(ctx, `
 		SELECT c.last_event_id, c.version, c.events_since_snapshot, c.status, c.attempts, c.last_error,
 		       (SELECT d.due_at FROM wh_perspective_pairs d
-		        WHERE d.stream_id = c.stream_id AND d.perspective_name = c.perspective_name AND d.due_at < 'infinity')
+		        WHERE d.stream_id = c.stream_id AND d.perspective_name = c.perspective_name AND c.status = 'failed')
 		FROM wh_perspective_cursors c WHERE c.stream_id = $1 AND c.perspective_name = $2`, p.Stream, p.Name).
 		Scan(&c.LastEventID, &c.Version, &c.EventsSinceSnapshot, &c.Status, &c.Attempts, &c.LastError, &c.NextAttemptAt))
 	return c
