@@ -153,7 +153,8 @@ func (q *Queries) CursorReset(ctx context.Context, arg CursorResetParams) error 
 const cursorsFailed = `-- name: CursorsFailed :many
 SELECT c.stream_id, c.perspective_name, c.attempts, c.last_error, d.due_at AS next_attempt_at, c.updated_at
 FROM wh_perspective_cursors c
-LEFT JOIN wh_perspective_pairs d ON d.stream_id = c.stream_id AND d.perspective_name = c.perspective_name
+LEFT JOIN wh_perspective_pairs d
+  ON d.stream_id = c.stream_id AND d.perspective_name = c.perspective_name AND d.due_at < 'infinity'
 WHERE c.status <> 'ok'
 ORDER BY c.perspective_name, c.updated_at
 `
@@ -167,6 +168,7 @@ type CursorsFailedRow struct {
 	UpdatedAt       time.Time
 }
 
+// when it is retried (none while parked: 'infinity')
 func (q *Queries) CursorsFailed(ctx context.Context) ([]CursorsFailedRow, error) {
 	rows, err := q.db.Query(ctx, cursorsFailed)
 	if err != nil {

@@ -85,6 +85,7 @@ type Querier interface {
 	// open, this waits for that transaction (on the normal path, pass only pairs CursorsMissing
 	// reported).
 	CursorsEnsure(ctx context.Context, arg CursorsEnsureParams) ([]CursorsEnsureRow, error)
+	// when it is retried (none while parked: 'infinity')
 	CursorsFailed(ctx context.Context) ([]CursorsFailedRow, error)
 	// Which of the given pairs have no cursor row. A plain read: it never waits for a row that
 	// another transaction holds (CursorsEnsure's ON CONFLICT would, for a row that transaction

@@ -54,6 +54,8 @@ SELECT pg_notify('wh_perspective_events', '') WHERE EXISTS (SELECT 1 FROM due);
 -- name: CursorsFailed :many
 SELECT c.stream_id, c.perspective_name, c.attempts, c.last_error, d.due_at AS next_attempt_at, c.updated_at
 FROM wh_perspective_cursors c
-LEFT JOIN wh_perspective_pairs d ON d.stream_id = c.stream_id AND d.perspective_name = c.perspective_name
+-- when it is retried (none while parked: 'infinity')
+LEFT JOIN wh_perspective_pairs d
+  ON d.stream_id = c.stream_id AND d.perspective_name = c.perspective_name AND d.due_at < 'infinity'
 WHERE c.status <> 'ok'
 ORDER BY c.perspective_name, c.updated_at;
