@@ -346,10 +346,11 @@ func (w *Worker) claimAndStart(ctx context.Context, s *schedule, free int, start
 		return false, err
 	}
 	s.nextDue = claimed.NextDue
-	// A pair still in a job here (its lease lapsed while the job ran: a slow Apply) is left
-	// to that job, which releases it.
-	pairs := slices.DeleteFunc(claimed.Pairs, func(p Pair) bool { return s.inflight[p] })
-	for _, group := range splitGroups(pairs, free) {
+	// A pair may still be in a job here whose report the loop has not taken yet (the job
+	// released it first), or whose lease lapsed (a slow Apply): its new job finds it held
+	// by the apply coordinator and releases it due again after busyWait, so it is never left
+	// leased by a job that does not run it.
+	for _, group := range splitGroups(claimed.Pairs, free) {
 		j := job{kind: jobApply, pairs: group}
 		s.started(&j)
 		start(j)
