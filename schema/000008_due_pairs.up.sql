@@ -117,10 +117,6 @@ BEGIN
         WHERE NOT EXISTS (SELECT 1 FROM wh_perspective_cursors c
                           WHERE c.stream_id = p.stream_id AND c.perspective_name = p.build_key)
         ON CONFLICT (stream_id, perspective_name) DO NOTHING
-    ), due AS (
-        INSERT INTO wh_perspective_pairs (stream_id, perspective_name, due_at)
-        SELECT p.stream_id, p.build_key, now() FROM pairs p
-        ON CONFLICT (stream_id, perspective_name) DO NOTHING
     ), queue AS (
         INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)
         SELECT ev.stream_id, p.build_key, ev.event_id
@@ -129,8 +125,12 @@ BEGIN
     )
     SELECT count(*) INTO queued FROM queue;
 
-    -- Hold every pair's due row until commit (see above); insert again any a release deleted
-    -- meanwhile. A new statement: it sees the rows other transactions committed since.
+    -- Hold every pair's due row until commit (see above), inserting the missing ones (a new
+    -- pair, or one whose row a release deleted meanwhile). Statements of their own, after the
+    -- cursor rows: a catch-up page inserts a stream's cursor rows before its due rows too, so
+    -- the two never wait for each other in opposite orders (in one statement with the cursors,
+    -- an Append and a catch-up page deadlocked). Each sees the rows other transactions
+    -- committed since the one before.
     LOOP
         -- (each pair a probe of the key, whatever the statistics say)
         SELECT count(*), count(*) FILTER (WHERE l.due_at = 'infinity') INTO held, parked
