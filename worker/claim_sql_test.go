@@ -19,6 +19,7 @@ import (
 
 	"github.com/perspectives-go/perspectives/db"
 	"github.com/perspectives-go/perspectives/internal/pgq"
+	"github.com/perspectives-go/perspectives/internal/pgtest"
 	"github.com/perspectives-go/perspectives/worker"
 )
 
@@ -314,20 +315,31 @@ func TestClaimSQLAppendKeepsTheDueTimeButALateEventWakesAParkedPair(t *testing.T
 
 // An operator's action on a pair, or a failure's record, writes the pair's cursor and due row
 // only: no queued event row, whatever the backlog. Counted in the transaction's own statistics
-// (pg_stat_get_xact_tuples_*) for a pair with 1 and with 2,000 queued events: the same.
+// (pg_stat_get_xact_tuples_*) for a pair with 1 and with 2,000 queued events: the same. In a
+// database of its own: streams of thousands of events in the package's database would make
+// every other test's catch-up fold them.
 func TestClaimSQLOperatorActionsWriteOneRowWhateverTheBacklog(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	name := gsRegister(t, ctx, "cs_o1")
+	d, err := pgtest.Create(ctx, "claim_o1")
+	require.NoError(t, err)
+	defer d.Close()
+	const name = "cs_o1"
+	gsExec(t, ctx, d.Pool, `INSERT INTO wh_perspectives (perspective_name) VALUES ($1)`, name)
+	gsExec(t, ctx, d.Pool, `INSERT INTO wh_perspective_builds (build_key, perspective_name, version, build, state, catchup_done)
+		VALUES ($1, $1, 1, 1, 'active', true)`, name)
 	type counts struct{ queueWritten, pairsWritten, cursorsWritten int64 }
 	measure := func(backlog int, action string) counts {
 		t.Helper()
 		s := uuid.New()
-		ids := gsAppend(t, ctx, s, backlog)
-		gsExec(t, ctx, testDB.Pool, `UPDATE wh_perspective_cursors SET status = 'parked', failed_event_id = $3, attempts = 3
+		ids := newIDs(t, backlog)
+		require.NoError(t, worker.Append(ctx, d.Pool, events(s, ids)...))
+		gsExec(t, ctx, d.Pool, `UPDATE wh_perspective_cursors SET status = 'parked', failed_event_id = $3, attempts = 3
 			WHERE stream_id = $1 AND perspective_name = $2`, s, name, ids[0])
-		gsExec(t, ctx, testDB.Pool, `UPDATE wh_perspective_pairs SET due_at = 'infinity' WHERE stream_id = $1 AND perspective_name = $2`, s, name)
-		tx := gsBegin(t, ctx)
+		gsExec(t, ctx, d.Pool, `UPDATE wh_perspective_pairs SET due_at = 'infinity' WHERE stream_id = $1 AND perspective_name = $2`, s, name)
+		tx, err := d.Pool.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(context.Background()) }()
 		q := pgq.New(tx)
 		// The counts so far (PostgreSQL 15 keeps a backend's counts pending across
 		// transactions until it reports them): the action's are the difference.
@@ -340,7 +352,6 @@ func TestClaimSQLOperatorActionsWriteOneRowWhateverTheBacklog(t *testing.T) {
 			return c
 		}
 		before := written()
-		var err error
 		switch action {
 		case "retry":
 			_, err = q.PairsRetry(ctx, db.PairsRetryParams{PerspectiveName: name, StreamID: uuid.NullUUID{UUID: s, Valid: true}})
