@@ -165,7 +165,12 @@ func TestNotifierServesTheLoopAndWaitForInOneSession(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("the worker was not woken by the Append's notification")
 	}
-	held := pool.Stat().AcquiredConns() // the apply's transaction
+	// Only the apply's transaction holds a connection once the worker's other statements of
+	// the moment (a claim after the catch-up's last page, a job's release) are done.
+	const held int32 = 1
+	eventually(t, 10*time.Second, "only the apply's transaction holds a pool connection", func() bool {
+		return pool.Stat().AcquiredConns() == held
+	})
 	res, st := waitAsync(t, pool, name, stream, ids[1])
 	require.Equal(t, held, pool.Stat().AcquiredConns(), "the waiting WaitFor holds no pool connection")
 	require.Equal(t, loopSession, listenPIDs(t, ctx, app, "wh_applied"), "WaitFor's LISTEN ran on the loop's session")
