@@ -187,8 +187,6 @@ type Querier interface {
 	// The statement is wh_claim_pairs (schema/000008_due_pairs.up.sql): the leased rows, then
 	// a row of the nil stream with when the next waiting pair becomes due, if one waits.
 	PairsClaim(ctx context.Context, arg PairsClaimParams) ([]WhPerspectivePair, error)
-	// The due rows of the given pairs (tests, status): due time and lease holder.
-	PairsDue(ctx context.Context, arg PairsDueParams) ([]WhPerspectivePair, error)
 	// The failing and parked pairs of the builds that are not retired (of one perspective, or of
 	// all when perspective_name is NULL), parked first, then oldest failure first, with the
 	// failing event's type (NULL: not one event's failure, or the event is not stored).

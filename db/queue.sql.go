@@ -62,44 +62,6 @@ func (q *Queries) PairsClaim(ctx context.Context, arg PairsClaimParams) ([]WhPer
 	return items, nil
 }
 
-const pairsDue = `-- name: PairsDue :many
-SELECT d.stream_id, d.perspective_name, d.due_at, d.leased_by
-FROM wh_perspective_pairs d
-JOIN (SELECT unnest($1::uuid[]) AS stream_id, unnest($2::text[]) AS perspective_name) p
-  ON d.stream_id = p.stream_id AND d.perspective_name = p.perspective_name
-`
-
-type PairsDueParams struct {
-	StreamIds        []uuid.UUID
-	PerspectiveNames []string
-}
-
-// The due rows of the given pairs (tests, status): due time and lease holder.
-func (q *Queries) PairsDue(ctx context.Context, arg PairsDueParams) ([]WhPerspectivePair, error) {
-	rows, err := q.db.Query(ctx, pairsDue, arg.StreamIds, arg.PerspectiveNames)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []WhPerspectivePair{}
-	for rows.Next() {
-		var i WhPerspectivePair
-		if err := rows.Scan(
-			&i.StreamID,
-			&i.PerspectiveName,
-			&i.DueAt,
-			&i.LeasedBy,
-		); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
 const pairsRelease = `-- name: PairsRelease :exec
 SELECT wh_pairs_release($1::uuid, $2::uuid[], $3::text[], $4::float8[])
 `

@@ -16,13 +16,6 @@ SELECT * FROM wh_claim_pairs(@instance_id::uuid, @build_keys::text[], @max_pairs
 -- delays[i] negative: due at its oldest queued event; else that many seconds from now.
 SELECT wh_pairs_release(@instance_id::uuid, @stream_ids::uuid[], @perspective_names::text[], @delays::float8[]);
 
--- name: PairsDue :many
--- The due rows of the given pairs (tests, status): due time and lease holder.
-SELECT d.stream_id, d.perspective_name, d.due_at, d.leased_by
-FROM wh_perspective_pairs d
-JOIN (SELECT unnest(@stream_ids::uuid[]) AS stream_id, unnest(@perspective_names::text[]) AS perspective_name) p
-  ON d.stream_id = p.stream_id AND d.perspective_name = p.perspective_name;
-
 -- name: QueueIDsForPair :many
 -- The queued event IDs of one pair, in order. The pair is compared with a subquery's values,
 -- which the planner does not know: it plans for an average pair, a lookup in the primary

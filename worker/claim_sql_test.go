@@ -44,21 +44,18 @@ func csClaim(t *testing.T, ctx context.Context, q db.DBTX, instance uuid.UUID, l
 	return out, next
 }
 
-// csRelease runs PairsRelease for instance: each pair due at its oldest event, or after the
-// wait later gives it.
+// csRelease releases the pairs as instance's jobs do (Store.Release): each due at its oldest
+// event, or after the wait later gives it.
 func csRelease(t *testing.T, ctx context.Context, instance uuid.UUID, later map[gsPair]time.Duration, pairs ...gsPair) {
 	t.Helper()
-	streams, names := gsArrays(pairs...)
-	delays := make([]float64, len(pairs))
-	for i, p := range pairs {
-		delays[i] = -1
-		if d, ok := later[p]; ok {
-			delays[i] = d.Seconds()
-		}
+	req := worker.ReleaseRequest{Instance: instance, Later: map[worker.Pair]time.Duration{}}
+	for _, p := range pairs {
+		req.Pairs = append(req.Pairs, worker.Pair{Stream: p.Stream, Perspective: p.Name})
 	}
-	require.NoError(t, pgq.New(testDB.Pool).PairsRelease(ctx, db.PairsReleaseParams{
-		InstanceID: instance, StreamIds: streams, PerspectiveNames: names, Delays: delays,
-	}))
+	for p, d := range later {
+		req.Later[worker.Pair{Stream: p.Stream, Perspective: p.Name}] = d
+	}
+	require.NoError(t, worker.NewPGStore(testDB.Pool, time.Second, time.Second).Release(ctx, req))
 }
 
 // Append gives each pair one due row, however many Appends queue for it, due at the first;
@@ -203,7 +200,7 @@ func TestClaimSQLReleaseRacingAnAppendLeavesTheDueRow(t *testing.T) {
 	me := uuid.New()
 	lease := func() {
 		t.Helper()
-		require.EqualValues(t, 1, gsExecRows(t, ctx, `UPDATE wh_perspective_pairs SET leased_by = $3, due_at = now() + interval '30 seconds'
+		require.EqualValues(t, 1, gsExec(t, ctx, testDB.Pool, `UPDATE wh_perspective_pairs SET leased_by = $3, due_at = now() + interval '30 seconds'
 			WHERE stream_id = $1 AND perspective_name = $2`, s, name, me))
 		// its job applied every queued event
 		gsExec(t, ctx, testDB.Pool, `DELETE FROM wh_perspective_events WHERE stream_id = $1 AND perspective_name = $2`, s, name)
@@ -272,14 +269,6 @@ func TestClaimSQLConcurrentAppendsAndReleasesNeverLoseTheDueRow(t *testing.T) {
 	// Whatever the last release did, an Append now leaves the pair due.
 	gsAppend(t, ctx, s, 1)
 	require.True(t, gsDue(t, ctx, p).Exists)
-}
-
-// gsExecRows runs sql on the pool and returns the rows it affected.
-func gsExecRows(t testing.TB, ctx context.Context, sql string, args ...any) int64 {
-	t.Helper()
-	tag, err := testDB.Pool.Exec(ctx, sql, pgq.Args(args)...)
-	require.NoError(t, err, sql)
-	return tag.RowsAffected()
 }
 
 // Appending to a pair keeps its due row's earlier due time: a backoff stays, and a parked pair

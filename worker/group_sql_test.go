@@ -93,10 +93,12 @@ func gsSeal(t *testing.T, ctx context.Context, names []string, streams ...uuid.U
 	}
 }
 
-func gsExec(t testing.TB, ctx context.Context, q db.DBTX, sql string, args ...any) {
+// gsExec runs sql on q and returns the rows it affected.
+func gsExec(t testing.TB, ctx context.Context, q db.DBTX, sql string, args ...any) int64 {
 	t.Helper()
-	_, err := q.Exec(ctx, sql, pgq.Args(args)...) // any query exec mode (the pooler suite)
+	tag, err := q.Exec(ctx, sql, pgq.Args(args)...) // any query exec mode (the pooler suite)
 	require.NoError(t, err, sql)
+	return tag.RowsAffected()
 }
 
 // gsAppend stores n events of stream in one Append (one transaction) and returns their IDs.

@@ -172,33 +172,27 @@ type subscription struct {
 	closeOnce sync.Once
 
 	mu       sync.Mutex
-	payloads []string // received since the last take, up to maxPending
-	overflow bool     // more were received than payloads holds
-	session  uint64   // the session whose subscription to the topic is in effect (0: none)
-	polling  bool     // the notifier cannot LISTEN: poll
-	err      error    // why the last session was lost
+	notified bool   // a notification was received since the last take
+	session  uint64 // the session whose subscription to the topic is in effect (0: none)
+	polling  bool   // the notifier cannot LISTEN: poll
+	err      error  // why the last session was lost
 }
-
-// maxPending is how many payloads a subscription keeps for its subscriber; past that it
-// says only that more came (overflow).
-const maxPending = 64
 
 // notice is what a subscription has to say when taken.
 type notice struct {
-	payloads []string
-	overflow bool
+	notified bool   // a notification was received since the last take
 	session  uint64 // 0: not subscribed now (not yet, or the session was lost: see err)
 	polling  bool
 	err      error
 }
 
-// take returns, and forgets, the payloads received since the last take, with the
-// subscription's state.
+// take returns, and forgets, whether a notification was received since the last take, with
+// the subscription's state.
 func (s *subscription) take() notice {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	nt := notice{payloads: s.payloads, overflow: s.overflow, session: s.session, polling: s.polling, err: s.err}
-	s.payloads, s.overflow = nil, false
+	nt := notice{notified: s.notified, session: s.session, polling: s.polling, err: s.err}
+	s.notified = false
 	return nt
 }
 
@@ -217,18 +211,13 @@ func (s *subscription) signal() {
 	}
 }
 
-// deliver hands a notification's payload to the subscribers of topic.
-func (n *notifier) deliver(topic, payload string) {
+// deliver tells the subscribers of topic that a notification came (no subscriber reads a
+// payload).
+func (n *notifier) deliver(topic string) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for s := range n.subs[topic] {
-		s.update(func() {
-			if len(s.payloads) < maxPending {
-				s.payloads = append(s.payloads, payload)
-			} else {
-				s.overflow = true
-			}
-		})
+		s.update(func() { s.notified = true })
 	}
 }
 
@@ -387,7 +376,7 @@ func (n *notifier) runSession(live context.Context) error {
 				}
 				continue
 			}
-			n.deliver(msg.Channel, msg.Payload)
+			n.deliver(msg.Channel)
 		case live.Err() != nil:
 			return live.Err()
 		case !interrupted:

@@ -292,7 +292,7 @@ func (s *pgStore) Listen(ctx context.Context, notify func()) error {
 			session = nt.session
 			notify()
 		}
-		if nt.overflow || len(nt.payloads) > 0 {
+		if nt.notified {
 			notify()
 		}
 	}

@@ -167,7 +167,7 @@ func (w *waiter) listen(ctx context.Context, pool *pgxpool.Pool) error {
 			}
 			changed := nt.session != session
 			session = nt.session
-			if session == 0 || (!changed && len(nt.payloads) == 0 && !nt.overflow) {
+			if session == 0 || (!changed && !nt.notified) {
 				continue // not subscribed (yet, or any more): the re-check timer runs
 			}
 			// Subscribed (afresh: what was sent meanwhile is answered too), or notified.
