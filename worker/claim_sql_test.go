@@ -377,3 +377,89 @@ func gsStreamsDescending(n int) []uuid.UUID {
 	slices.SortFunc(out, func(a, b uuid.UUID) int { return bytes.Compare(b[:], a[:]) })
 	return out
 }
+
+// Every statement that makes a pair due tells the listening workers (wh_perspective_events, on
+// commit), and leaves the pair claimable at once: an Append, a purge of a parked pair, a
+// rebuild of a stream, an operator's retry and skip. So no pair made due waits for a poll. In
+// a database of its own, whose only notifications are the test's.
+func TestClaimSQLStatementsMakingPairsDueWakeTheWorkers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d, err := pgtest.Create(ctx, "claim_wake")
+	require.NoError(t, err)
+	defer d.Close()
+	const name = "cs_wake"
+	gsExec(t, ctx, d.Pool, `INSERT INTO wh_perspectives (perspective_name) VALUES ($1)`, name)
+	gsExec(t, ctx, d.Pool, `INSERT INTO wh_perspective_builds (build_key, perspective_name, version, build, state, catchup_done)
+		VALUES ($1, $1, 1, 1, 'active', true)`, name)
+	listener := gsListener(t, ctx, d.DirectURL)
+	admin, err := worker.NewAdmin(d.Pool, nil)
+	require.NoError(t, err)
+	me := uuid.New()
+	// woken requires a notification, and that the pair is claimable now.
+	woken := func(what string, s uuid.UUID) {
+		t.Helper()
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		_, err := listener.WaitForNotification(wctx)
+		require.NoError(t, err, "%s: the workers are told", what)
+		got, _ := csClaim(t, ctx, d.Pool, me, 100, name)
+		require.Contains(t, got, gsPair{s, name}, "%s: the pair is claimable at once", what)
+		for { // what else this step sent
+			wctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+			_, err := listener.WaitForNotification(wctx)
+			cancel()
+			if err != nil {
+				return
+			}
+		}
+	}
+	park := func(s uuid.UUID, failing uuid.UUID) {
+		t.Helper()
+		gsExec(t, ctx, d.Pool, `UPDATE wh_perspective_cursors SET status = 'parked', failed_event_id = $3, attempts = 3
+			WHERE stream_id = $1 AND perspective_name = $2`, s, name, failing)
+		require.EqualValues(t, 1, gsExec(t, ctx, d.Pool, `UPDATE wh_perspective_pairs SET due_at = 'infinity', leased_by = NULL
+			WHERE stream_id = $1 AND perspective_name = $2`, s, name))
+	}
+
+	appended := uuid.New()
+	require.NoError(t, worker.Append(ctx, d.Pool, events(appended, newIDs(t, 2))...))
+	woken("an Append", appended)
+
+	purged := uuid.New()
+	ids := newIDs(t, 2)
+	require.NoError(t, worker.Append(ctx, d.Pool, events(purged, ids)...))
+	woken("its Append", purged)
+	park(purged, ids[0])
+	require.NoError(t, admin.Purge(ctx, purged, name))
+	woken("a purge", purged)
+
+	rebuilt := uuid.New()
+	require.NoError(t, worker.Append(ctx, d.Pool, events(rebuilt, newIDs(t, 2))...))
+	woken("its Append", rebuilt)
+	gsExec(t, ctx, d.Pool, `DELETE FROM wh_perspective_events WHERE stream_id = $1`, rebuilt)
+	gsExec(t, ctx, d.Pool, `DELETE FROM wh_perspective_pairs WHERE stream_id = $1`, rebuilt)
+	n, err := admin.Rebuild(ctx, rebuilt, name)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n)
+	woken("a rebuild", rebuilt)
+
+	retried := uuid.New()
+	ids = newIDs(t, 2)
+	require.NoError(t, worker.Append(ctx, d.Pool, events(retried, ids)...))
+	woken("its Append", retried)
+	park(retried, ids[0])
+	r, err := admin.Retry(ctx, retried, name)
+	require.NoError(t, err)
+	require.Equal(t, 1, r)
+	woken("a retry", retried)
+
+	skipped := uuid.New()
+	ids = newIDs(t, 2)
+	require.NoError(t, worker.Append(ctx, d.Pool, events(skipped, ids)...))
+	woken("its Append", skipped)
+	park(skipped, ids[0])
+	_, err = admin.Skip(ctx, skipped, name, ids[0], "alice")
+	require.NoError(t, err)
+	woken("a skip", skipped)
+}

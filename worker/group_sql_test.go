@@ -46,15 +46,6 @@ func gsArrays(pairs ...gsPair) ([]uuid.UUID, []string) {
 	return streams, names
 }
 
-// gsPairs is the pairs (stream, name) of streams.
-func gsPairs(name string, streams ...uuid.UUID) []gsPair {
-	out := make([]gsPair, len(streams))
-	for i, s := range streams {
-		out[i] = gsPair{Stream: s, Name: name}
-	}
-	return out
-}
-
 // gsRegister registers a new perspective for this test alone, so that Append queues events
 // and creates cursor rows for it, and unregisters it when the test ends.
 func gsRegister(t *testing.T, ctx context.Context, prefix string) string {
@@ -109,11 +100,11 @@ func gsAppend(t testing.TB, ctx context.Context, stream uuid.UUID, n int) []uuid
 	return ids
 }
 
-// gsListener is a session of its own (LISTEN needs one) listening on the queue's channel,
-// closed when the test ends.
-func gsListener(t *testing.T, ctx context.Context) *pgx.Conn {
+// gsListener is a session of its own (LISTEN needs one) on the database at url listening on
+// the queue's channel, closed when the test ends.
+func gsListener(t *testing.T, ctx context.Context, url string) *pgx.Conn {
 	t.Helper()
-	listener, err := pgx.Connect(ctx, testDB.DirectURL)
+	listener, err := pgx.Connect(ctx, url)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = listener.Close(context.Background()) })
 	_, err = listener.Exec(ctx, `LISTEN wh_perspective_events`)

@@ -46,9 +46,9 @@ const (
 	planQueue     = "wh_perspective_events"
 	planQueuePKey = "wh_perspective_events_pkey"
 	// the due rows (PairsClaim, wh_append)
-	planPairs       = "wh_perspective_pairs"
-	planPairsDue    = "wh_perspective_pairs_due_idx"
-	planPairsKey    = "wh_perspective_pairs_pkey"
+	planPairs    = "wh_perspective_pairs"
+	planPairsDue = "wh_perspective_pairs_due_idx"
+	planPairsKey = "wh_perspective_pairs_pkey"
 	// promotion's catch-up check (BuildQueueAge)
 	planQueueBuildAge = "wh_perspective_events_build_age_idx"
 )

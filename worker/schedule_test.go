@@ -132,4 +132,3 @@ func TestSchedulePendingWaitsUntilDue(t *testing.T) {
 	require.Equal(t, "b@v2.1", j.key)
 	require.Zero(t, s.followUpWait(now))
 }
-

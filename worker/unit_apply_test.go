@@ -74,8 +74,8 @@ func newUFix(t *testing.T, withLocker bool, cfg func(c *worker.Config)) *uFix {
 		busy:     map[worker.Pair]bool{},
 	}
 	f.store = &mocks.StoreMock{
-		ApplyFunc: f.apply,
-		ReleaseFunc:  func(context.Context, worker.ReleaseRequest) error { return nil },
+		ApplyFunc:   f.apply,
+		ReleaseFunc: func(context.Context, worker.ReleaseRequest) error { return nil },
 		MarkFailedFunc: func(context.Context, worker.Pair, worker.Failure, func(int) worker.FailureAction) (worker.FailureAction, error) {
 			return worker.FailureRetry, nil
 		},
