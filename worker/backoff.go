@@ -85,17 +85,31 @@ func (w *Worker) unrecordedWait(n int) time.Duration {
 	return b.fail(time.Now())
 }
 
-// unrecorded takes the pairs of a job that ended whose failure could not be recorded, and
-// resets the count of the others that left the flight and ran to the end (not busy,
-// contended or cut off).
-func (s *schedule) unrecorded(r jobResult) {
+// unrecordedSpell is a pair's run of failures that could not be recorded.
+type unrecordedSpell struct {
+	failures int       // in a row
+	last     time.Time // when the last one was reported
+}
+
+// unrecorded takes, at now, the pairs of a job that ended whose failure could not be
+// recorded, and resets the count of the others that left the flight and ran to the end (not
+// busy, contended or cut off). It forgets a pair no job here ran for heldFor after its last
+// such failure: its rows went elsewhere (another instance, a skip, a retired build), and so
+// did the spell.
+func (s *schedule) unrecorded(r jobResult, now time.Time) {
 	failed := make(map[Pair]bool, len(r.unrecorded))
 	for _, p := range r.unrecorded {
 		failed[p] = true
-		s.held[p]++
+		h := s.held[p]
+		s.held[p] = unrecordedSpell{failures: h.failures + 1, last: now}
 	}
 	if len(s.held) == 0 {
 		return
+	}
+	for p, h := range s.held {
+		if !s.inflight[p] && now.Sub(h.last) > s.heldFor {
+			delete(s.held, p)
+		}
 	}
 	unfinished := make(map[Pair]bool, len(r.busy)+len(r.contended)+len(r.cutOff))
 	for _, l := range [][]Pair{r.busy, r.contended, r.cutOff} {
@@ -104,12 +118,12 @@ func (s *schedule) unrecorded(r jobResult) {
 		}
 	}
 	for _, p := range r.job.pairs {
-		n, ok := s.held[p]
+		h, ok := s.held[p]
 		if !ok || failed[p] || unfinished[p] || s.inflight[p] {
 			continue
 		}
 		delete(s.held, p)
 		s.log.Info("pair processed again after failures that could not be recorded",
-			s.logPair(p, slog.Int("unrecorded_failures", n))...)
+			s.logPair(p, slog.Int("unrecorded_failures", h.failures))...)
 	}
 }

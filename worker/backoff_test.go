@@ -29,7 +29,8 @@ func TestBackoffDoublesUpToItsCapAndResets(t *testing.T) {
 
 // A pair whose failure could not be recorded waits RetryBackoff, doubling with each such
 // failure in a row up to MaxRetryBackoff, before it is due again; the loop counts the failures
-// in a row and forgets them once a job of the pair runs to the end.
+// in a row and forgets them once a job of the pair runs to the end, or when none runs here for
+// heldFor after the last one.
 func TestUnrecordedFailuresBackOffAndTheCountResets(t *testing.T) {
 	t.Parallel()
 	w := &Worker{cfg: Config{RetryBackoff: time.Second, MaxRetryBackoff: 4 * time.Second}}
@@ -40,6 +41,7 @@ func TestUnrecordedFailuresBackOffAndTheCountResets(t *testing.T) {
 	assert.Equal(t, []time.Duration{time.Second, 2 * time.Second, 4 * time.Second, 4 * time.Second}, waits)
 
 	s, _ := newTestSchedule(30 * time.Second)
+	s.heldFor = 8 * time.Second
 	p := Pair{Stream: uuid.New(), Perspective: "p"}
 	t0 := time.Now()
 	for range 2 {
@@ -47,13 +49,25 @@ func TestUnrecordedFailuresBackOffAndTheCountResets(t *testing.T) {
 		s.started(&j)
 		s.finish(jobResult{job: j, unrecorded: []Pair{p}}, t0)
 	}
-	assert.Equal(t, 2, s.held[p])
+	assert.Equal(t, 2, s.held[p].failures)
 	j := job{kind: jobApply, pairs: []Pair{p}}
 	s.started(&j)
 	assert.Equal(t, 2, j.unrecorded[p], "the next job knows the count, for its release's wait")
 	s.finish(jobResult{job: j, busy: []Pair{p}}, t0)
-	assert.Equal(t, 2, s.held[p], "a job that did not run to the end keeps the count")
+	assert.Equal(t, 2, s.held[p].failures, "a job that did not run to the end keeps the count")
 	s.started(&j)
 	s.finish(jobResult{job: j}, t0)
 	assert.NotContains(t, s.held, p, "a job that ran to the end resets it")
+
+	// A pair no job here runs again (its rows went elsewhere) is forgotten heldFor after its
+	// last such failure: the map keeps nothing that is over.
+	s.started(&j)
+	s.finish(jobResult{job: j, unrecorded: []Pair{p}}, t0)
+	other := job{kind: jobApply, pairs: []Pair{{Stream: uuid.New(), Perspective: "p"}}}
+	s.started(&other)
+	s.finish(jobResult{job: other}, t0.Add(8*time.Second))
+	assert.Contains(t, s.held, p, "not before heldFor")
+	s.started(&other)
+	s.finish(jobResult{job: other}, t0.Add(8*time.Second+time.Nanosecond))
+	assert.NotContains(t, s.held, p, "forgotten after heldFor")
 }

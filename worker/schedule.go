@@ -85,7 +85,10 @@ type schedule struct {
 	buildJobs map[buildJob]bool // build jobs waiting or running
 	contended map[Pair]contention
 	cutOff    map[Pair]int  // pairs whose last jobs were cut off by a lost connection: how many in a row
-	held      map[Pair]int  // pairs whose last failures could not be recorded: how many in a row
+	held      map[Pair]unrecordedSpell // pairs whose last failures could not be recorded
+	// heldFor is how long after its last such failure a pair that no job here ran since is
+	// forgotten (twice MaxRetryBackoff, the longest it waits: it went elsewhere).
+	heldFor time.Duration
 	nextDue   time.Time     // when the first pair not due at the last claim becomes due (zero: none)
 	window    time.Duration // LockTimeout: contention longer than this is warned of
 	log       *slog.Logger
@@ -94,7 +97,7 @@ type schedule struct {
 
 func newSchedule(lockTimeout time.Duration, log *slog.Logger, logPair func(Pair, ...any) []any) *schedule {
 	return &schedule{inflight: map[Pair]bool{}, buildJobs: map[buildJob]bool{}, contended: map[Pair]contention{},
-		cutOff: map[Pair]int{}, held: map[Pair]int{}, window: lockTimeout, log: log, logPair: logPair}
+		cutOff: map[Pair]int{}, held: map[Pair]unrecordedSpell{}, window: lockTimeout, log: log, logPair: logPair}
 }
 
 // queueBuildJob queues j unless the same job about the same build waits or runs already.
@@ -118,11 +121,11 @@ func (s *schedule) started(j *job) {
 			}
 			j.cutOffFails[p] = true
 		}
-		if n := s.held[p]; n > 0 {
+		if h, ok := s.held[p]; ok {
 			if j.unrecorded == nil {
 				j.unrecorded = map[Pair]int{}
 			}
-			j.unrecorded[p] = n
+			j.unrecorded[p] = h.failures
 		}
 	}
 }
@@ -170,7 +173,7 @@ func (s *schedule) finish(r jobResult, now time.Time) {
 			delete(s.contended, p) // not refused for a whole lease: that contention is over
 		}
 	}
-	s.unrecorded(r)
+	s.unrecorded(r, now)
 }
 
 // noteContention records that p's stream lock was refused at now, and warns once when
@@ -226,6 +229,7 @@ func (s *schedule) followUpWait(now time.Time) time.Duration {
 // can exit on (docs/postgresql.md, "Behind PgBouncer in transaction mode").
 func (w *Worker) loop(loopCtx, opsCtx context.Context) {
 	s := newSchedule(w.cfg.LockOptions.LockTimeout, w.log, w.logPair)
+	s.heldFor = 2 * w.cfg.MaxRetryBackoff
 	var maintained time.Time // when maintain last ran: every PollInterval
 	results := make(chan jobResult)
 	running := 0
