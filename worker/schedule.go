@@ -84,15 +84,15 @@ type schedule struct {
 	pending   []job             // follow-ups waiting for a free slot (served before new claims)
 	buildJobs map[buildJob]bool // build jobs waiting or running
 	contended map[Pair]contention
-	cutOff    map[Pair]int  // pairs whose last jobs were cut off by a lost connection: how many in a row
+	cutOff    map[Pair]int             // pairs whose last jobs were cut off by a lost connection: how many in a row
 	held      map[Pair]unrecordedSpell // pairs whose last failures could not be recorded
 	// heldFor is how long after its last such failure a pair that no job here ran since is
 	// forgotten (twice MaxRetryBackoff, the longest it waits: it went elsewhere).
 	heldFor time.Duration
-	nextDue   time.Time     // when the first pair not due at the last claim becomes due (zero: none)
-	window    time.Duration // LockTimeout: contention longer than this is warned of
-	log       *slog.Logger
-	logPair   func(Pair, ...any) []any // how a pair is named in the log
+	nextDue time.Time     // when the first pair not due at the last claim becomes due (zero: none)
+	window  time.Duration // LockTimeout: contention longer than this is warned of
+	log     *slog.Logger
+	logPair func(Pair, ...any) []any // how a pair is named in the log
 }
 
 func newSchedule(lockTimeout time.Duration, log *slog.Logger, logPair func(Pair, ...any) []any) *schedule {
