@@ -300,7 +300,14 @@ func (w *Worker) foldPage(ctx context.Context, b *build, page CatchUpPage) []Pai
 	return writes
 }
 
-// foldRun folds the events run of one stream of a catch-up page (see foldPage).
+// catchUpStreamShare is the most events of one stream a catch-up page applies. A stream with
+// more in the page has the rest of its history queued for the normal path (as a failing
+// stream's is), whose claims take it a batch at a time beside every other pair, and the
+// catch-up passes it: one long stream never holds back the streams after it.
+const catchUpStreamShare = 1000
+
+// foldRun folds the events run of one stream of a catch-up page (see foldPage), at most
+// catchUpStreamShare of them.
 func (w *Worker) foldRun(ctx context.Context, b *build, page CatchUpPage, run []Event) PairWrite {
 	stream := run[0].StreamID
 	k := Pair{Stream: stream, Perspective: page.Key}
@@ -313,8 +320,12 @@ func (w *Worker) foldRun(ctx context.Context, b *build, page CatchUpPage, run []
 		// Purged (or inconsistent) since the previous page: the whole stream is queued.
 		return PairWrite{Pair: k, EnqueueFrom: firstEventID}
 	}
+	var rest uuid.UUID // the first event left to the normal path (a long stream's share ends)
+	if len(run) > catchUpStreamShare {
+		run, rest = run[:catchUpStreamShare], run[catchUpStreamShare].ID
+	}
 	f := w.fold(ctx, b.persp, st.Model, st.SinceSnapshot, run)
-	wr := PairWrite{Pair: k, Applied: f.applied, Model: f.model, SinceSnapshot: f.since}
+	wr := PairWrite{Pair: k, Applied: f.applied, Model: f.model, SinceSnapshot: f.since, EnqueueFrom: rest}
 	if len(f.applied) > 0 {
 		wr.LastEventID = f.applied[len(f.applied)-1]
 	}

@@ -172,3 +172,6 @@ func ReadAheadWith(w *Worker, stmt func(ctx context.Context) error) <-chan struc
 	}
 	return p.done
 }
+
+// CatchUpStreamShare is the most events of one stream a catch-up page applies.
+const CatchUpStreamShare = catchUpStreamShare

@@ -543,3 +543,36 @@ func TestStartBesideAnOpenAppendTransactionHoldsUpNoAppend(t *testing.T) {
 		waitModelIn(t, d, name, s, 2)
 	}
 }
+
+// A first build's catch-up over a store holding one stream longer than a page's share of one
+// stream (CatchUpStreamShare) and short streams after it: the long stream's share is caught up,
+// its rest handed to the normal path, and every model ends as the fold of its stream's events
+// in ID order. In a database of its own: the package's other catch-ups would fold the long
+// stream too.
+func TestCatchUpHandsALongStreamsRestToTheQueue(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d, err := pgtest.Create(ctx, "catchup_long")
+	require.NoError(t, err)
+	defer d.Close()
+	streams := gsStreamsDescending(4) // the long stream is the lowest ID: caught up first
+	long := streams[3]
+	all := map[uuid.UUID][]worker.Event{long: events(long, newIDs(t, worker.CatchUpStreamShare+200))}
+	for _, s := range streams[:3] {
+		all[s] = events(s, newIDs(t, 3))
+	}
+	for _, evs := range all {
+		require.NoError(t, worker.Append(ctx, d.Pool, evs...))
+	}
+	name := uniqueName("long")
+	startWorkerWith(t, d.Pool, worker.Config{Perspectives: []worker.Perspective{ledgerPerspective(name)}, Logger: quietLogger()})
+	for s, evs := range all {
+		eventually(t, 30*time.Second, "the stream's model", func() bool {
+			raw, ok, err := worker.LoadModel(ctx, d.Pool, name, s)
+			require.NoError(t, err)
+			var m ledger
+			return ok && json.Unmarshal(raw, &m) == nil && len(m.IDs) == len(evs)
+		})
+		require.Equal(t, expectedLedger(t, evs), loadLedgerIn(t, d, name, s))
+	}
+}

@@ -632,6 +632,28 @@ func TestUnitCatchUpApplyFailureQueuesFromTheFailingEvent(t *testing.T) {
 	}
 }
 
+// A page applies at most CatchUpStreamShare events of one stream: a longer stream's rest is
+// queued for the normal path from its first event past the share on, and the streams after it
+// on the page are caught up as usual.
+func TestUnitCatchUpBoundsOneStreamsShareOfAPage(t *testing.T) {
+	t.Parallel()
+	f := newUBCatchUp(t, nil)
+	long, later := utNewID(t), utNewID(t)
+	n := worker.CatchUpStreamShare
+	evs, lEvs := uEvents(t, long, n+5), uEvents(t, later, 3)
+	f.serve(map[uuid.UUID]worker.PairState{long: ubFree(long), later: ubFree(later)}, uuid.Nil, evs, lEvs)
+
+	f.w.RunCatchUp(context.Background(), utName)
+
+	wr := f.write(long)
+	uFolded(t, wr, evs, 0, n)
+	assert.Equal(t, evs[n].ID, wr.EnqueueFrom, "the rest of the long stream goes to the normal path")
+	assert.Empty(t, wr.Failure.Cause)
+	assert.Equal(t, uIDs(evs[:n]), f.persp.appliedTo(long), "the events past its share are not applied here")
+	uFolded(t, f.write(later), lEvs, 0, 3)
+	assert.Equal(t, uuid.Nil, f.write(later).EnqueueFrom)
+}
+
 // Many streams on one page, folded side by side, each into its own model in its own
 // order, whatever the interleaving (run with -race).
 func TestUnitCatchUpManyStreamsSideBySide(t *testing.T) {
