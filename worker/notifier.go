@@ -73,11 +73,39 @@ type notifier struct {
 	kick      chan struct{}                            // wakes the reader from polling
 }
 
-// notifiers holds the notifier of each pool that has subscribers.
+// notifiers holds the notifier of each pool that has subscribers, and the ListenConnect a
+// started worker offers for its pool (offerListenConnect).
 var notifiers = struct {
-	mu sync.Mutex
-	m  map[*pgxpool.Pool]*notifier
-}{m: map[*pgxpool.Pool]*notifier{}}
+	mu       sync.Mutex
+	m        map[*pgxpool.Pool]*notifier
+	connects map[*pgxpool.Pool]offeredConnect
+}{m: map[*pgxpool.Pool]*notifier{}, connects: map[*pgxpool.Pool]offeredConnect{}}
+
+// offeredConnect is a ListenConnect a worker offers for its pool, and whose it is.
+type offeredConnect struct {
+	connect func(context.Context) (*pgx.Conn, error)
+	owner   any
+}
+
+// offerListenConnect makes connect the session of pool's notifier for every subscriber that
+// brings none (a WaitFor that subscribes before the worker's loop does), from now until
+// withdrawn by owner; the first offer for a pool stands.
+func offerListenConnect(pool *pgxpool.Pool, connect func(context.Context) (*pgx.Conn, error), owner any) {
+	notifiers.mu.Lock()
+	defer notifiers.mu.Unlock()
+	if _, taken := notifiers.connects[pool]; !taken && connect != nil {
+		notifiers.connects[pool] = offeredConnect{connect: connect, owner: owner}
+	}
+}
+
+// withdrawListenConnect withdraws owner's offer for pool, if it stands.
+func withdrawListenConnect(pool *pgxpool.Pool, owner any) {
+	notifiers.mu.Lock()
+	defer notifiers.mu.Unlock()
+	if notifiers.connects[pool].owner == owner {
+		delete(notifiers.connects, pool)
+	}
+}
 
 // subscribe subscribes to topic on pool's notifier, starting the notifier when it has no
 // other subscriber. connect, when not nil, is a ListenConnect for the session (see
@@ -85,6 +113,9 @@ var notifiers = struct {
 func subscribe(pool *pgxpool.Pool, topic string, connect func(context.Context) (*pgx.Conn, error)) *subscription {
 	notifiers.mu.Lock()
 	defer notifiers.mu.Unlock()
+	if connect == nil {
+		connect = notifiers.connects[pool].connect // a started worker's, if any
+	}
 	n := notifiers.m[pool]
 	if n == nil {
 		n = &notifier{pool: pool, subs: map[string]map[*subscription]bool{}, listening: map[string]bool{}, kick: make(chan struct{}, 1)}

@@ -45,11 +45,19 @@ func newPGStore(pool *pgxpool.Pool, retryBase, retryMax time.Duration) *pgStore 
 }
 
 // startBackground starts the store's background service (the catch-up read-aheads), for
-// the worker's Start.
-func (s *pgStore) startBackground(ctx context.Context) error { return s.readAheads.Start(ctx) }
+// the worker's Start, and offers its ListenConnect to the pool's notifier, so that the
+// process's one LISTEN session is that connection whoever subscribes first.
+func (s *pgStore) startBackground(ctx context.Context) error {
+	offerListenConnect(s.pool, s.listenConnect, s)
+	return s.readAheads.Start(ctx)
+}
 
-// stopBackground stops the read-aheads, as the service's Stop does.
-func (s *pgStore) stopBackground(ctx context.Context) error { return s.readAheads.Stop(ctx) }
+// stopBackground stops the read-aheads, as the service's Stop does, and withdraws the
+// store's ListenConnect.
+func (s *pgStore) stopBackground(ctx context.Context) error {
+	withdrawListenConnect(s.pool, s)
+	return s.readAheads.Stop(ctx)
+}
 
 // inTx runs fn in one transaction: committed when fn returns nil, rolled back otherwise.
 func (s *pgStore) inTx(ctx context.Context, fn func(q *db.Queries) error) error {
