@@ -12,146 +12,49 @@ import (
 	"github.com/google/uuid"
 )
 
-const buildCatchUpAcquire = `-- name: BuildCatchUpAcquire :one
-UPDATE wh_perspective_builds
-SET catchup_holder = $1::uuid,
-    catchup_expiry = clock_timestamp() + make_interval(secs => $2::float8),
-    catchup_started_at = COALESCE(catchup_started_at, now())
-WHERE build_key = $3
-  AND state <> 'retired'
-  AND NOT catchup_done
-  AND (catchup_holder IS NULL OR catchup_expiry <= clock_timestamp() OR catchup_holder = $1::uuid)
-RETURNING catchup_stream_id, catchup_event_id
+const appendLockHolders = `-- name: AppendLockHolders :many
+SELECT l.virtualtransaction::text AS transaction,
+       COALESCE(l.pid, 0)::int4 AS pid,
+       COALESCE((extract(epoch FROM clock_timestamp() - a.xact_start) * 1000000)::bigint, -1)::bigint AS xact_age_micros
+FROM pg_catalog.pg_locks l
+LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
+WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ShareLock'
+  AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = current_database())
+  AND l.classid = (7214082031553392641::bigint >> 32)::oid
+  AND l.objid = (7214082031553392641::bigint & 4294967295)::oid
+  AND l.objsubid = 1
+ORDER BY a.xact_start NULLS LAST, l.virtualtransaction
 `
 
-type BuildCatchUpAcquireParams struct {
-	InstanceID   uuid.UUID
-	LeaseSeconds float64
-	BuildKey     string
+type AppendLockHoldersRow struct {
+	Transaction   string
+	Pid           int32
+	XactAgeMicros int64
 }
 
-type BuildCatchUpAcquireRow struct {
-	CatchupStreamID uuid.NullUUID
-	CatchupEventID  uuid.NullUUID
-}
-
-// Takes (or renews) the lease on a build's catch-up: free, expired, or already the
-// caller's. Returns the position to continue from; no row when another instance holds it or
-// the catch-up is done.
-func (q *Queries) BuildCatchUpAcquire(ctx context.Context, arg BuildCatchUpAcquireParams) (BuildCatchUpAcquireRow, error) {
-	row := q.db.QueryRow(ctx, buildCatchUpAcquire, arg.InstanceID, arg.LeaseSeconds, arg.BuildKey)
-	var i BuildCatchUpAcquireRow
-	err := row.Scan(&i.CatchupStreamID, &i.CatchupEventID)
-	return i, err
-}
-
-const buildCatchUpAdvance = `-- name: BuildCatchUpAdvance :execrows
-UPDATE wh_perspective_builds b
-SET catchup_stream_id = CASE WHEN a.done THEN b.catchup_stream_id ELSE a.stream_id END,
-    catchup_event_id  = CASE WHEN a.done THEN b.catchup_event_id ELSE a.event_id END,
-    catchup_events    = b.catchup_events + a.events,
-    catchup_streams   = b.catchup_streams + a.streams + CASE
-        WHEN NOT a.done OR b.catchup_stream_id IS NULL
-             OR b.catchup_event_id = 'ffffffff-ffff-ffff-ffff-ffffffffffff' THEN 0
-        ELSE 1 END,
-    catchup_done      = a.done,
-    catchup_done_at   = CASE WHEN a.done THEN now() END,
-    catchup_holder    = CASE WHEN a.done THEN NULL ELSE b.catchup_holder END,
-    catchup_expiry    = CASE WHEN a.done THEN NULL ELSE clock_timestamp() + make_interval(secs => a.lease_seconds) END
-FROM (SELECT $5::bool AS done, $6::uuid AS stream_id, $7::uuid AS event_id,
-             $8::bigint AS events, $9::bigint AS streams, $10::float8 AS lease_seconds) a
-WHERE b.build_key = $1
-  AND (a.done OR a.stream_id IS NOT NULL) -- a page always moves to a position
-  AND b.catchup_holder = $2::uuid
-  AND NOT b.catchup_done
-  AND b.catchup_stream_id IS NOT DISTINCT FROM $3::uuid
-  AND b.catchup_event_id IS NOT DISTINCT FROM $4::uuid
-`
-
-type BuildCatchUpAdvanceParams struct {
-	BuildKey     string
-	InstanceID   uuid.UUID
-	FromStreamID uuid.NullUUID
-	FromEventID  uuid.NullUUID
-	Done         bool
-	StreamID     uuid.NullUUID
-	EventID      uuid.NullUUID
-	Events       int64
-	Streams      int64
-	LeaseSeconds float64
-}
-
-// Moves a build's catch-up position, in the transaction that wrote the page's models, and
-// renews the lease; with done (no stored event after the position) ends the catch-up
-// instead: the stream it was at counts as passed (unless it was passed whole already: its
-// position is the highest UUID) and the lease is let go. Fenced: only while the caller
-// holds the lease and the position is still the one it started from (0 rows and the page is
-// rolled back). Not on the lease's expiry: the page's transaction has held the build's row
-// since it took the lease (BuildCatchUpAcquire), so no other instance could take it over
-// meanwhile, however long the fold took; refusing a page that outlived its lease only made
-// every instance fold the same page again, for ever, when a page takes longer than the lease
-// (a slow perspective: TestReliabilityRandomizedModelCheck, LockTimeout 2 s).
-func (q *Queries) BuildCatchUpAdvance(ctx context.Context, arg BuildCatchUpAdvanceParams) (int64, error) {
-	result, err := q.db.Exec(ctx, buildCatchUpAdvance,
-		arg.BuildKey,
-		arg.InstanceID,
-		arg.FromStreamID,
-		arg.FromEventID,
-		arg.Done,
-		arg.StreamID,
-		arg.EventID,
-		arg.Events,
-		arg.Streams,
-		arg.LeaseSeconds,
-	)
+// The transactions holding the shared side of the append lock (they appended events and have
+// not ended): each one's virtual transaction ID (which names it alone, while it runs), its
+// server process (0: a prepared transaction) and how long it has been open (-1: not visible
+// to this role), longest first. An advisory lock on one bigint key is classid (its high 32
+// bits), objid (its low 32 bits) and objsubid 1 in pg_locks.
+func (q *Queries) AppendLockHolders(ctx context.Context) ([]AppendLockHoldersRow, error) {
+	rows, err := q.db.Query(ctx, appendLockHolders)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	return result.RowsAffected(), nil
-}
-
-const buildCleanupBatch = `-- name: BuildCleanupBatch :one
-WITH win AS (
-    SELECT c.stream_id
-    FROM wh_perspective_cursors c
-    WHERE c.perspective_name = $1
-    ORDER BY c.stream_id
-    LIMIT $2
-    -- Another instance cleaning the same build at once takes other pairs: 0 pairs deleted
-    -- means none is left but those another transaction holds (see BuildMarkCleaned).
-    FOR UPDATE OF c SKIP LOCKED
-), q AS (
-    DELETE FROM wh_perspective_events e USING win
-    WHERE e.stream_id = win.stream_id AND e.perspective_name = $1
-), d AS (
-    DELETE FROM wh_perspective_pairs p USING win
-    WHERE p.stream_id = win.stream_id AND p.perspective_name = $1
-), s AS (
-    DELETE FROM wh_perspective_snapshots sn USING win
-    WHERE sn.stream_id = win.stream_id AND sn.perspective_name = $1
-), m AS (
-    DELETE FROM wh_perspective_models mo USING win
-    WHERE mo.stream_id = win.stream_id AND mo.perspective_name = $1
-), c AS (
-    DELETE FROM wh_perspective_cursors cu USING win
-    WHERE cu.stream_id = win.stream_id AND cu.perspective_name = $1
-    RETURNING 1
-)
-SELECT count(*)::bigint AS deleted FROM c
-`
-
-type BuildCleanupBatchParams struct {
-	BuildKey  string
-	BatchSize int32
-}
-
-// Deletes the rows of up to batch_size pairs of a retired build: queue rows, due rows,
-// snapshots, model and cursor. Returns the number of pairs deleted (0: none left).
-func (q *Queries) BuildCleanupBatch(ctx context.Context, arg BuildCleanupBatchParams) (int64, error) {
-	row := q.db.QueryRow(ctx, buildCleanupBatch, arg.BuildKey, arg.BatchSize)
-	var deleted int64
-	err := row.Scan(&deleted)
-	return deleted, err
+	defer rows.Close()
+	items := []AppendLockHoldersRow{}
+	for rows.Next() {
+		var i AppendLockHoldersRow
+		if err := rows.Scan(&i.Transaction, &i.Pid, &i.XactAgeMicros); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const buildCreate = `-- name: BuildCreate :exec
@@ -193,58 +96,6 @@ func (q *Queries) BuildKeyTaken(ctx context.Context, buildKey string) (bool, err
 	return column_1, err
 }
 
-const buildMarkCleaned = `-- name: BuildMarkCleaned :exec
-UPDATE wh_perspective_builds b SET cleaned_at = now()
-WHERE b.build_key = $1 AND b.state = 'retired'
-  AND NOT EXISTS (SELECT 1 FROM wh_perspective_cursors c WHERE c.perspective_name = $1)
-`
-
-// Marks a retired build cleaned once none of its cursor rows is left (BuildCleanupBatch found
-// none it could lock): not while another transaction holds some, which may be a cleanup that
-// fails or a lock that deletes nothing; the next cleanup deletes them.
-func (q *Queries) BuildMarkCleaned(ctx context.Context, buildKey string) error {
-	_, err := q.db.Exec(ctx, buildMarkCleaned, buildKey)
-	return err
-}
-
-const buildQueueAge = `-- name: BuildQueueAge :one
-SELECT COALESCE((extract(epoch FROM clock_timestamp() - min(enqueued_at)) * 1000000)::bigint, -1)::bigint AS oldest_micros
-FROM wh_perspective_events
-WHERE perspective_name = $1
-`
-
-// The age of the oldest event queued for a build, in microseconds (-1: none queued).
-func (q *Queries) BuildQueueAge(ctx context.Context, buildKey string) (int64, error) {
-	row := q.db.QueryRow(ctx, buildQueueAge, buildKey)
-	var oldest_micros int64
-	err := row.Scan(&oldest_micros)
-	return oldest_micros, err
-}
-
-const buildSetState = `-- name: BuildSetState :exec
-UPDATE wh_perspective_builds
-SET state = $1::text,
-    promoted_at = CASE WHEN $1::text = 'active' THEN clock_timestamp() ELSE promoted_at END,
-    retired_at  = CASE WHEN $1::text = 'retired' THEN clock_timestamp() ELSE retired_at END,
-    catchup_holder = CASE WHEN $1::text = 'retired' THEN NULL ELSE catchup_holder END,
-    catchup_expiry = CASE WHEN $1::text = 'retired' THEN NULL ELSE catchup_expiry END
-FROM (SELECT CASE WHEN $1::text = 'active' THEN pg_notify('wh_applied', '') END) notified
-WHERE build_key = $2
-`
-
-type BuildSetStateParams struct {
-	State    string
-	BuildKey string
-}
-
-// The times are the statement's, not the transaction's start: a promotion sets them under the
-// append lock, so every Append that still queued for the old state started before them.
-// Making a build active (a promotion) notifies wh_applied: WaitFor judges the new active build.
-func (q *Queries) BuildSetState(ctx context.Context, arg BuildSetStateParams) error {
-	_, err := q.db.Exec(ctx, buildSetState, arg.State, arg.BuildKey)
-	return err
-}
-
 const buildsOf = `-- name: BuildsOf :many
 
 SELECT build_key, perspective_name, version, build, state, catchup_done
@@ -262,8 +113,10 @@ type BuildsOfRow struct {
 	CatchupDone     bool
 }
 
-// Builds of perspectives (schema/000002_builds.up.sql): registration, catch-up from the
-// event store, promotion and the cleanup of retired builds.
+// Registration of builds (schema/000002_builds.up.sql) and the append lock. Append takes the
+// shared side of a transaction-level advisory lock and registration the exclusive one, so
+// every Append either commits before a new build is registered (its events are then in the
+// store when the build's catch-up reads it) or queues its events for the new build.
 // Every build of the given perspectives, oldest first.
 func (q *Queries) BuildsOf(ctx context.Context, perspectiveNames []string) ([]BuildsOfRow, error) {
 	rows, err := q.db.Query(ctx, buildsOf, perspectiveNames)
@@ -404,122 +257,6 @@ func (q *Queries) BuildsStatus(ctx context.Context) ([]BuildsStatusRow, error) {
 	return items, nil
 }
 
-const buildsToClean = `-- name: BuildsToClean :many
-SELECT build_key
-FROM wh_perspective_builds
-WHERE perspective_name = ANY($1::text[])
-  AND state = 'retired'
-  AND cleaned_at IS NULL
-  AND retired_at <= now() - make_interval(secs => $2::float8)
-`
-
-type BuildsToCleanParams struct {
-	PerspectiveNames []string
-	GraceSeconds     float64
-}
-
-// Retired builds of the given perspectives whose rows are not all deleted, retired at least
-// grace_seconds ago (a transaction an instance began before it saw the retirement has ended).
-func (q *Queries) BuildsToClean(ctx context.Context, arg BuildsToCleanParams) ([]string, error) {
-	rows, err := q.db.Query(ctx, buildsToClean, arg.PerspectiveNames, arg.GraceSeconds)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []string{}
-	for rows.Next() {
-		var build_key string
-		if err := rows.Scan(&build_key); err != nil {
-			return nil, err
-		}
-		items = append(items, build_key)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
-const catchUpPage = `-- name: CatchUpPage :many
-SELECT event_id, stream_id, event_type, data, created_at
-FROM wh_event_store
-WHERE (stream_id, event_id) > ($1::uuid, $2::uuid)
-ORDER BY stream_id, event_id
-LIMIT $3
-`
-
-type CatchUpPageParams struct {
-	AfterStreamID uuid.UUID
-	AfterEventID  uuid.UUID
-	PageSize      int32
-}
-
-// The next page of stored events after a position, in (stream_id, event_id) order.
-func (q *Queries) CatchUpPage(ctx context.Context, arg CatchUpPageParams) ([]WhEventStore, error) {
-	rows, err := q.db.Query(ctx, catchUpPage, arg.AfterStreamID, arg.AfterEventID, arg.PageSize)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []WhEventStore{}
-	for rows.Next() {
-		var i WhEventStore
-		if err := rows.Scan(
-			&i.EventID,
-			&i.StreamID,
-			&i.EventType,
-			&i.Data,
-			&i.CreatedAt,
-		); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
-const catchUpQueued = `-- name: CatchUpQueued :many
-SELECT stream_id, event_id
-FROM wh_perspective_events
-WHERE stream_id >= $1 AND stream_id <= $2
-  AND perspective_name = $3
-`
-
-type CatchUpQueuedParams struct {
-	FirstStreamID uuid.UUID
-	LastStreamID  uuid.UUID
-	BuildKey      string
-}
-
-type CatchUpQueuedRow struct {
-	StreamID uuid.UUID
-	EventID  uuid.UUID
-}
-
-// The events queued for a build among the streams from first to last (a page's streams).
-func (q *Queries) CatchUpQueued(ctx context.Context, arg CatchUpQueuedParams) ([]CatchUpQueuedRow, error) {
-	rows, err := q.db.Query(ctx, catchUpQueued, arg.FirstStreamID, arg.LastStreamID, arg.BuildKey)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []CatchUpQueuedRow{}
-	for rows.Next() {
-		var i CatchUpQueuedRow
-		if err := rows.Scan(&i.StreamID, &i.EventID); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
 const eventStoreEstimate = `-- name: EventStoreEstimate :one
 SELECT c.reltuples::bigint AS estimate FROM pg_catalog.pg_class c WHERE c.oid = 'wh_event_store'::regclass
 `
@@ -556,44 +293,87 @@ func (q *Queries) ModelActiveGet(ctx context.Context, arg ModelActiveGetParams) 
 	return model, err
 }
 
-const queueEnqueueStreamFrom = `-- name: QueueEnqueueStreamFrom :one
-WITH queued AS (
-    INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)
-    SELECT e.stream_id, $1::text, e.event_id
-    FROM wh_event_store e
-    WHERE e.stream_id = $2 AND e.event_id >= $3
-      AND NOT EXISTS (SELECT 1 FROM wh_skipped_events s
-                      WHERE s.stream_id = e.stream_id AND s.perspective_name = $1::text
-                        AND s.event_id = e.event_id)
-    ON CONFLICT DO NOTHING
-    RETURNING 1
-), due AS (
-    INSERT INTO wh_perspective_pairs (stream_id, perspective_name, due_at)
-    SELECT $2, $1::text, now()
-    WHERE EXISTS (SELECT 1 FROM queued)
-    ON CONFLICT (stream_id, perspective_name) DO NOTHING
-)
-SELECT count(*)::bigint FROM queued
-WHERE (SELECT count(*) FROM (SELECT pg_notify('wh_perspective_events', '') WHERE EXISTS (SELECT 1 FROM queued)) n) >= 0
+const perspectiveExists = `-- name: PerspectiveExists :one
+SELECT EXISTS (SELECT 1 FROM wh_perspectives WHERE perspective_name = $1)::bool
 `
 
-type QueueEnqueueStreamFromParams struct {
-	BuildKey    string
-	StreamID    uuid.UUID
-	FromEventID uuid.UUID
-}
-
-// Queues a stream's stored events from an event on (inclusive; the nil UUID: all of them)
-// for a build: what a catch-up could not apply (a failing event and the ones after it, the
-// rest of a long stream) is left to the normal path; a rebuild queues the whole stream.
-// Events the pair skipped stay skipped. The pair's due row is created, due now, unless it
-// has one (a failure recorded in the same transaction keeps its backoff); the listening
-// workers are told. Returns the rows queued.
-func (q *Queries) QueueEnqueueStreamFrom(ctx context.Context, arg QueueEnqueueStreamFromParams) (int64, error) {
-	row := q.db.QueryRow(ctx, queueEnqueueStreamFrom, arg.BuildKey, arg.StreamID, arg.FromEventID)
-	var column_1 int64
+func (q *Queries) PerspectiveExists(ctx context.Context, perspectiveName string) (bool, error) {
+	row := q.db.QueryRow(ctx, perspectiveExists, perspectiveName)
+	var column_1 bool
 	err := row.Scan(&column_1)
 	return column_1, err
+}
+
+const perspectiveList = `-- name: PerspectiveList :many
+SELECT perspective_name, registered_at FROM wh_perspectives ORDER BY perspective_name
+`
+
+func (q *Queries) PerspectiveList(ctx context.Context) ([]WhPerspective, error) {
+	rows, err := q.db.Query(ctx, perspectiveList)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []WhPerspective{}
+	for rows.Next() {
+		var i WhPerspective
+		if err := rows.Scan(&i.PerspectiveName, &i.RegisteredAt); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const perspectiveRegister = `-- name: PerspectiveRegister :execrows
+INSERT INTO wh_perspectives (perspective_name) VALUES ($1)
+ON CONFLICT (perspective_name) DO NOTHING
+`
+
+func (q *Queries) PerspectiveRegister(ctx context.Context, perspectiveName string) (int64, error) {
+	result, err := q.db.Exec(ctx, perspectiveRegister, perspectiveName)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const registerLock = `-- name: RegisterLock :exec
+SELECT set_config('lock_timeout', s.before || left(pg_advisory_xact_lock(7214082031553392641)::text, 0), true)
+FROM (SELECT b.before, set_config('lock_timeout', ($1::int)::text, true) AS bound
+      FROM (SELECT current_setting('lock_timeout') AS before OFFSET 0) b) s
+`
+
+// The exclusive side of the append lock, held by the (short) transaction that adds or
+// promotes a build, waited for wait_ms at most (the transaction's lock_timeout, set back to
+// what it was once the lock is granted): a lock not granted by then fails with SQLSTATE
+// 55P03, and the caller tries again in a new transaction (worker/pgstore_builds.go,
+// underAppendLock). A request that waits makes every later Append wait behind it, since
+// PostgreSQL queues a shared request behind a waiting exclusive one: unbounded, a
+// transaction that appended and stays open would hold up every Append until it ends. The
+// order is the data's: the innermost subquery (OFFSET 0: not pulled up) reads the value
+// before, the one around it sets the bound (a volatile output, kept and evaluated as its row
+// is made), and the lock is an argument of the call that sets the value back. (As a WHERE
+// clause the lock would be pushed down below the bound.)
+func (q *Queries) RegisterLock(ctx context.Context, waitMs int32) error {
+	_, err := q.db.Exec(ctx, registerLock, waitMs)
+	return err
+}
+
+const registerLockTry = `-- name: RegisterLockTry :one
+SELECT pg_try_advisory_xact_lock(7214082031553392641)::bool AS locked
+`
+
+// The exclusive side of the append lock if no transaction holds it now (false otherwise): a
+// try never queues, so no Append waits behind it (see RegisterLock).
+func (q *Queries) RegisterLockTry(ctx context.Context) (bool, error) {
+	row := q.db.QueryRow(ctx, registerLockTry)
+	var locked bool
+	err := row.Scan(&locked)
+	return locked, err
 }
 
 const registrationBump = `-- name: RegistrationBump :exec

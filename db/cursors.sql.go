@@ -12,77 +12,8 @@ import (
 	"github.com/google/uuid"
 )
 
-const cursorFailuresLock = `-- name: CursorFailuresLock :one
-SELECT attempts, failed_event_id FROM wh_perspective_cursors
-WHERE stream_id = $1 AND perspective_name = $2
-FOR UPDATE
-`
-
-type CursorFailuresLockParams struct {
-	StreamID        uuid.UUID
-	PerspectiveName string
-}
-
-type CursorFailuresLockRow struct {
-	Attempts      int32
-	FailedEventID uuid.NullUUID
-}
-
-// Locks the cursor row (waiting for other writers) and returns its failures in a row, and
-// the event they are of (NULL: none, or not one event's).
-func (q *Queries) CursorFailuresLock(ctx context.Context, arg CursorFailuresLockParams) (CursorFailuresLockRow, error) {
-	row := q.db.QueryRow(ctx, cursorFailuresLock, arg.StreamID, arg.PerspectiveName)
-	var i CursorFailuresLockRow
-	err := row.Scan(&i.Attempts, &i.FailedEventID)
-	return i, err
-}
-
-const cursorGet = `-- name: CursorGet :one
-SELECT stream_id, perspective_name, last_event_id, version, status, last_error, attempts,
-       events_since_snapshot,
-       stream_lock_instance_id,
-       COALESCE(stream_lock_expiry > clock_timestamp(), false)::bool AS lock_live
-FROM wh_perspective_cursors
-WHERE stream_id = $1 AND perspective_name = $2
-`
-
-type CursorGetParams struct {
-	StreamID        uuid.UUID
-	PerspectiveName string
-}
-
-type CursorGetRow struct {
-	StreamID             uuid.UUID
-	PerspectiveName      string
-	LastEventID          uuid.NullUUID
-	Version              int64
-	Status               string
-	LastError            *string
-	Attempts             int32
-	EventsSinceSnapshot  int32
-	StreamLockInstanceID uuid.NullUUID
-	LockLive             bool
-}
-
-func (q *Queries) CursorGet(ctx context.Context, arg CursorGetParams) (CursorGetRow, error) {
-	row := q.db.QueryRow(ctx, cursorGet, arg.StreamID, arg.PerspectiveName)
-	var i CursorGetRow
-	err := row.Scan(
-		&i.StreamID,
-		&i.PerspectiveName,
-		&i.LastEventID,
-		&i.Version,
-		&i.Status,
-		&i.LastError,
-		&i.Attempts,
-		&i.EventsSinceSnapshot,
-		&i.StreamLockInstanceID,
-		&i.LockLive,
-	)
-	return i, err
-}
-
 const cursorLock = `-- name: CursorLock :one
+
 SELECT last_event_id, version,
        COALESCE(CASE WHEN stream_lock_expiry > clock_timestamp() THEN stream_lock_instance_id END,
                 '00000000-0000-0000-0000-000000000000')::uuid AS lock_holder
@@ -102,6 +33,7 @@ type CursorLockRow struct {
 	LockHolder  uuid.UUID
 }
 
+// Cursor rows: the lock a long operation's final write takes, and the failed ones listed.
 // Locks the cursor row, waiting for other writers (final writes of long operations).
 // lock_holder is the holder of an unexpired stream lock (the nil UUID: none), judged with clock_timestamp(): the
 // fencing check must see the time after the wait.
@@ -110,44 +42,6 @@ func (q *Queries) CursorLock(ctx context.Context, arg CursorLockParams) (CursorL
 	var i CursorLockRow
 	err := row.Scan(&i.LastEventID, &i.Version, &i.LockHolder)
 	return i, err
-}
-
-const cursorReset = `-- name: CursorReset :exec
-WITH cur AS (
-    UPDATE wh_perspective_cursors c
-    SET last_event_id = NULL,
-        version = c.version + 1,
-        events_since_snapshot = 0,
-        status = 'ok',
-        last_error = NULL,
-        failed_event_id = NULL,
-        failed_since = NULL,
-        attempts = 0,
-        updated_at = now()
-    WHERE c.stream_id = $1 AND c.perspective_name = $2
-    RETURNING c.stream_id, c.perspective_name
-), due AS (
-    UPDATE wh_perspective_pairs d
-    SET due_at = now()
-    FROM cur
-    WHERE d.stream_id = cur.stream_id AND d.perspective_name = cur.perspective_name
-      AND d.due_at > now() AND d.leased_by IS NULL
-    RETURNING 1
-)
-SELECT pg_notify('wh_perspective_events', '') WHERE EXISTS (SELECT 1 FROM due)
-`
-
-type CursorResetParams struct {
-	StreamID        uuid.UUID
-	PerspectiveName string
-}
-
-// Resets the pair's cursor (purge): no position, no failure; its queued rows (of a pair
-// that was failing or parked) are due now (its due row, when it has one; its lease, if any,
-// is kept), which the listening workers are told.
-func (q *Queries) CursorReset(ctx context.Context, arg CursorResetParams) error {
-	_, err := q.db.Exec(ctx, cursorReset, arg.StreamID, arg.PerspectiveName)
-	return err
 }
 
 const cursorsFailed = `-- name: CursorsFailed :many

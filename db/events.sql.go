@@ -12,51 +12,6 @@ import (
 	"github.com/google/uuid"
 )
 
-const appendLockHolders = `-- name: AppendLockHolders :many
-SELECT l.virtualtransaction::text AS transaction,
-       COALESCE(l.pid, 0)::int4 AS pid,
-       COALESCE((extract(epoch FROM clock_timestamp() - a.xact_start) * 1000000)::bigint, -1)::bigint AS xact_age_micros
-FROM pg_catalog.pg_locks l
-LEFT JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
-WHERE l.locktype = 'advisory' AND l.granted AND l.mode = 'ShareLock'
-  AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = current_database())
-  AND l.classid = (7214082031553392641::bigint >> 32)::oid
-  AND l.objid = (7214082031553392641::bigint & 4294967295)::oid
-  AND l.objsubid = 1
-ORDER BY a.xact_start NULLS LAST, l.virtualtransaction
-`
-
-type AppendLockHoldersRow struct {
-	Transaction   string
-	Pid           int32
-	XactAgeMicros int64
-}
-
-// The transactions holding the shared side of the append lock (they appended events and have
-// not ended): each one's virtual transaction ID (which names it alone, while it runs), its
-// server process (0: a prepared transaction) and how long it has been open (-1: not visible
-// to this role), longest first. An advisory lock on one bigint key is classid (its high 32
-// bits), objid (its low 32 bits) and objsubid 1 in pg_locks.
-func (q *Queries) AppendLockHolders(ctx context.Context) ([]AppendLockHoldersRow, error) {
-	rows, err := q.db.Query(ctx, appendLockHolders)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []AppendLockHoldersRow{}
-	for rows.Next() {
-		var i AppendLockHoldersRow
-		if err := rows.Scan(&i.Transaction, &i.Pid, &i.XactAgeMicros); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
 const backendPID = `-- name: BackendPID :one
 SELECT pg_backend_pid()::int4 AS pid
 `
@@ -81,6 +36,7 @@ func (q *Queries) EventCount(ctx context.Context) (int64, error) {
 }
 
 const eventsAppend = `-- name: EventsAppend :one
+
 SELECT wh_append($1::uuid[], $2::uuid[], $3::text[],
                  $4::text[], $5::timestamptz[])::bigint AS queued
 `
@@ -93,6 +49,7 @@ type EventsAppendParams struct {
 	CreatedAts []time.Time
 }
 
+// Appending events (wh_append) and reading them: LoadModel's active model, counts.
 // Stores the events, enqueues one row per (event, build being built or active), makes sure
 // each pair has a cursor row and notifies listening workers, in one statement (see wh_append
 // in schema/000003_append.up.sql). Returns the number of queue rows written.
@@ -141,149 +98,6 @@ func (q *Queries) EventsForStream(ctx context.Context, streamID uuid.UUID) ([]Wh
 		return nil, err
 	}
 	return items, nil
-}
-
-const eventsReplayPage = `-- name: EventsReplayPage :many
-SELECT e.event_id, e.stream_id, e.event_type, e.data, e.created_at
-FROM wh_event_store e
-WHERE e.stream_id = $1
-  AND e.event_id > $2
-  AND e.event_id <= $3
-  AND NOT EXISTS (SELECT 1 FROM wh_skipped_events s
-                  WHERE s.stream_id = e.stream_id AND s.perspective_name = $4::text
-                    AND s.event_id = e.event_id)
-ORDER BY e.event_id
-LIMIT $5
-`
-
-type EventsReplayPageParams struct {
-	StreamID     uuid.UUID
-	AfterEventID uuid.UUID
-	UptoEventID  uuid.UUID
-	BuildKey     string
-	PageSize     int32
-}
-
-// One page of a stream's events after a position, up to an inclusive bound, in ID order,
-// without the events the pair (the stream and build_key) skipped.
-func (q *Queries) EventsReplayPage(ctx context.Context, arg EventsReplayPageParams) ([]WhEventStore, error) {
-	rows, err := q.db.Query(ctx, eventsReplayPage,
-		arg.StreamID,
-		arg.AfterEventID,
-		arg.UptoEventID,
-		arg.BuildKey,
-		arg.PageSize,
-	)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []WhEventStore{}
-	for rows.Next() {
-		var i WhEventStore
-		if err := rows.Scan(
-			&i.EventID,
-			&i.StreamID,
-			&i.EventType,
-			&i.Data,
-			&i.CreatedAt,
-		); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
-const perspectiveExists = `-- name: PerspectiveExists :one
-SELECT EXISTS (SELECT 1 FROM wh_perspectives WHERE perspective_name = $1)::bool
-`
-
-func (q *Queries) PerspectiveExists(ctx context.Context, perspectiveName string) (bool, error) {
-	row := q.db.QueryRow(ctx, perspectiveExists, perspectiveName)
-	var column_1 bool
-	err := row.Scan(&column_1)
-	return column_1, err
-}
-
-const perspectiveList = `-- name: PerspectiveList :many
-SELECT perspective_name, registered_at FROM wh_perspectives ORDER BY perspective_name
-`
-
-func (q *Queries) PerspectiveList(ctx context.Context) ([]WhPerspective, error) {
-	rows, err := q.db.Query(ctx, perspectiveList)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []WhPerspective{}
-	for rows.Next() {
-		var i WhPerspective
-		if err := rows.Scan(&i.PerspectiveName, &i.RegisteredAt); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
-const perspectiveRegister = `-- name: PerspectiveRegister :execrows
-INSERT INTO wh_perspectives (perspective_name) VALUES ($1)
-ON CONFLICT (perspective_name) DO NOTHING
-`
-
-func (q *Queries) PerspectiveRegister(ctx context.Context, perspectiveName string) (int64, error) {
-	result, err := q.db.Exec(ctx, perspectiveRegister, perspectiveName)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
-const registerLock = `-- name: RegisterLock :exec
-
-SELECT set_config('lock_timeout', s.before || left(pg_advisory_xact_lock(7214082031553392641)::text, 0), true)
-FROM (SELECT b.before, set_config('lock_timeout', ($1::int)::text, true) AS bound
-      FROM (SELECT current_setting('lock_timeout') AS before OFFSET 0) b) s
-`
-
-// Appending events and registering builds. Append takes a shared transaction-level
-// advisory lock and registration the exclusive one, so every Append either commits before a
-// new build is registered (its events are then in the store when the build's catch-up reads
-// it) or queues its events for the new build.
-// The exclusive side of the append lock, held by the (short) transaction that adds or
-// promotes a build, waited for wait_ms at most (the transaction's lock_timeout, set back to
-// what it was once the lock is granted): a lock not granted by then fails with SQLSTATE
-// 55P03, and the caller tries again in a new transaction (worker/pgstore_builds.go,
-// underAppendLock). A request that waits makes every later Append wait behind it, since
-// PostgreSQL queues a shared request behind a waiting exclusive one: unbounded, a
-// transaction that appended and stays open would hold up every Append until it ends. The
-// order is the data's: the innermost subquery (OFFSET 0: not pulled up) reads the value
-// before, the one around it sets the bound (a volatile output, kept and evaluated as its row
-// is made), and the lock is an argument of the call that sets the value back. (As a WHERE
-// clause the lock would be pushed down below the bound.)
-func (q *Queries) RegisterLock(ctx context.Context, waitMs int32) error {
-	_, err := q.db.Exec(ctx, registerLock, waitMs)
-	return err
-}
-
-const registerLockTry = `-- name: RegisterLockTry :one
-SELECT pg_try_advisory_xact_lock(7214082031553392641)::bool AS locked
-`
-
-// The exclusive side of the append lock if no transaction holds it now (false otherwise): a
-// try never queues, so no Append waits behind it (see RegisterLock).
-func (q *Queries) RegisterLockTry(ctx context.Context) (bool, error) {
-	row := q.db.QueryRow(ctx, registerLockTry)
-	var locked bool
-	err := row.Scan(&locked)
-	return locked, err
 }
 
 const streamIDs = `-- name: StreamIDs :many

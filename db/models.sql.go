@@ -11,86 +11,6 @@ import (
 	"github.com/google/uuid"
 )
 
-const modelDelete = `-- name: ModelDelete :execrows
-DELETE FROM wh_perspective_models
-WHERE stream_id = $1 AND perspective_name = $2
-`
-
-type ModelDeleteParams struct {
-	StreamID        uuid.UUID
-	PerspectiveName string
-}
-
-func (q *Queries) ModelDelete(ctx context.Context, arg ModelDeleteParams) (int64, error) {
-	result, err := q.db.Exec(ctx, modelDelete, arg.StreamID, arg.PerspectiveName)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
-}
-
-const snapshotIDs = `-- name: SnapshotIDs :many
-SELECT snapshot_event_id
-FROM wh_perspective_snapshots
-WHERE stream_id = $1 AND perspective_name = $2
-ORDER BY snapshot_event_id DESC
-`
-
-type SnapshotIDsParams struct {
-	StreamID        uuid.UUID
-	PerspectiveName string
-}
-
-// Snapshot positions of one pair, newest first.
-func (q *Queries) SnapshotIDs(ctx context.Context, arg SnapshotIDsParams) ([]uuid.UUID, error) {
-	rows, err := q.db.Query(ctx, snapshotIDs, arg.StreamID, arg.PerspectiveName)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []uuid.UUID{}
-	for rows.Next() {
-		var snapshot_event_id uuid.UUID
-		if err := rows.Scan(&snapshot_event_id); err != nil {
-			return nil, err
-		}
-		items = append(items, snapshot_event_id)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
-const snapshotLatestBefore = `-- name: SnapshotLatestBefore :one
-SELECT snapshot_event_id, model
-FROM wh_perspective_snapshots
-WHERE stream_id = $1
-  AND perspective_name = $2
-  AND snapshot_event_id < $3
-ORDER BY snapshot_event_id DESC
-LIMIT 1
-`
-
-type SnapshotLatestBeforeParams struct {
-	StreamID        uuid.UUID
-	PerspectiveName string
-	BeforeEventID   uuid.UUID
-}
-
-type SnapshotLatestBeforeRow struct {
-	SnapshotEventID uuid.UUID
-	Model           []byte
-}
-
-// The newest snapshot strictly before an event.
-func (q *Queries) SnapshotLatestBefore(ctx context.Context, arg SnapshotLatestBeforeParams) (SnapshotLatestBeforeRow, error) {
-	row := q.db.QueryRow(ctx, snapshotLatestBefore, arg.StreamID, arg.PerspectiveName, arg.BeforeEventID)
-	var i SnapshotLatestBeforeRow
-	err := row.Scan(&i.SnapshotEventID, &i.Model)
-	return i, err
-}
-
 const snapshotsDelete = `-- name: SnapshotsDelete :execrows
 DELETE FROM wh_perspective_snapshots s
 USING (
@@ -142,6 +62,7 @@ func (q *Queries) SnapshotsDeleteFrom(ctx context.Context, arg SnapshotsDeleteFr
 }
 
 const snapshotsInsert = `-- name: SnapshotsInsert :exec
+
 INSERT INTO wh_perspective_snapshots (stream_id, perspective_name, snapshot_event_id, model)
 SELECT unnest($1::uuid[]), unnest($2::text[]),
        unnest($3::uuid[]), unnest($4::text[])::jsonb
@@ -156,6 +77,7 @@ type SnapshotsInsertParams struct {
 	Models           []string
 }
 
+// Snapshots written by the normal path, a rewind and a bootstrap.
 // Stores snapshots, given as parallel arrays (a snapshot already at that position is
 // replaced).
 func (q *Queries) SnapshotsInsert(ctx context.Context, arg SnapshotsInsertParams) error {

@@ -19,6 +19,8 @@ type Querier interface {
 	AppendLockHolders(ctx context.Context) ([]AppendLockHoldersRow, error)
 	// The process ID of the server backend that runs the statement (see pgq.Pooled).
 	BackendPID(ctx context.Context) (int32, error)
+	// A build's catch-up (worker/catchup.go): its lease, its pages of the event store, the
+	// streams it hands to the queue, its position.
 	// Takes (or renews) the lease on a build's catch-up: free, expired, or already the
 	// caller's. Returns the position to continue from; no row when another instance holds it or
 	// the catch-up is done.
@@ -46,14 +48,17 @@ type Querier interface {
 	// none it could lock): not while another transaction holds some, which may be a cleanup that
 	// fails or a lock that deletes nothing; the next cleanup deletes them.
 	BuildMarkCleaned(ctx context.Context, buildKey string) error
+	// Promotion of a caught-up build (worker/promotion.go).
 	// The age of the oldest event queued for a build, in microseconds (-1: none queued).
 	BuildQueueAge(ctx context.Context, buildKey string) (int64, error)
 	// The times are the statement's, not the transaction's start: a promotion sets them under the
 	// append lock, so every Append that still queued for the old state started before them.
 	// Making a build active (a promotion) notifies wh_applied: WaitFor judges the new active build.
 	BuildSetState(ctx context.Context, arg BuildSetStateParams) error
-	// Builds of perspectives (schema/000002_builds.up.sql): registration, catch-up from the
-	// event store, promotion and the cleanup of retired builds.
+	// Registration of builds (schema/000002_builds.up.sql) and the append lock. Append takes the
+	// shared side of a transaction-level advisory lock and registration the exclusive one, so
+	// every Append either commits before a new build is registered (its events are then in the
+	// store when the build's catch-up reads it) or queues its events for the new build.
 	// Every build of the given perspectives, oldest first.
 	BuildsOf(ctx context.Context, perspectiveNames []string) ([]BuildsOfRow, error)
 	// Every build with its catch-up progress and queue (the versions command, the metrics),
@@ -61,6 +66,7 @@ type Querier interface {
 	// not ok: a few index entries, whatever the size of the cursor table) and the live
 	// instances that run its version (heartbeats younger than three intervals, database clock).
 	BuildsStatus(ctx context.Context) ([]BuildsStatusRow, error)
+	// The cleanup of retired builds' rows, in bounded batches (worker/cleanup.go).
 	// Retired builds of the given perspectives whose rows are not all deleted, retired at least
 	// grace_seconds ago (a transaction an instance began before it saw the retirement has ended).
 	BuildsToClean(ctx context.Context, arg BuildsToCleanParams) ([]string, error)
@@ -72,10 +78,12 @@ type Querier interface {
 	// the event they are of (NULL: none, or not one event's).
 	CursorFailuresLock(ctx context.Context, arg CursorFailuresLockParams) (CursorFailuresLockRow, error)
 	CursorGet(ctx context.Context, arg CursorGetParams) (CursorGetRow, error)
+	// Cursor rows: the lock a long operation's final write takes, and the failed ones listed.
 	// Locks the cursor row, waiting for other writers (final writes of long operations).
 	// lock_holder is the holder of an unexpired stream lock (the nil UUID: none), judged with clock_timestamp(): the
 	// fencing check must see the time after the wait.
 	CursorLock(ctx context.Context, arg CursorLockParams) (CursorLockRow, error)
+	// A purge (worker/purge.go): the model deleted and the cursor reset.
 	// Resets the pair's cursor (purge): no position, no failure; its queued rows (of a pair
 	// that was failing or parked) are due now (its due row, when it has one; its lease, if any,
 	// is kept), which the listening workers are told.
@@ -101,6 +109,7 @@ type Querier interface {
 	EventSkip(ctx context.Context, arg EventSkipParams) ([]string, error)
 	// The planner's estimate of the stored events (-1 before the first ANALYZE).
 	EventStoreEstimate(ctx context.Context) (int64, error)
+	// Appending events (wh_append) and reading them: LoadModel's active model, counts.
 	// Stores the events, enqueues one row per (event, build being built or active), makes sure
 	// each pair has a cursor row and notifies listening workers, in one statement (see wh_append
 	// in schema/000003_append.up.sql). Returns the number of queue rows written.
@@ -123,6 +132,7 @@ type Querier interface {
 	// runs late on the server (its client gave up on it) after Stop deleted the row does not
 	// bring the row back. 0 rows: there is no row.
 	InstanceRefresh(ctx context.Context, arg InstanceRefreshParams) (int64, error)
+	// Forgetting gone instances (worker/forget.go).
 	// Deletes the rows of instances gone (not seen) for longer than forget_seconds: what an
 	// instance killed without a clean stop leaves behind.
 	InstancesForget(ctx context.Context, forgetSeconds float64) (int64, error)
@@ -176,6 +186,7 @@ type Querier interface {
 	// The notification is in a one-row FROM, so it is sent even when no queue row was deleted
 	// (a catch-up page applies events that were never queued).
 	PairsApplyCommit(ctx context.Context, arg PairsApplyCommitParams) (int64, error)
+	// The claim (worker/claim.go): lease the oldest due pairs, and end the leases after the job.
 	// The claim: leases up to max_pairs due pairs of the builds this instance runs (build_keys),
 	// oldest due first, in one statement. A pair is due when its due row says so (due_at: its
 	// oldest queued event, a backoff, 'infinity' while parked, the end of another lease) and
@@ -239,6 +250,7 @@ type Querier interface {
 	QueueCount(ctx context.Context) (int64, error)
 	// Queued rows of a perspective's builds that are not retired, optionally of one stream.
 	QueueCountFor(ctx context.Context, arg QueueCountForParams) (int64, error)
+	// Counts of the queue, for the status and the command line.
 	// Queue depth per perspective, and the age of its oldest row on the database clock.
 	QueueDepth(ctx context.Context) ([]QueueDepthRow, error)
 	// Queues a stream's stored events from an event on (inclusive; the nil UUID: all of them)
@@ -258,16 +270,13 @@ type Querier interface {
 	// not below them it reads and sorts all of each pair's rows instead (a bitmap heap scan and
 	// a sort): 20,000 of a hot stream for every batch of 100. See worker/plans_sql_test.go.
 	QueueEventsForPairs(ctx context.Context, arg QueueEventsForPairsParams) ([]QueueEventsForPairsRow, error)
+	// A rewind (worker/rewind.go): what it starts from, the replay, the snapshots it drops.
 	// The queued event IDs of one pair, in order. The pair is compared with a subquery's values,
 	// which the planner does not know: it plans for an average pair, a lookup in the primary
 	// key, whatever the statistics say of the given one (given a hot stream that they count as a
 	// third of the queue, as they still do after most of its rows were applied, it scans the
 	// whole table). See worker/plans_sql_test.go.
 	QueueIDsForPair(ctx context.Context, arg QueueIDsForPairParams) ([]uuid.UUID, error)
-	// Appending events and registering builds. Append takes a shared transaction-level
-	// advisory lock and registration the exclusive one, so every Append either commits before a
-	// new build is registered (its events are then in the store when the build's catch-up reads
-	// it) or queues its events for the new build.
 	// The exclusive side of the append lock, held by the (short) transaction that adds or
 	// promotes a build, waited for wait_ms at most (the transaction's lock_timeout, set back to
 	// what it was once the lock is granted): a lock not granted by then fails with SQLSTATE
@@ -302,6 +311,7 @@ type Querier interface {
 	// Drops the pair's snapshots at or after an event (a late event invalidated them; the nil
 	// UUID drops them all).
 	SnapshotsDeleteFrom(ctx context.Context, arg SnapshotsDeleteFromParams) (int64, error)
+	// Snapshots written by the normal path, a rewind and a bootstrap.
 	// Stores snapshots, given as parallel arrays (a snapshot already at that position is
 	// replaced).
 	SnapshotsInsert(ctx context.Context, arg SnapshotsInsertParams) error

@@ -11,80 +11,6 @@ import (
 	"github.com/google/uuid"
 )
 
-const pairsClaim = `-- name: PairsClaim :many
-SELECT stream_id, perspective_name, due_at, leased_by FROM wh_claim_pairs($1::uuid, $2::text[], $3::int, $4::float8)
-`
-
-type PairsClaimParams struct {
-	InstanceID   uuid.UUID
-	BuildKeys    []string
-	MaxPairs     int32
-	LeaseSeconds float64
-}
-
-// The claim: leases up to max_pairs due pairs of the builds this instance runs (build_keys),
-// oldest due first, in one statement. A pair is due when its due row says so (due_at: its
-// oldest queued event, a backoff, 'infinity' while parked, the end of another lease) and
-// nothing else holds it: no unexpired stream lock on it (a rewind, a bootstrap, a purge, an
-// operator's lock) and its build's catch-up has passed its stream. Rows another claim is
-// leasing are skipped (SKIP LOCKED), never waited for. Leasing moves the row's due time to
-// the lease's end (lease_seconds on the database clock): if the instance dies, the pair is
-// due again then; wh_pairs_release ends the lease after the job.
-// The statement is wh_claim_pairs (schema/000008_due_pairs.up.sql): the leased rows, then
-// a row of the nil stream with when the next waiting pair becomes due, if one waits.
-func (q *Queries) PairsClaim(ctx context.Context, arg PairsClaimParams) ([]WhPerspectivePair, error) {
-	rows, err := q.db.Query(ctx, pairsClaim,
-		arg.InstanceID,
-		arg.BuildKeys,
-		arg.MaxPairs,
-		arg.LeaseSeconds,
-	)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []WhPerspectivePair{}
-	for rows.Next() {
-		var i WhPerspectivePair
-		if err := rows.Scan(
-			&i.StreamID,
-			&i.PerspectiveName,
-			&i.DueAt,
-			&i.LeasedBy,
-		); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
-const pairsRelease = `-- name: PairsRelease :exec
-SELECT wh_pairs_release($1::uuid, $2::uuid[], $3::text[], $4::float8[])
-`
-
-type PairsReleaseParams struct {
-	InstanceID       uuid.UUID
-	StreamIds        []uuid.UUID
-	PerspectiveNames []string
-	Delays           []float64
-}
-
-// Ends the caller's leases on the given pairs after their job (see wh_pairs_release):
-// delays[i] negative: due at its oldest queued event; else that many seconds from now.
-func (q *Queries) PairsRelease(ctx context.Context, arg PairsReleaseParams) error {
-	_, err := q.db.Exec(ctx, pairsRelease,
-		arg.InstanceID,
-		arg.StreamIds,
-		arg.PerspectiveNames,
-		arg.Delays,
-	)
-	return err
-}
-
 const queueCount = `-- name: QueueCount :one
 SELECT count(*)::bigint FROM wh_perspective_events
 `
@@ -118,6 +44,7 @@ func (q *Queries) QueueCountFor(ctx context.Context, arg QueueCountForParams) (i
 }
 
 const queueDepth = `-- name: QueueDepth :many
+
 SELECT perspective_name,
        count(*)::bigint AS depth,
        (extract(epoch FROM clock_timestamp() - min(enqueued_at)) * 1000000)::bigint AS oldest_age_micros
@@ -132,6 +59,7 @@ type QueueDepthRow struct {
 	OldestAgeMicros int64
 }
 
+// Counts of the queue, for the status and the command line.
 // Queue depth per perspective, and the age of its oldest row on the database clock.
 func (q *Queries) QueueDepth(ctx context.Context) ([]QueueDepthRow, error) {
 	rows, err := q.db.Query(ctx, queueDepth)
@@ -146,42 +74,6 @@ func (q *Queries) QueueDepth(ctx context.Context) ([]QueueDepthRow, error) {
 			return nil, err
 		}
 		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
-const queueIDsForPair = `-- name: QueueIDsForPair :many
-SELECT q.event_id FROM wh_perspective_events q
-WHERE (q.stream_id, q.perspective_name) = (SELECT $1::uuid, $2::text)
-ORDER BY q.event_id
-`
-
-type QueueIDsForPairParams struct {
-	StreamID        uuid.UUID
-	PerspectiveName string
-}
-
-// The queued event IDs of one pair, in order. The pair is compared with a subquery's values,
-// which the planner does not know: it plans for an average pair, a lookup in the primary
-// key, whatever the statistics say of the given one (given a hot stream that they count as a
-// third of the queue, as they still do after most of its rows were applied, it scans the
-// whole table). See worker/plans_sql_test.go.
-func (q *Queries) QueueIDsForPair(ctx context.Context, arg QueueIDsForPairParams) ([]uuid.UUID, error) {
-	rows, err := q.db.Query(ctx, queueIDsForPair, arg.StreamID, arg.PerspectiveName)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []uuid.UUID{}
-	for rows.Next() {
-		var event_id uuid.UUID
-		if err := rows.Scan(&event_id); err != nil {
-			return nil, err
-		}
-		items = append(items, event_id)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err

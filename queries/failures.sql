@@ -107,3 +107,90 @@ LEFT JOIN wh_event_store e ON e.event_id = s.event_id
 WHERE sqlc.narg(perspective_name)::text IS NULL OR b.perspective_name = sqlc.narg(perspective_name)::text
 ORDER BY s.skipped_at DESC, s.stream_id, s.event_id
 LIMIT @max_rows;
+
+-- name: PairsMarkFailed :many
+-- Records a failure of each given pair on its cursor and its due row: errors[i] caused by
+-- event_ids[i] (the nil UUID: not one event's), and does what actions[i] says (the worker's
+-- failure policy decided it from the pair's failures of that event so far; a failure of
+-- another event than the recorded one starts a new count):
+--   'retry': status 'failed', due after the backoff (base_seconds doubled per earlier
+--            failure, capped at max_seconds, from now);
+--   'park':  status 'parked', due never ('infinity') until an operator retries or skips;
+--   'skip':  the event is recorded in wh_skipped_events (skipped_by, reason 'policy') and
+--            unqueued; the pair's failure state clears and it is due now. Its version is
+--            bumped: a rewind in flight, which replayed the event, is refused.
+-- One row per pair is written whatever its backlog: the cursor and the due row (created if
+-- the pair has none, its lease ended). Parking and skipping notify wh_applied (WaitFor
+-- wakes), skipping also wh_perspective_events (the pair is due now). Returns each pair's
+-- action.
+WITH input AS (
+    SELECT unnest(@stream_ids::uuid[]) AS stream_id,
+           unnest(@perspective_names::text[]) AS perspective_name,
+           unnest(@errors::text[]) AS error,
+           unnest(@event_ids::uuid[]) AS event_id,
+           unnest(@actions::text[]) AS action,
+           @base_seconds::float8 AS base_seconds,
+           @max_seconds::float8 AS max_seconds
+), same AS (
+    -- before: the pair's failures in a row of the same event (of no event: the same too)
+    SELECT i.*, c.failed_since,
+           NULLIF(i.event_id, '00000000-0000-0000-0000-000000000000') AS failing,
+           CASE WHEN c.failed_event_id IS NOT DISTINCT FROM NULLIF(i.event_id, '00000000-0000-0000-0000-000000000000')
+                THEN c.attempts ELSE 0 END AS before
+    FROM input i
+    JOIN wh_perspective_cursors c
+      ON c.stream_id = i.stream_id AND c.perspective_name = i.perspective_name
+), old AS (
+    -- The backoff runs from this statement's time, not its transaction's start: recorded in
+    -- an apply transaction, a failure comes after its Apply ran, maybe for long.
+    SELECT s.stream_id, s.perspective_name, s.before AS attempts, s.error, s.action, s.failing AS event_id,
+           CASE WHEN s.before > 0 THEN s.failed_since END AS failed_since,
+           CASE s.action
+               WHEN 'retry' THEN clock_timestamp() + interval '1 second' * LEAST(
+                   s.max_seconds, s.base_seconds * power(2, LEAST(s.before, 40)))
+               WHEN 'park' THEN 'infinity'::timestamptz
+               ELSE clock_timestamp()
+           END AS due
+    FROM same s
+), cur AS (
+    UPDATE wh_perspective_cursors c
+    SET status = CASE o.action WHEN 'retry' THEN 'failed' WHEN 'park' THEN 'parked' ELSE 'ok' END,
+        last_error = CASE WHEN o.action = 'skip' THEN NULL ELSE o.error END,
+        failed_event_id = CASE WHEN o.action = 'skip' THEN NULL ELSE o.event_id END,
+        failed_since = CASE WHEN o.action = 'skip' THEN NULL ELSE COALESCE(o.failed_since, now()) END,
+        attempts = CASE WHEN o.action = 'skip' THEN 0 ELSE o.attempts + 1 END,
+        version = CASE WHEN o.action = 'skip' THEN c.version + 1 ELSE c.version END,
+        updated_at = now()
+    FROM old o
+    WHERE c.stream_id = o.stream_id AND c.perspective_name = o.perspective_name
+    RETURNING c.stream_id, c.perspective_name
+), skipped AS (
+    INSERT INTO wh_skipped_events (stream_id, perspective_name, event_id, skipped_by, reason, attempts, last_error)
+    SELECT o.stream_id, o.perspective_name, o.event_id, @skipped_by::text, 'policy', o.attempts + 1, o.error
+    FROM old o
+    WHERE o.action = 'skip' AND o.event_id IS NOT NULL
+    ON CONFLICT DO NOTHING
+), unqueued AS (
+    DELETE FROM wh_perspective_events q
+    USING old o
+    WHERE o.action = 'skip'
+      AND q.stream_id = o.stream_id AND q.perspective_name = o.perspective_name AND q.event_id = o.event_id
+), due AS (
+    INSERT INTO wh_perspective_pairs (stream_id, perspective_name, due_at)
+    SELECT o.stream_id, o.perspective_name, o.due FROM old o
+    ON CONFLICT (stream_id, perspective_name) DO UPDATE
+    SET due_at = EXCLUDED.due_at, leased_by = NULL
+)
+SELECT o.stream_id, o.perspective_name, o.action::text AS action
+FROM old o
+WHERE (SELECT count(*) FROM (
+          SELECT pg_notify('wh_applied', '') FROM old WHERE action <> 'retry'
+          UNION ALL
+          SELECT pg_notify('wh_perspective_events', '') FROM old WHERE action = 'skip') n) >= 0;
+
+-- name: CursorFailuresLock :one
+-- Locks the cursor row (waiting for other writers) and returns its failures in a row, and
+-- the event they are of (NULL: none, or not one event's).
+SELECT attempts, failed_event_id FROM wh_perspective_cursors
+WHERE stream_id = @stream_id AND perspective_name = @perspective_name
+FOR UPDATE;

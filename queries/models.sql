@@ -1,23 +1,4 @@
--- name: ModelDelete :execrows
-DELETE FROM wh_perspective_models
-WHERE stream_id = @stream_id AND perspective_name = @perspective_name;
-
--- name: SnapshotLatestBefore :one
--- The newest snapshot strictly before an event.
-SELECT snapshot_event_id, model
-FROM wh_perspective_snapshots
-WHERE stream_id = @stream_id
-  AND perspective_name = @perspective_name
-  AND snapshot_event_id < @before_event_id
-ORDER BY snapshot_event_id DESC
-LIMIT 1;
-
--- name: SnapshotIDs :many
--- Snapshot positions of one pair, newest first.
-SELECT snapshot_event_id
-FROM wh_perspective_snapshots
-WHERE stream_id = @stream_id AND perspective_name = @perspective_name
-ORDER BY snapshot_event_id DESC;
+-- Snapshots written by the normal path, a rewind and a bootstrap.
 
 -- name: SnapshotsInsert :exec
 -- Stores snapshots, given as parallel arrays (a snapshot already at that position is

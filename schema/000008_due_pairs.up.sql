@@ -227,7 +227,7 @@ BEGIN
 END
 $$;
 
--- The claim (PairsClaim, queries/queue.sql): leases up to max_pairs due pairs of the builds
+-- The claim (PairsClaim, queries/claim.sql): leases up to max_pairs due pairs of the builds
 -- build_keys, oldest due first, for lease_seconds, in one statement. Returns the leased rows,
 -- then, when a pair of those builds is waiting (not due yet, not parked), a row with the nil
 -- stream whose due_at is when the first of them becomes due. A function so that its plan is

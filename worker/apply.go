@@ -1,168 +1,21 @@
 package worker
 
+// The normal path: one transaction locks a group's cursor rows, reads their queued events
+// and models, folds them in Go and writes the models, cursors and snapshots
+// (queries/apply.sql).
+
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"runtime/debug"
 	"slices"
-	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/perspectives-go/perspectives/db"
 )
-
-// pacing is how long a catch-up beside an active version waits before its next page: as
-// long as the page took. Such a build (a new version, a rebuild) is background work, so it
-// runs at most half the time and leaves the machine to live application of the version
-// readers see; the wait holds no slot. A perspective's first build (there is nothing to
-// serve yet) is not paced. Measured in BenchmarkLifecycle (BENCHMARKS.md): without it,
-// Append → active model took 3–4× its idle time on two cores while a version built; with
-// it, within 2×.
-func (w *Worker) pacing(key string, took time.Duration) time.Duration {
-	if w.buildOf(key).State == BuildBuilding {
-		return took
-	}
-	return 0
-}
-
-// runJob runs one job and reports to the loop. A pair job then releases its pairs' leases,
-// but those a follow-up keeps (see release).
-func (w *Worker) runJob(ctx context.Context, j job) jobResult {
-	r := w.run(ctx, j)
-	if len(j.pairs) > 0 {
-		w.release(ctx, r)
-	}
-	return r
-}
-
-// busyWait is how long a pair found held by another transaction or goroutine (a purge, a
-// failure being recorded, a catch-up page) waits before it is due again.
-const busyWait = 100 * time.Millisecond
-
-// release ends the leases of r's pairs that no follow-up keeps: each is due again at its
-// oldest queued event (its row goes when nothing is queued), a busy one after busyWait, one
-// whose failure could not be recorded after its backoff (unrecordedWait). It runs under a
-// fresh context bounded by releaseTimeout, so that a stop does not leave the leases to lapse;
-// when it fails they do lapse, and the pairs are due again after LockTimeout.
-func (w *Worker) release(ctx context.Context, r jobResult) {
-	kept := map[Pair]bool{}
-	for _, next := range r.next {
-		for _, p := range next.pairs {
-			kept[p] = true
-		}
-	}
-	req := ReleaseRequest{Instance: w.cfg.InstanceID, Later: map[Pair]time.Duration{}}
-	for _, p := range r.job.pairs {
-		if !kept[p] {
-			req.Pairs = append(req.Pairs, p)
-		}
-	}
-	if len(req.Pairs) == 0 {
-		return
-	}
-	for _, p := range r.busy {
-		req.Later[p] = busyWait
-	}
-	for _, p := range r.unrecorded {
-		req.Later[p] = w.unrecordedWait(r.job.unrecorded[p] + 1)
-	}
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-	defer cancel()
-	if err := w.store.Release(rctx, req); err != nil {
-		w.log.Warn("releasing the pairs' leases failed; they are due again when the leases lapse",
-			slog.Int("pairs", len(req.Pairs)), slog.Duration("lease", w.cfg.LockOptions.LockTimeout), slog.Any("error", err))
-	}
-}
-
-// run runs one job under the apply coordinator. A pair that another goroutine of this
-// process holds (a Purge) is skipped and reported busy.
-func (w *Worker) run(ctx context.Context, j job) jobResult {
-	r := jobResult{job: j}
-	switch j.kind {
-	case jobCatchUp:
-		started := time.Now()
-		more, done, err := w.catchUp(ctx, j.key)
-		if err != nil && ctx.Err() == nil {
-			w.log.Error("catch-up failed; retried at the next look at the builds", slog.Any("error", err))
-		}
-		if more {
-			took := time.Since(started)
-			r.next = append(r.next, job{kind: jobCatchUp, key: j.key, notBefore: started.Add(took + w.pacing(j.key, took))})
-		}
-		r.refresh = done // a build to promote, maybe: look again at once (else at the next poll)
-		return r
-	case jobPromote:
-		promoted, err := w.promote(ctx, j.key)
-		if err != nil && ctx.Err() == nil {
-			w.log.Error("promotion failed", slog.Any("error", err))
-		}
-		r.refresh = promoted
-		return r
-	case jobCleanup:
-		if w.cleanup(ctx, j.key) {
-			r.next = append(r.next, job{kind: jobCleanup, key: j.key})
-		}
-		return r
-	case jobForget:
-		w.forgetGone(ctx)
-		return r
-	}
-	var mine []Pair
-	for _, p := range j.pairs {
-		if w.builds().byKey[p.Perspective] == nil {
-			continue // not (any more) a build this instance applies
-		}
-		release, ok := w.coord.tryLock(p)
-		if !ok {
-			r.busy = append(r.busy, p)
-			continue
-		}
-		defer release()
-		mine = append(mine, p)
-	}
-	if len(mine) == 0 {
-		return r
-	}
-	switch j.kind {
-	case jobApply:
-		w.applyPairs(ctx, mine, &r)
-	case jobRewind:
-		p := mine[0]
-		var contended bool
-		err := w.recovered(p, func() (err error) {
-			contended, err = w.rewind(ctx, p)
-			return err
-		})
-		if contended {
-			r.contended = append(r.contended, p)
-		}
-		if err != nil {
-			w.fail(ctx, p, err, &r)
-		}
-	case jobBootstrap:
-		p := mine[0]
-		if err := w.recovered(p, func() error { return w.bootstrap(ctx, p) }); err != nil {
-			w.fail(ctx, p, err, &r)
-			break
-		}
-		r.next = append(r.next, job{kind: jobApply, pairs: []Pair{p}})
-	}
-	return r
-}
-
-// recovered runs fn, work on p, turning a panic into an error.
-func (w *Worker) recovered(p Pair, fn func() error) (err error) {
-	defer func() {
-		if rec := recover(); rec != nil {
-			w.log.Error("panic while processing pair",
-				w.logPair(p, slog.Any("panic", rec), slog.String("stack", string(debug.Stack())))...)
-			err = fmt.Errorf("panic: %v", rec)
-		}
-	}()
-	return fn()
-}
 
 // applyPairs runs the normal path for pairs in one transaction. When that transaction
 // fails as a whole, nothing of it was written: each pair is then applied alone, so that a
@@ -211,14 +64,6 @@ type pairReport struct {
 	applied int
 	err     error         // the failure that stopped it, if any
 	action  FailureAction // what err did to the pair
-}
-
-// failure is err, a failure of the pair st of b, to record, with what b's failure policy
-// makes of it.
-func (w *Worker) failure(b *build, st PairState, err error) Failure {
-	ev := failedEvent(err)
-	before := failuresOf(ev, st.FailedEvent, st.Failures)
-	return Failure{Cause: failureText(err), Event: ev, Action: w.policy(b.Perspective).action(before, ev)}
 }
 
 // applyGroup is the normal path: in one transaction it applies the queued events of
@@ -321,144 +166,227 @@ func (w *Worker) reportApplied(ctx context.Context, rep pairReport) {
 	}
 }
 
-// fail records a failed operation on the pair (retried with backoff), unless it is a
-// shutdown, a race that another writer won or a database that could not be reached (the
-// next claim retries those at once, and r notes the last: see job.cutOffFails).
-func (w *Worker) fail(ctx context.Context, k Pair, cause error, r *jobResult) {
-	attrs := w.logPair(k, slog.Any("error", cause))
-	if ctx.Err() != nil {
-		w.log.Info("operation interrupted by shutdown", attrs...)
-		return
-	}
-	if errors.Is(cause, ErrCursorMoved) {
-		w.log.Warn("operation refused at commit; will retry", attrs...)
-		return
-	}
-	if isConnectionError(cause) && !r.job.cutOffFails[k] {
-		// Nothing about the pair: it stays queued and is claimed again once the database
-		// answers (a restart, a failover), without the backoff meant for failing perspectives.
-		w.log.Warn("database unavailable; the pair stays queued and is retried at the next claim", attrs...)
-		r.cutOff = append(r.cutOff, k)
-		return
-	}
-	w.tel.applyErrors.Add(context.WithoutCancel(ctx), 1, w.metricPair(k))
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
-	defer cancel()
-	f := Failure{Cause: failureText(cause), Event: failedEvent(cause)}
-	policy := w.policy(w.buildOf(k.Perspective).Perspective) // a build retired meanwhile: the default
-	action, err := w.store.MarkFailed(rctx, k, f, func(before int) FailureAction { return policy.action(before, f.Event) })
-	if err != nil {
-		// The pair backs off in the loop (its rows stay due): said once for the spell.
-		r.unrecorded = append(r.unrecorded, k)
-		level := slog.LevelError
-		if r.job.unrecorded[k] > 0 {
-			level = slog.LevelDebug
+func (s *pgStore) Apply(ctx context.Context, pairs []Pair, perPair int, decide func([]PairState) []PairWrite) ([]Pair, error) {
+	var busy []Pair
+	err := s.inTx(ctx, func(q *db.Queries) error {
+		states, held, err := lockPairs(ctx, q, pairs)
+		busy = held
+		if err != nil || len(states) == 0 {
+			return err
 		}
-		w.log.Log(rctx, level, "recording failure failed; the pair is retried with backoff",
-			append(attrs, slog.Any("record_error", err))...)
-		return
+		if err := readPairs(ctx, q, states, perPair); err != nil {
+			return err
+		}
+		return s.writePairs(ctx, q, decide(states), nil)
+	})
+	if err != nil {
+		return nil, err
 	}
-	w.logFailure(k, action, cause)
+	return busy, nil
 }
 
-// logFailure logs a recorded failure of k, saying what it did to the pair.
-func (w *Worker) logFailure(k Pair, action FailureAction, cause error, attrs ...any) {
-	if ev := failedEvent(cause); ev != uuid.Nil {
-		attrs = append(attrs, slog.String("event_id", ev.String()))
+// lockPairs locks the cursor rows of pairs (creating the missing ones) and returns the
+// state of each locked pair, and the pairs whose row another transaction holds.
+func lockPairs(ctx context.Context, q *db.Queries, pairs []Pair) ([]PairState, []Pair, error) {
+	streams, names := pairArrays(pairs)
+	rows, err := q.PairsLockForApply(ctx, db.PairsLockForApplyParams{StreamIds: streams, PerspectiveNames: names})
+	if err != nil {
+		return nil, nil, fmt.Errorf("lock cursors: %w", err)
 	}
-	attrs = w.logPair(k, append(attrs, slog.Any("error", cause))...)
-	switch {
-	case action == FailurePark:
-		w.log.Error("pair parked after repeated failures: its failing event and the ones after it wait for perspectives retry or skip", attrs...)
-	case action == FailureSkip:
-		w.log.Error("event skipped after repeated failures, as the perspective's failure policy says (recorded in wh_skipped_events); the pair goes on", attrs...)
-	case errors.Is(cause, ErrLockLost):
-		w.log.Warn("stream lock lost: the operation's work was refused; will retry with backoff", attrs...)
-	case failedEvent(cause) != uuid.Nil:
-		w.log.Error("event application failed; will retry with backoff", attrs...)
-	default:
-		w.log.Error("processing failed; will retry with backoff", attrs...)
-	}
-}
-
-// failureText is the error recorded on a failed pair (its column has no length limit; a
-// bound keeps one poison event from writing megabytes per attempt).
-func failureText(err error) string {
-	s := err.Error()
-	if len(s) > 2000 {
-		s = s[:2000]
-	}
-	return s
-}
-
-// folded is the outcome of applying a pair's events in order.
-type folded struct {
-	model   json.RawMessage // the model after the applied events
-	applied []uuid.UUID     // the events applied, in order
-	snaps   []Snapshot      // the snapshots due among them, oldest first
-	since   int             // events since the last snapshot, after the applied ones
-	err     error           // the Apply failure that ended the fold (its event and later ones not applied)
-}
-
-// fold applies events (in ID order) to model, taking a snapshot each time
-// Snapshots.EveryNEvents events have been applied since the last one (since of them before
-// the first event). The first event whose Apply fails, or returns a model that is not JSON,
-// ends it. Only the models it returns (the last one and the snapshots) are checked to be
-// valid JSON; when one is not, the fold runs again checking every model, to find the event
-// at fault.
-func (w *Worker) fold(ctx context.Context, persp Perspective, model json.RawMessage, since int, events []Event) folded {
-	f := w.foldEvents(ctx, persp, model, since, events, false)
-	valid := len(f.applied) == 0 || json.Valid(f.model)
-	for _, s := range f.snaps {
-		valid = valid && json.Valid(s.Model)
-	}
-	if !valid {
-		return w.foldEvents(ctx, persp, model, since, events, true)
-	}
-	return f
-}
-
-// foldEvents is fold; checkJSON checks every model Apply returns.
-func (w *Worker) foldEvents(ctx context.Context, persp Perspective, model json.RawMessage, since int, events []Event, checkJSON bool) folded {
-	f := folded{model: model, since: since, applied: make([]uuid.UUID, 0, len(events))}
-	for _, ev := range events {
-		next, err := w.applyOne(ctx, persp, f.model, ev, checkJSON)
+	var busy []Pair
+	if len(rows) < len(pairs) {
+		// A pair not returned is held by another transaction, or has no cursor row (Append
+		// and registration create it; this covers a row removed by hand). Tell them apart
+		// with a read that never waits, and create only the missing rows, in key order (two
+		// transactions never insert the same rows in opposite orders).
+		got := make(map[Pair]bool, len(rows))
+		for _, r := range rows {
+			got[Pair{Stream: r.StreamID, Perspective: r.PerspectiveName}] = true
+		}
+		var notLocked []Pair
+		for _, p := range pairs {
+			if !got[p] {
+				notLocked = append(notLocked, p)
+			}
+		}
+		streams, names := pairArrays(notLocked)
+		absent, err := q.CursorsMissing(ctx, db.CursorsMissingParams{StreamIds: streams, PerspectiveNames: names})
 		if err != nil {
-			f.err = eventError{event: ev.ID, err: fmt.Errorf("apply event %s (%s): %w", ev.ID, ev.Type, err)}
-			break
+			return nil, nil, fmt.Errorf("find missing cursors: %w", err)
 		}
-		f.model = next
-		f.applied = append(f.applied, ev.ID)
-		f.since++
-		if !w.cfg.Snapshots.Disabled && f.since >= w.cfg.Snapshots.EveryNEvents {
-			f.snaps = append(f.snaps, Snapshot{EventID: ev.ID, Model: f.model})
-			f.since = 0
+		missing := make([]Pair, len(absent))
+		for i, a := range absent {
+			missing[i] = Pair{Stream: a.StreamID, Perspective: a.PerspectiveName}
+		}
+		slices.SortFunc(missing, comparePairs)
+		created := map[Pair]bool{}
+		if len(missing) > 0 {
+			streams, names := pairArrays(missing)
+			rows, err := q.CursorsEnsure(ctx, db.CursorsEnsureParams{StreamIds: streams, PerspectiveNames: names})
+			if err != nil {
+				return nil, nil, fmt.Errorf("create cursors: %w", err)
+			}
+			for _, c := range rows {
+				created[Pair{Stream: c.StreamID, Perspective: c.PerspectiveName}] = true
+			}
+		}
+		var fresh []Pair
+		for _, p := range notLocked {
+			if created[p] {
+				fresh = append(fresh, p)
+			} else {
+				busy = append(busy, p)
+			}
+		}
+		if len(fresh) > 0 {
+			streams, names := pairArrays(fresh)
+			more, err := q.PairsLockForApply(ctx, db.PairsLockForApplyParams{StreamIds: streams, PerspectiveNames: names})
+			if err != nil {
+				return nil, nil, fmt.Errorf("lock cursors: %w", err)
+			}
+			rows = append(rows, more...)
 		}
 	}
-	return f
+	states := make([]PairState, len(rows))
+	for i, r := range rows {
+		states[i] = PairState{
+			Pair:          Pair{Stream: r.StreamID, Perspective: r.PerspectiveName},
+			LastEventID:   r.LastEventID,
+			SinceSnapshot: int(r.EventsSinceSnapshot),
+			Failures:      int(r.Attempts),
+			FailedEvent:   r.FailedEventID.UUID,
+			Snapshots:     r.SnapshotIds,
+			LockHolder:    r.LockHolder,
+		}
+	}
+	return states, busy, nil
 }
 
-// perspectiveError is an error of a perspective's Apply: the pair's failure, whatever it
-// wraps (an io.EOF of its own decoder, a timeout of a call it made), never the database's.
-type perspectiveError struct{ err error }
-
-func (e perspectiveError) Error() string { return e.err.Error() }
-func (e perspectiveError) Unwrap() error { return e.err }
-
-// applyOne runs the perspective's Apply, turning a panic or an empty model (or, when
-// checkJSON, one that is not valid JSON) into an error.
-func (w *Worker) applyOne(ctx context.Context, persp Perspective, model json.RawMessage, ev Event, checkJSON bool) (next json.RawMessage, err error) {
-	defer func() {
-		if r := recover(); r != nil {
-			err = perspectiveError{fmt.Errorf("panic in Apply: %v", r)}
-		}
-	}()
-	next, err = persp.Apply(ctx, model, ev)
+// readPairs reads, after the row locks, the queued events of states (at most perPair each,
+// in ID order) and the models of those that have events and a cursor position.
+func readPairs(ctx context.Context, q *db.Queries, states []PairState, perPair int) error {
+	byPair := make(map[Pair]*PairState, len(states))
+	for i := range states {
+		byPair[states[i].Pair] = &states[i]
+	}
+	streams, names := pairArrays(pairsOf(states))
+	rows, err := q.QueueEventsForPairs(ctx, db.QueueEventsForPairsParams{
+		StreamIds: streams, PerspectiveNames: names, PerPairLimit: int32(perPair),
+	})
 	if err != nil {
-		return nil, perspectiveError{err}
+		return fmt.Errorf("read queue: %w", err)
 	}
-	if len(next) == 0 || checkJSON && !json.Valid(next) {
-		return nil, fmt.Errorf("perspective %s returned a model that is not valid JSON", persp.Name())
+	for _, r := range rows {
+		st := byPair[Pair{Stream: r.WhEventStore.StreamID, Perspective: r.PerspectiveName}]
+		if st == nil {
+			return fmt.Errorf("queue returned event %s of a pair not asked for", r.WhEventStore.EventID)
+		}
+		st.Events = append(st.Events, eventOf(r.WhEventStore))
 	}
-	return next, nil
+	var withModel []Pair
+	for i := range states {
+		st := &states[i]
+		slices.SortFunc(st.Events, func(a, b Event) int { return compareIDs(a.ID, b.ID) })
+		if len(st.Events) > 0 && st.LastEventID.Valid {
+			withModel = append(withModel, st.Pair)
+		}
+	}
+	if len(withModel) == 0 {
+		return nil
+	}
+	// Read after the row locks, in a statement of its own (see PairsLockForApply).
+	streams, names = pairArrays(withModel)
+	models, err := q.ModelsGet(ctx, db.ModelsGetParams{StreamIds: streams, PerspectiveNames: names})
+	if err != nil {
+		return fmt.Errorf("load models: %w", err)
+	}
+	for _, m := range models {
+		if st := byPair[Pair{Stream: m.StreamID, Perspective: m.PerspectiveName}]; st != nil {
+			st.Model, st.ModelAt = json.RawMessage(m.Model), m.LastEventID
+		}
+	}
+	return nil
+}
+
+func pairsOf(states []PairState) []Pair {
+	pairs := make([]Pair, len(states))
+	for i, st := range states {
+		pairs[i] = st.Pair
+	}
+	return pairs
+}
+
+// writePairs writes every model, cursor and queue deletion of writes in one statement,
+// then their snapshots, then their failures. The queue rows of the applied events are
+// deleted: all of them (each must exist) when queued is nil, else those in queued.
+func (s *pgStore) writePairs(ctx context.Context, q *db.Queries, writes []PairWrite, queued map[uuid.UUID]bool) error {
+	var (
+		commit db.PairsApplyCommitParams
+		snaps  db.SnapshotsInsertParams
+		drop   db.SnapshotsDeleteParams
+		failed db.PairsMarkFailedParams
+	)
+	for _, wr := range writes {
+		if len(wr.Applied) > 0 {
+			commit.StreamIds = append(commit.StreamIds, wr.Stream)
+			commit.PerspectiveNames = append(commit.PerspectiveNames, wr.Perspective)
+			commit.Models = append(commit.Models, string(wr.Model))
+			commit.LastEventIds = append(commit.LastEventIds, wr.LastEventID)
+			commit.EventsSinceSnapshot = append(commit.EventsSinceSnapshot, int32(wr.SinceSnapshot))
+			for _, id := range wr.Applied {
+				if queued != nil && !queued[id] {
+					continue
+				}
+				commit.AppliedStreamIds = append(commit.AppliedStreamIds, wr.Stream)
+				commit.AppliedPerspectiveNames = append(commit.AppliedPerspectiveNames, wr.Perspective)
+				commit.AppliedEventIds = append(commit.AppliedEventIds, id)
+			}
+		}
+		for _, sn := range wr.Snapshots {
+			snaps.StreamIds = append(snaps.StreamIds, wr.Stream)
+			snaps.PerspectiveNames = append(snaps.PerspectiveNames, wr.Perspective)
+			snaps.SnapshotEventIds = append(snaps.SnapshotEventIds, sn.EventID)
+			snaps.Models = append(snaps.Models, string(sn.Model))
+		}
+		for _, id := range wr.DropSnapshots {
+			drop.StreamIds = append(drop.StreamIds, wr.Stream)
+			drop.PerspectiveNames = append(drop.PerspectiveNames, wr.Perspective)
+			drop.SnapshotEventIds = append(drop.SnapshotEventIds, id)
+		}
+		if wr.Failure.Cause != "" {
+			addFailure(&failed, wr.Pair, wr.Failure)
+		}
+	}
+	if len(commit.StreamIds) > 0 {
+		deleted, err := q.PairsApplyCommit(ctx, commit)
+		if err != nil {
+			return fmt.Errorf("write models: %w", err)
+		}
+		if int(deleted) != len(commit.AppliedEventIds) {
+			return fmt.Errorf("deleted %d queue rows for %d applied events", deleted, len(commit.AppliedEventIds))
+		}
+	}
+	if len(snaps.StreamIds) > 0 {
+		if err := q.SnapshotsInsert(ctx, snaps); err != nil {
+			return fmt.Errorf("write snapshots: %w", err)
+		}
+	}
+	if len(drop.StreamIds) > 0 {
+		if _, err := q.SnapshotsDelete(ctx, drop); err != nil {
+			return fmt.Errorf("prune snapshots: %w", err)
+		}
+	}
+	if len(failed.StreamIds) > 0 {
+		return s.markFailed(ctx, q, failed)
+	}
+	return nil
+}
+
+// ApplyStore is what the normal path asks of the database.
+type ApplyStore interface {
+	// Apply runs one transaction over pairs: it locks their cursor rows (skipping, and
+	// returning as busy, those another transaction holds), reads each locked pair's state
+	// (at most perPair queued events, and its model), passes the states to decide and
+	// writes what decide returns. An error rolls everything back.
+	Apply(ctx context.Context, pairs []Pair, perPair int, decide func([]PairState) []PairWrite) (busy []Pair, err error)
 }

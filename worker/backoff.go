@@ -1,7 +1,6 @@
 package worker
 
 import (
-	"context"
 	"log/slog"
 	"time"
 )
@@ -37,39 +36,6 @@ func (b *backoff) reset() int {
 	n := b.failures
 	b.failures, b.until = 0, time.Time{}
 	return n
-}
-
-// maxClaimBackoff caps the wait after claims that fail (below MaxRetryBackoff, meant for
-// one pair): the whole instance waits, and it resumes within that long of the database
-// accepting the claim again.
-const maxClaimBackoff = 30 * time.Second
-
-// claimBackoff is the backoff of claims that fail with an error other than a lost connection
-// (the database refuses the statement): RetryBackoff, doubling up to maxClaimBackoff
-// (MaxRetryBackoff when that is less).
-func (w *Worker) claimBackoff() backoff {
-	return backoff{first: w.cfg.RetryBackoff, max: min(w.cfg.MaxRetryBackoff, maxClaimBackoff)}
-}
-
-// noteClaimFailure takes a claim's outcome for its backoff b: a failure other than a lost
-// connection (which claims every reconnectInterval: noteReachable) or a shutdown makes the
-// next claim wait, and is logged once until a claim succeeds.
-func (w *Worker) noteClaimFailure(ctx context.Context, b *backoff, err error) {
-	switch {
-	case err == nil:
-		if n := b.reset(); n > 0 {
-			w.log.Info("claims succeed again", slog.Int("failed_claims", n))
-		}
-	case ctx.Err() != nil || isConnectionError(err):
-	default:
-		d := b.fail(time.Now())
-		level := slog.LevelError
-		if b.failures > 1 {
-			level = slog.LevelDebug // said once for the spell
-		}
-		w.log.Log(ctx, level, "poll queue failed; claiming again with backoff",
-			slog.Any("error", err), slog.Int("failed_claims", b.failures), slog.Duration("retry_in", d))
-	}
 }
 
 // The pairs whose failure could not be recorded (Store.MarkFailed failed) back off: their

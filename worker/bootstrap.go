@@ -1,12 +1,20 @@
 package worker
 
+// A bootstrap: a pair's first snapshot, written under the stream lock when its history is
+// long enough for one to pay.
+
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 
 	"go.opentelemetry.io/otel/attribute"
 
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+
+	"github.com/perspectives-go/perspectives/db"
 	"github.com/perspectives-go/perspectives/locker"
 )
 
@@ -47,4 +55,48 @@ func (w *Worker) bootstrap(ctx context.Context, k Pair) (err error) {
 		w.log.Info("snapshot bootstrapped", attrs...)
 	}
 	return nil
+}
+
+func (s *pgStore) Bootstrap(ctx context.Context, p Pair) (bool, error) {
+	wrote := false
+	err := s.inTx(ctx, func(q *db.Queries) error {
+		cur, err := q.CursorLock(ctx, db.CursorLockParams{StreamID: p.Stream, PerspectiveName: p.Perspective})
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("lock cursor: %w", err)
+		}
+		if !cur.LastEventID.Valid {
+			return nil // purged meanwhile: nothing to snapshot
+		}
+		models, err := q.ModelsGet(ctx, db.ModelsGetParams{StreamIds: []uuid.UUID{p.Stream}, PerspectiveNames: []string{p.Perspective}})
+		if err != nil {
+			return fmt.Errorf("load model: %w", err)
+		}
+		if len(models) == 0 {
+			return nil
+		}
+		m := models[0]
+		if m.LastEventID != cur.LastEventID.UUID {
+			return fmt.Errorf("model is at event %s but the cursor is at %s", m.LastEventID, cur.LastEventID.UUID)
+		}
+		if err := q.SnapshotsInsert(ctx, db.SnapshotsInsertParams{
+			StreamIds: []uuid.UUID{p.Stream}, PerspectiveNames: []string{p.Perspective},
+			SnapshotEventIds: []uuid.UUID{m.LastEventID}, Models: []string{string(m.Model)},
+		}); err != nil {
+			return fmt.Errorf("write snapshot: %w", err)
+		}
+		wrote = true
+		return nil
+	})
+	return wrote, err
+}
+
+// BootstrapStore is what a bootstrap asks of the database.
+type BootstrapStore interface {
+	// Bootstrap stores the pair's model, read together with its cursor under the cursor row
+	// lock, as a snapshot at the cursor's position. It reports whether it wrote one (not
+	// when the pair has no model).
+	Bootstrap(ctx context.Context, p Pair) (bool, error)
 }

@@ -5,20 +5,21 @@ package worker
 // perspective and the version instead.
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"runtime"
+	"math/rand/v2"
 	"slices"
-	"sync"
-	"sync/atomic"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
+	"github.com/perspectives-go/perspectives/db"
 	"github.com/perspectives-go/perspectives/locker"
 )
 
@@ -232,107 +233,246 @@ func (w *Worker) maintain(ctx context.Context, s *schedule) {
 	w.queueForget(s)
 }
 
-// catchUp runs one page of build key's catch-up, and says whether to run another at once
-// (more) and whether the catch-up is over (done).
-func (w *Worker) catchUp(ctx context.Context, key string) (more, done bool, err error) {
-	b := w.buildOf(key)
-	if b.persp == nil {
-		return false, false, nil // no longer applied here
-	}
-	attrs := []any{slog.String("perspective", b.Perspective), slog.Int("version", b.Version)}
-	res, err := w.store.CatchUp(ctx, CatchUpRequest{
-		Key: key, Instance: w.cfg.InstanceID, Lease: w.cfg.LockOptions.LockTimeout, PageSize: w.cfg.CatchUpPageSize,
-	}, func(page CatchUpPage) []PairWrite { return w.foldPage(ctx, b, page) })
-	if errors.Is(err, ErrLockLost) {
-		w.log.Warn("catch-up page refused: its lease was taken over", attrs...)
-		return false, false, nil
-	}
+func buildOfRow(r db.BuildsOfRow) Build {
+	return Build{Key: r.BuildKey, Perspective: r.PerspectiveName, Version: int(r.Version), N: int(r.Build), State: r.State, CatchUpDone: r.CatchupDone}
+}
+
+func (s *pgStore) Builds(ctx context.Context, perspectives []string) ([]Build, error) {
+	rows, err := s.q.BuildsOf(ctx, perspectives)
 	if err != nil {
-		return false, false, fmt.Errorf("catch-up of %s version %d: %w", b.Perspective, b.Version, err)
+		return nil, err
 	}
-	if res.Events > 0 {
-		set := metric.WithAttributes(attrPerspective.String(b.Perspective), attrVersion.Int(b.Version))
-		w.tel.catchUpEvents.Add(ctx, int64(res.Events), set)
-		if res.Applied > 0 {
-			w.tel.eventsApplied.Add(ctx, int64(res.Applied), set)
-			w.countApplied(key, res.Applied)
-		}
+	out := make([]Build, len(rows))
+	for i, r := range rows {
+		out[i] = buildOfRow(r)
 	}
-	if res.Done {
-		w.log.Info("catch-up done", attrs...)
-	}
-	return !res.Done && !res.NotHeld, res.Done, nil
+	return out, nil
 }
 
-// foldPage folds a catch-up page into one write per stream, the streams side by side (on
-// up to GOMAXPROCS goroutines: Apply already runs concurrently for different pairs). A
-// stream that another instance has locked (or another transaction holds), or that the
-// build already has a position in (other than the one the previous page left unfinished),
-// is left to the normal path: its events from the page's first on are queued. A stream
-// whose Apply fails keeps the events before the failure; the failure is recorded on it and
-// its events from the failing one on are queued, so that the normal path retries them with
-// backoff. The catch-up goes on with the next stream either way.
-func (w *Worker) foldPage(ctx context.Context, b *build, page CatchUpPage) []PairWrite {
-	var runs [][]Event
-	for events := page.Events; len(events) > 0; {
-		n := 1
-		for n < len(events) && events[n].StreamID == events[0].StreamID {
-			n++
-		}
-		runs, events = append(runs, events[:n]), events[n:]
+func (s *pgStore) Register(ctx context.Context, perspective string, version int) ([]Build, error) {
+	builds, _, err := s.addBuild(ctx, perspective, func(builds []Build) (*Build, error) {
+		return planRegistration(perspective, version, builds), nil
+	})
+	return builds, err
+}
+
+// addBuild adds the build plan asks for, given the perspective's builds (none: nothing to
+// add), and returns the builds afterwards and the one it added. plan runs first on a plain
+// read, then again under the exclusive side of the append lock when it asks for a build:
+// every Append in flight commits first (its events are in the store when the catch-up
+// reads it), every later one queues its events for the new build. The lock is held only
+// for these few statements, so no Append waits on a scan, and it is waited for in short
+// bounds (underAppendLock), so no Append waits on a transaction that appended and stays open.
+func (s *pgStore) addBuild(ctx context.Context, perspective string, plan func([]Build) (*Build, error)) ([]Build, *Build, error) {
+	builds, err := s.Builds(ctx, []string{perspective})
+	if err != nil {
+		return nil, nil, err
 	}
-	writes := make([]PairWrite, len(runs))
-	var next atomic.Int64
-	var wg sync.WaitGroup
-	for range min(runtime.GOMAXPROCS(0), len(runs)) {
-		wg.Go(func() {
-			for i := int(next.Add(1)) - 1; i < len(runs); i = int(next.Add(1)) - 1 {
-				writes[i] = w.foldRun(ctx, b, page, runs[i])
+	if b, err := plan(builds); err != nil || b == nil {
+		return builds, nil, err
+	}
+	var added *Build
+	err = s.underAppendLock(ctx, func(q *db.Queries) error {
+		added = nil // from an attempt that did not commit
+		if _, err := q.PerspectiveRegister(ctx, perspective); err != nil {
+			return err
+		}
+		rows, err := q.BuildsOf(ctx, []string{perspective})
+		if err != nil {
+			return err
+		}
+		builds = builds[:0]
+		for _, r := range rows {
+			builds = append(builds, buildOfRow(r))
+		}
+		b, err := plan(builds)
+		if err != nil || b == nil {
+			return err // another instance added it meanwhile
+		}
+		taken, err := q.BuildKeyTaken(ctx, b.Key)
+		if err != nil {
+			return err
+		}
+		if taken {
+			return fmt.Errorf("perspective %q: its build key %q is already another perspective's: rename one of them", perspective, b.Key)
+		}
+		if err := q.BuildCreate(ctx, db.BuildCreateParams{
+			BuildKey: b.Key, PerspectiveName: perspective, Version: int32(b.Version), Build: int32(b.N), State: b.State,
+		}); err != nil {
+			return err
+		}
+		builds, added = append(builds, *b), b
+		return q.RegistrationBump(ctx)
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	return builds, added, nil
+}
+
+// The exclusive side of the append lock is waited for in bounds: while an exclusive request
+// waits, every Append that comes waits behind it (see RegisterLock in queries/builds.sql).
+// The first wait lasts appendLockFirstWait, time enough for the Appends in flight to commit.
+// When a wait runs out, the transactions that hold the lock just after (the blockers: one
+// that appended and stays open, say) are waited out without queueing: every appendLockPoll
+// the lock is only tried, which never queues, until they have all ended or a try gets it.
+// Then it is waited for again, each bound twice the last (up to appendLockMaxWait), for when
+// overlapping Appends keep it held. An Append waits for one registration at most that bound,
+// when a wait begins (several waiting at once can add theirs up), never for the transactions
+// it waits out. Append transactions that each stay open longer than appendLockMaxWait and
+// keep overlapping hold a registration off until there is a gap between them. After
+// appendLockWarnAfter the wait is logged once, naming the holders.
+const (
+	appendLockFirstWait = 50 * time.Millisecond
+	appendLockMaxWait   = time.Second
+	appendLockPoll      = 50 * time.Millisecond
+	appendLockWarnAfter = 5 * time.Second
+)
+
+// errAppendLockTaken is a try of the append lock that found it held.
+var errAppendLockTaken = errors.New("the append lock is held")
+
+// unknownHolders stands for the holders of the append lock when a wait ran out and they could
+// not be looked up: the next look-up's holders take their place.
+const unknownHolders = "?"
+
+// underAppendLock runs fn in a transaction that holds the exclusive side of the append lock
+// (queries/builds.sql): every Append in flight has committed, and every later one waits for
+// this transaction. It tries again, in a new transaction, until it has the lock or ctx ends,
+// so fn may run more than once and must not keep what an attempt that did not commit set.
+// A statement of fn that outlasts the session's lock_timeout, if it has one, is tried again
+// the same way.
+func (s *pgStore) underAppendLock(ctx context.Context, fn func(q *db.Queries) error) error {
+	began, wait, warned := time.Now(), appendLockFirstWait, false
+	var blockers map[string]bool // the transactions that held the lock just after the last wait ran out
+	for {
+		locked, try := false, len(blockers) > 0
+		err := s.inTx(ctx, func(q *db.Queries) error {
+			if try {
+				if ok, err := q.RegisterLockTry(ctx); err != nil || !ok {
+					return cmp.Or(err, errAppendLockTaken)
+				}
+			} else if err := q.RegisterLock(ctx, int32(wait.Milliseconds())); err != nil {
+				return err
 			}
+			locked = true
+			return fn(q)
 		})
-	}
-	wg.Wait()
-	for _, wr := range writes {
-		if wr.Failure.Cause != "" {
-			w.reportApplied(ctx, pairReport{pair: wr.Pair, applied: len(wr.Applied), err: eventError{event: wr.Failure.Event, err: errors.New(wr.Failure.Cause)}, action: wr.Failure.Action})
+		switch {
+		case err == nil:
+			return nil
+		case !locked && ctx.Err() != nil:
+			return s.appendLockGivenUp(ctx)
+		case !errors.Is(err, errAppendLockTaken) && !isLockTimeout(err):
+			return err
+		}
+		hctx, cancel := context.WithTimeout(ctx, appendLockHoldersTimeout)
+		holders, herr := s.q.AppendLockHolders(hctx)
+		cancel()
+		held := make(map[string]bool, len(holders))
+		for _, h := range holders {
+			held[h.Transaction] = true
+		}
+		ranOut := !try && !locked // a bounded wait ran out: wait its holders out, then wait longer
+		switch {
+		case ranOut && herr != nil:
+			blockers, wait = map[string]bool{unknownHolders: true}, min(2*wait, appendLockMaxWait)
+		case ranOut:
+			blockers, wait = held, min(2*wait, appendLockMaxWait)
+		case herr != nil:
+			// Keep trying: the look-up only names whom it waits for; a database that keeps
+			// failing fails the lock statement too, which returns its error.
+		case blockers[unknownHolders]: // the holders not seen when the wait ran out: those seen now
+			blockers = held
+		default:
+			for t := range blockers {
+				if !held[t] {
+					delete(blockers, t)
+				}
+			}
+		}
+		if !warned && time.Since(began) >= appendLockWarnAfter && s.log != nil && herr == nil {
+			warned = true
+			s.log.Warn("waiting for transactions that appended events to end (registering, rebuilding or promoting a build "+
+				"waits until every Append in flight has committed; Appends are not held up meanwhile)",
+				slog.Duration("waited", time.Since(began)), slog.String("holders", holderNames(holders)))
+		}
+		select {
+		case <-ctx.Done():
+			return s.appendLockGivenUp(ctx)
+		case <-time.After(appendLockPoll*3/4 + rand.N(appendLockPoll/2)):
 		}
 	}
-	return writes
 }
 
-// catchUpStreamShare is the most events of one stream a catch-up page applies. A stream with
-// more in the page has the rest of its history queued for the normal path (as a failing
-// stream's is), whose claims take it a batch at a time beside every other pair, and the
-// catch-up passes it: one long stream never holds back the streams after it.
-const catchUpStreamShare = 1000
+// appendLockHoldersTimeout bounds the look-up of the append lock's holders.
+const appendLockHoldersTimeout = time.Second
 
-// foldRun folds the events run of one stream of a catch-up page (see foldPage), at most
-// catchUpStreamShare of them.
-func (w *Worker) foldRun(ctx context.Context, b *build, page CatchUpPage, run []Event) PairWrite {
-	stream := run[0].StreamID
-	k := Pair{Stream: stream, Perspective: page.Key}
-	st, locked := page.Streams[stream]
-	continued := stream == page.Continued
-	switch {
-	case !locked || w.lockedElsewhere(st.LockHolder), st.LastEventID.Valid && !continued:
-		return PairWrite{Pair: k, EnqueueFrom: run[0].ID}
-	case continued && (!st.LastEventID.Valid || st.Model == nil || st.ModelAt != st.LastEventID.UUID):
-		// Purged (or inconsistent) since the previous page: the whole stream is queued.
-		return PairWrite{Pair: k, EnqueueFrom: firstEventID}
+// appendLockGivenUp is the error of a wait for the append lock that ctx ended.
+func (s *pgStore) appendLockGivenUp(ctx context.Context) error {
+	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), appendLockHoldersTimeout)
+	defer cancel()
+	var names string
+	if holders, err := s.q.AppendLockHolders(hctx); err == nil {
+		names = holderNames(holders)
+	} else {
+		names = "not known: " + err.Error()
 	}
-	var rest uuid.UUID // the first event left to the normal path (a long stream's share ends)
-	if len(run) > catchUpStreamShare {
-		run, rest = run[:catchUpStreamShare], run[catchUpStreamShare].ID
+	return fmt.Errorf("wait for the append lock (held by transactions that appended events and are still open: %s): %w", names, ctx.Err())
+}
+
+// holderNames names the transactions holding the append lock, and how long each has been
+// open, for a log line or an error.
+func holderNames(holders []db.AppendLockHoldersRow) string {
+	if len(holders) == 0 {
+		return "none now"
 	}
-	f := w.fold(ctx, b.persp, st.Model, st.SinceSnapshot, run)
-	wr := PairWrite{Pair: k, Applied: f.applied, Model: f.model, SinceSnapshot: f.since, EnqueueFrom: rest}
-	if len(f.applied) > 0 {
-		wr.LastEventID = f.applied[len(f.applied)-1]
+	names := make([]string, len(holders))
+	for i, h := range holders {
+		if h.Pid == 0 {
+			names[i] = "a prepared transaction " + h.Transaction
+		} else {
+			names[i] = fmt.Sprintf("server pid %d", h.Pid)
+		}
+		if h.XactAgeMicros >= 0 {
+			names[i] += fmt.Sprintf(" (open %s)", (time.Duration(h.XactAgeMicros) * time.Microsecond).Round(time.Millisecond))
+		}
 	}
-	wr.Snapshots, wr.DropSnapshots = w.retain(f.snaps, st.Snapshots)
-	if f.err != nil {
-		wr.Failure = w.failure(b, st, f.err)
-		wr.EnqueueFrom = run[len(f.applied)].ID
+	return strings.Join(names, ", ")
+}
+
+// readAheadTimeout bounds a read-ahead query.
+const readAheadTimeout = 30 * time.Second
+
+// micros is a queue age in microseconds as a duration (-1: nothing queued, 0).
+func micros(us int64) time.Duration { return time.Duration(max(us, 0)) * time.Microsecond }
+
+func (s *pgStore) Status(ctx context.Context) ([]BuildStatus, error) {
+	rows, err := s.q.BuildsStatus(ctx)
+	if err != nil {
+		return nil, err
 	}
-	return wr
+	out := make([]BuildStatus, len(rows))
+	for i, r := range rows {
+		out[i] = BuildStatus{
+			Build: Build{Key: r.BuildKey, Perspective: r.PerspectiveName, Version: int(r.Version), N: int(r.Build),
+				State: r.State, CatchUpDone: r.CatchupDone},
+			CatchUpStarted: r.CatchupStartedAt, CatchUpEvents: r.CatchupEvents, CatchUpStreams: r.CatchupStreams,
+			Queued: r.Queued, OldestQueued: micros(r.OldestQueuedMicros),
+			Failing: r.Failing, Parked: r.Parked, LiveInstances: r.LiveInstances, EventsPerSecond: r.EventsPerSecond,
+		}
+	}
+	return out, nil
+}
+
+// BuildStore is what registration and the look at the builds ask of the database, and the metrics' status.
+type BuildStore interface {
+	// Register records a perspective, and the build an instance running its version
+	// applies (planRegistration decides, under the exclusive append lock, without scanning
+	// anything). It returns every build of the perspective afterwards.
+	Register(ctx context.Context, perspective string, version int) ([]Build, error)
+	// Builds returns every build of the perspectives.
+	Builds(ctx context.Context, perspectives []string) ([]Build, error)
+	// Status reports every build with its catch-up progress and queue (metrics).
+	Status(ctx context.Context) ([]BuildStatus, error)
 }

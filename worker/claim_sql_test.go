@@ -1,6 +1,6 @@
 package worker_test
 
-// Tests of the claim's SQL (queries/queue.sql, wh_append and wh_pairs_release of
+// Tests of the claim's SQL (queries/claim.sql, wh_append and wh_pairs_release of
 // schema/000008_due_pairs.up.sql) against the package's PostgreSQL: a pair's due row is made
 // by Append and kept at its earliest due time, a claim leases the oldest due pairs once each
 // and never waits, a release ends the leases without ever leaving a queued event without a due

@@ -1,9 +1,17 @@
 package worker
 
+// Forgetting gone instances: the rows of instances whose heartbeats stopped, deleted by the
+// holder of the instances lease (queries/forget.sql).
+
 import (
 	"context"
 	"errors"
 	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/perspectives-go/perspectives/db"
 )
 
 // Forgetting gone instances: a maintenance service. At each look at the builds, the holder
@@ -35,4 +43,21 @@ func (w *Worker) forgetGone(ctx context.Context) {
 	case n > 0:
 		w.log.Info("forgot instances gone for a day", slog.Int64("instances", n))
 	}
+}
+
+func (s *pgStore) forget(ctx context.Context, id uuid.UUID) error {
+	return s.q.InstanceDelete(ctx, id)
+}
+
+func (s *pgStore) forgetGone(ctx context.Context, after time.Duration, fence LeaderLease) (int64, error) {
+	var n int64
+	err := s.inTx(ctx, func(q *db.Queries) error {
+		if err := leaderHold(ctx, q, fence); err != nil {
+			return err
+		}
+		var err error
+		n, err = q.InstancesForget(ctx, after.Seconds())
+		return err
+	})
+	return n, err
 }

@@ -1,7 +1,7 @@
 package worker_test
 
 // Tests of the group path's and the claim's SQL (queries/apply.sql, queries/models.sql,
-// queries/queue.sql), run through the sqlc-generated code against the package's real
+// queries/claim.sql), run through the sqlc-generated code against the package's real
 // PostgreSQL database: which rows each statement reads, locks, writes and deletes, and that
 // the statements that must not wait for another transaction do not.
 //

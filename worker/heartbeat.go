@@ -1,5 +1,8 @@
 package worker
 
+// The heartbeat: each instance's row in wh_instances, refreshed every HeartbeatInterval
+// (queries/heartbeat.sql).
+
 import (
 	"context"
 	"errors"
@@ -10,6 +13,8 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/perspectives-go/perspectives/db"
 )
 
 // HeartbeatInterval is how often a running worker records in wh_instances that it is alive.
@@ -202,4 +207,25 @@ func (w *Worker) appliedCounts() []int64 {
 		out[i] = w.applied[i].Load()
 	}
 	return out
+}
+
+func (s *pgStore) beat(ctx context.Context, r instanceRecord) error {
+	return s.q.InstanceBeat(ctx, db.InstanceBeatParams(instanceParams(r)))
+}
+
+func (s *pgStore) refresh(ctx context.Context, r instanceRecord) (bool, error) {
+	n, err := s.q.InstanceRefresh(ctx, instanceParams(r))
+	return n > 0, err
+}
+
+// instanceParams is r as InstanceRefresh's (and InstanceBeat's) parameters.
+func instanceParams(r instanceRecord) db.InstanceRefreshParams {
+	names, versions := make([]string, len(r.Perspectives)), make([]int32, len(r.Perspectives))
+	for i, p := range r.Perspectives {
+		names[i], versions[i] = p.Name, int32(p.Version)
+	}
+	return db.InstanceRefreshParams{
+		InstanceID: r.ID, Host: r.Host, Pid: int32(r.PID), HeartbeatSeconds: r.Interval.Seconds(),
+		Perspectives: names, Versions: versions, Rates: append(make([]float64, 0, len(names)), r.Rates...),
+	}
 }

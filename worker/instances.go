@@ -6,8 +6,6 @@ import (
 	"time"
 
 	"github.com/google/uuid"
-
-	"github.com/perspectives-go/perspectives/db"
 )
 
 // PerspectiveVersion names one version of a perspective.
@@ -72,44 +70,6 @@ func (a *Admin) Instances(ctx context.Context) ([]Instance, error) {
 }
 
 var _ instanceRecorder = (*pgStore)(nil)
-
-func (s *pgStore) beat(ctx context.Context, r instanceRecord) error {
-	return s.q.InstanceBeat(ctx, db.InstanceBeatParams(instanceParams(r)))
-}
-
-func (s *pgStore) refresh(ctx context.Context, r instanceRecord) (bool, error) {
-	n, err := s.q.InstanceRefresh(ctx, instanceParams(r))
-	return n > 0, err
-}
-
-// instanceParams is r as InstanceRefresh's (and InstanceBeat's) parameters.
-func instanceParams(r instanceRecord) db.InstanceRefreshParams {
-	names, versions := make([]string, len(r.Perspectives)), make([]int32, len(r.Perspectives))
-	for i, p := range r.Perspectives {
-		names[i], versions[i] = p.Name, int32(p.Version)
-	}
-	return db.InstanceRefreshParams{
-		InstanceID: r.ID, Host: r.Host, Pid: int32(r.PID), HeartbeatSeconds: r.Interval.Seconds(),
-		Perspectives: names, Versions: versions, Rates: append(make([]float64, 0, len(names)), r.Rates...),
-	}
-}
-
-func (s *pgStore) forget(ctx context.Context, id uuid.UUID) error {
-	return s.q.InstanceDelete(ctx, id)
-}
-
-func (s *pgStore) forgetGone(ctx context.Context, after time.Duration, fence LeaderLease) (int64, error) {
-	var n int64
-	err := s.inTx(ctx, func(q *db.Queries) error {
-		if err := leaderHold(ctx, q, fence); err != nil {
-			return err
-		}
-		var err error
-		n, err = q.InstancesForget(ctx, after.Seconds())
-		return err
-	})
-	return n, err
-}
 
 // Health is the verdict on a build that tells idle from stuck (perspectives status and the
 // dashboard say it in words).

@@ -486,3 +486,68 @@ func (n *notifier) subscribeTopics(ctx context.Context, q *db.Queries, id uint64
 	}
 	return nil
 }
+
+// Listen subscribes to the queue's notification on the pool's notifier (see notifier),
+// which the process's WaitFor calls share: its session is listenConnect's when given, else
+// a connection of its own (never a pool connection). Behind a transaction pooler without
+// listenConnect, Listen returns ErrNotificationsLost. When the notifier's session is lost,
+// Listen returns why (the worker subscribes again later, polling meanwhile).
+func (s *pgStore) Listen(ctx context.Context, notify func()) error {
+	sub := subscribe(s.pool, topicQueue, s.listenConnect)
+	defer sub.close()
+	var session uint64
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-sub.c:
+		}
+		nt := sub.take()
+		switch {
+		case nt.polling:
+			return ErrNotificationsLost
+		case nt.session == 0 && session != 0:
+			return cmp.Or(nt.err, errors.New("the notifier's session was lost"))
+		case nt.session != session:
+			// Events may have been appended before the subscription took effect (or while the
+			// session was replaced).
+			session = nt.session
+			notify()
+		}
+		if nt.notified {
+			notify()
+		}
+	}
+}
+
+// probeTimeout bounds the wait for the notifier's probe notification, and the grace of its
+// subscribing statements.
+const probeTimeout = 2 * time.Second
+
+// graceAfter returns a context that ends grace after ctx ends (or when cancel is called),
+// for statements that should finish rather than be cancelled when ctx ends.
+func graceAfter(ctx context.Context, grace time.Duration) (context.Context, context.CancelFunc) {
+	gctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() {
+		select {
+		case <-gctx.Done():
+		case <-time.After(grace):
+			cancel()
+		}
+	})
+	return gctx, func() { stop(); cancel() }
+}
+
+// ErrNotificationsLost is returned by Store.Listen when its connection cannot receive the
+// notifications it would subscribe to: it goes through a pooler (see Config.ListenConnect).
+var ErrNotificationsLost = errors.New("LISTEN receives no notifications on this connection")
+
+// NotificationStore is how the loop hears of due pairs.
+type NotificationStore interface {
+	// Listen calls notify once subscribed to the queue's notification (which every committed
+	// Append that queued rows sends, and every other statement that makes pairs due), and
+	// then for each notification, until ctx ends or the subscription fails. It returns
+	// ErrNotificationsLost when the connection cannot receive notifications at all (it goes
+	// through a pooler): the worker then polls only, and says so once.
+	Listen(ctx context.Context, notify func()) error
+}

@@ -1,10 +1,15 @@
 package worker
 
+// Promotion: a caught-up build made its perspective's active one, by the holder of its
+// version's promotion lease (queries/promotion.sql).
+
 import (
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+
+	"github.com/perspectives-go/perspectives/db"
 )
 
 // Promotion checks: a maintenance service. At each look at the builds, the holder of a
@@ -47,4 +52,96 @@ func (w *Worker) promote(ctx context.Context, key string) (bool, error) {
 			slog.Int("version", b.Version), slog.Int("build", b.N))
 	}
 	return ok, nil
+}
+
+func (s *pgStore) Promote(ctx context.Context, perspective, key string, force bool, fence LeaderLease) (bool, error) {
+	// The checks that read the queue run first, outside any transaction: the oldest queued
+	// event of each build, through its index (BuildQueueAge). Only the flip holds the append
+	// lock's exclusive side, for which Appends wait: a few key lookups that re-check what
+	// may have changed since (the states, the catch-up, which build is active), and the two
+	// updates. The queue ages are not read again there: an Append queues its events for both
+	// builds alike, and an age that shrank meanwhile only means the active build applied its
+	// backlog, which promoteLag allows for at the next look.
+	cand, active, err := s.promotionBuilds(ctx, s.q, perspective, key)
+	if err != nil || cand == nil {
+		return false, err
+	}
+	if active != nil && !force {
+		candAge, err := s.q.BuildQueueAge(ctx, cand.Key)
+		if err != nil {
+			return false, err
+		}
+		activeAge, err := s.q.BuildQueueAge(ctx, active.Key)
+		if err != nil {
+			return false, err
+		}
+		if !caughtUp(micros(candAge), micros(activeAge)) {
+			return false, nil
+		}
+	}
+	measured := active
+	promoted := false
+	// Serialized with registration (and other promotions) by the append lock's exclusive
+	// side, held for these few statements.
+	err = s.underAppendLock(ctx, func(q *db.Queries) error {
+		promoted = false // from an attempt that did not commit
+		if err := leaderHold(ctx, q, fence); err != nil {
+			return err
+		}
+		cand, active, err := s.promotionBuilds(ctx, q, perspective, key)
+		if err != nil || cand == nil {
+			return err
+		}
+		if (active == nil) != (measured == nil) || active != nil && active.Key != measured.Key {
+			return nil // another build became active meanwhile: the next look checks again
+		}
+		if active != nil {
+			if err := q.BuildSetState(ctx, db.BuildSetStateParams{State: BuildRetired, BuildKey: active.Key}); err != nil {
+				return err
+			}
+		}
+		if err := q.BuildSetState(ctx, db.BuildSetStateParams{State: BuildActive, BuildKey: cand.Key}); err != nil {
+			return err
+		}
+		promoted = true
+		return nil
+	})
+	return promoted, err
+}
+
+// promotionBuilds reads the builds of the perspective (a lookup of its key) and returns the
+// build key, when it is building and caught up (nil otherwise), and the active build (nil:
+// none). It is an error when the perspective has no build key.
+func (s *pgStore) promotionBuilds(ctx context.Context, q *db.Queries, perspective, key string) (cand, active *Build, err error) {
+	rows, err := q.BuildsOf(ctx, []string{perspective})
+	if err != nil {
+		return nil, nil, err
+	}
+	for _, r := range rows {
+		b := buildOfRow(r)
+		switch {
+		case b.Key == key:
+			cand = &b
+		case b.State == BuildActive:
+			active = &b
+		}
+	}
+	if cand == nil {
+		return nil, nil, fmt.Errorf("perspective %q has no build %q", perspective, key)
+	}
+	if cand.State != BuildBuilding || !cand.CatchUpDone {
+		return nil, active, nil
+	}
+	return cand, active, nil
+}
+
+// PromotionStore is what a promotion asks of the database.
+type PromotionStore interface {
+	// Promote makes the build key the perspective's active one and retires the active
+	// one, in one transaction, when key's catch-up is done and (unless forced) its queue is
+	// no further behind than the active build's. It reports whether it promoted. The queue
+	// check runs before that transaction, which holds the exclusive side of the append lock
+	// for key lookups and the flip only. Fenced by fence (see LeaderLease): ErrNotLeader,
+	// and nothing written, unless its holder holds the lease.
+	Promote(ctx context.Context, perspective, key string, force bool, fence LeaderLease) (bool, error)
 }

@@ -1,5 +1,8 @@
 package worker
 
+// A purge: a pair's model and snapshots deleted and its cursor reset, under the stream lock
+// (queries/purge.sql).
+
 import (
 	"context"
 	"errors"
@@ -7,6 +10,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/perspectives-go/perspectives/db"
 	"github.com/perspectives-go/perspectives/locker"
 )
 
@@ -82,4 +86,36 @@ func (w *Worker) purge(ctx context.Context, k Pair) (err error) {
 	}
 	w.log.Info("pair purged", w.logPair(k)...)
 	return nil
+}
+
+func (s *pgStore) Purge(ctx context.Context, p Pair, holder uuid.UUID) error {
+	return s.inTx(ctx, func(q *db.Queries) error {
+		if _, err := q.CursorsEnsure(ctx, db.CursorsEnsureParams{StreamIds: []uuid.UUID{p.Stream}, PerspectiveNames: []string{p.Perspective}}); err != nil {
+			return fmt.Errorf("create cursor: %w", err)
+		}
+		cur, err := q.CursorLock(ctx, db.CursorLockParams{StreamID: p.Stream, PerspectiveName: p.Perspective})
+		if err != nil {
+			return fmt.Errorf("lock cursor: %w", err)
+		}
+		if holder != uuid.Nil && cur.LockHolder != holder {
+			return ErrLockLost
+		}
+		if _, err := q.ModelDelete(ctx, db.ModelDeleteParams{StreamID: p.Stream, PerspectiveName: p.Perspective}); err != nil {
+			return fmt.Errorf("delete model: %w", err)
+		}
+		if _, err := q.SnapshotsDeleteFrom(ctx, db.SnapshotsDeleteFromParams{
+			StreamID: p.Stream, PerspectiveName: p.Perspective, FromEventID: uuid.Nil,
+		}); err != nil {
+			return fmt.Errorf("delete snapshots: %w", err)
+		}
+		return q.CursorReset(ctx, db.CursorResetParams{StreamID: p.Stream, PerspectiveName: p.Perspective})
+	})
+}
+
+// PurgeStore is what a purge asks of the database.
+type PurgeStore interface {
+	// Purge deletes the pair's model and snapshots and resets its cursor, in one
+	// transaction holding the cursor row. When holder is not nil it first checks that
+	// holder holds an unexpired stream lock on the pair, and returns ErrLockLost otherwise.
+	Purge(ctx context.Context, p Pair, holder uuid.UUID) error
 }

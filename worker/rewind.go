@@ -1,5 +1,8 @@
 package worker
 
+// A rewind: a late event replayed from the newest snapshot before it, under the stream
+// lock (queries/rewind.sql).
+
 import (
 	"bytes"
 	"context"
@@ -10,8 +13,10 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/attribute"
 
+	"github.com/perspectives-go/perspectives/db"
 	"github.com/perspectives-go/perspectives/locker"
 )
 
@@ -177,3 +182,107 @@ func (w *Worker) replay(ctx context.Context, k Pair, holder uuid.UUID) (rewindSt
 
 // compareIDs orders event IDs as PostgreSQL orders uuid values (byte-wise).
 func compareIDs(a, b uuid.UUID) int { return bytes.Compare(a[:], b[:]) }
+
+// RewindStart is what a rewind starts from.
+type RewindStart struct {
+	Version     int64         // the cursor's version: the commit is refused if it changed
+	LastEventID uuid.NullUUID // the cursor's position
+	Queued      []uuid.UUID   // the pair's queued event IDs, ascending
+	From        *Snapshot     // the newest snapshot strictly before Queued[0]; nil: none
+	Snapshots   []uuid.UUID   // every snapshot position before Queued[0], newest first
+}
+
+// RewindCommit is a rewind's result, written by Store.RewindCommit.
+type RewindCommit struct {
+	Write    PairWrite // the replayed model; Applied are the queued events the replay covered
+	Version  int64     // fencing: the cursor version the rewind started from
+	Holder   uuid.UUID // fencing: the instance that must hold the stream lock; uuid.Nil: no locker
+	DropFrom uuid.UUID // snapshots at or after this event (the late one) are invalid
+}
+
+func (s *pgStore) RewindStart(ctx context.Context, p Pair) (RewindStart, error) {
+	var rs RewindStart
+	cur, err := s.q.CursorGet(ctx, db.CursorGetParams{StreamID: p.Stream, PerspectiveName: p.Perspective})
+	if err != nil {
+		return rs, fmt.Errorf("read cursor: %w", err)
+	}
+	rs.Version, rs.LastEventID = cur.Version, cur.LastEventID
+	if rs.Queued, err = s.q.QueueIDsForPair(ctx, db.QueueIDsForPairParams{StreamID: p.Stream, PerspectiveName: p.Perspective}); err != nil {
+		return rs, fmt.Errorf("read queue: %w", err)
+	}
+	if len(rs.Queued) == 0 {
+		return rs, nil
+	}
+	first := rs.Queued[0]
+	snap, err := s.q.SnapshotLatestBefore(ctx, db.SnapshotLatestBeforeParams{
+		StreamID: p.Stream, PerspectiveName: p.Perspective, BeforeEventID: first,
+	})
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+	case err != nil:
+		return rs, fmt.Errorf("read snapshot: %w", err)
+	default:
+		rs.From = &Snapshot{EventID: snap.SnapshotEventID, Model: json.RawMessage(snap.Model)}
+	}
+	ids, err := s.q.SnapshotIDs(ctx, db.SnapshotIDsParams{StreamID: p.Stream, PerspectiveName: p.Perspective})
+	if err != nil {
+		return rs, fmt.Errorf("list snapshots: %w", err)
+	}
+	for _, id := range ids {
+		if compareIDs(id, first) < 0 {
+			rs.Snapshots = append(rs.Snapshots, id)
+		}
+	}
+	return rs, nil
+}
+
+func (s *pgStore) Replay(ctx context.Context, p Pair, after, upto uuid.UUID, limit int) ([]Event, error) {
+	rows, err := s.q.EventsReplayPage(ctx, db.EventsReplayPageParams{
+		StreamID: p.Stream, BuildKey: p.Perspective, AfterEventID: after, UptoEventID: upto, PageSize: int32(limit),
+	})
+	if err != nil {
+		return nil, err
+	}
+	events := make([]Event, len(rows))
+	for i, r := range rows {
+		events[i] = eventOf(r)
+	}
+	return events, nil
+}
+
+func (s *pgStore) RewindCommit(ctx context.Context, c RewindCommit) error {
+	p := c.Write.Pair
+	return s.inTx(ctx, func(q *db.Queries) error {
+		cur, err := q.CursorLock(ctx, db.CursorLockParams{StreamID: p.Stream, PerspectiveName: p.Perspective})
+		if err != nil {
+			return fmt.Errorf("lock cursor: %w", err)
+		}
+		if c.Holder != uuid.Nil && cur.LockHolder != c.Holder {
+			return ErrLockLost
+		}
+		if cur.Version != c.Version {
+			return ErrCursorMoved
+		}
+		// Before the replay's own snapshots are written: some may be at those positions.
+		if _, err := q.SnapshotsDeleteFrom(ctx, db.SnapshotsDeleteFromParams{
+			StreamID: p.Stream, PerspectiveName: p.Perspective, FromEventID: c.DropFrom,
+		}); err != nil {
+			return fmt.Errorf("drop invalidated snapshots: %w", err)
+		}
+		return s.writePairs(ctx, q, []PairWrite{c.Write}, nil)
+	})
+}
+
+// RewindStore is what a rewind asks of the database.
+type RewindStore interface {
+	// RewindStart reads what a rewind starts from (not in a transaction).
+	RewindStart(ctx context.Context, p Pair) (RewindStart, error)
+	// Replay returns up to limit events of the pair's stream after the event after
+	// (exclusive) and up to upto (inclusive), in ID order, without those the pair skipped.
+	Replay(ctx context.Context, p Pair, after, upto uuid.UUID, limit int) ([]Event, error)
+	// RewindCommit writes a rewind's result in one transaction that holds the pair's cursor
+	// row, after the fencing check: it returns ErrLockLost, writing nothing, unless
+	// c.Holder (when not nil) holds an unexpired stream lock on the pair, and
+	// ErrCursorMoved unless the cursor's version is still c.Version.
+	RewindCommit(ctx context.Context, c RewindCommit) error
+}

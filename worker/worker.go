@@ -156,7 +156,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	ls, _ := w.store.(leaderStore)
 	opts := w.cfg.LockOptions
 	w.lead = startElector(ctx, ls, leaseNames(w.running()), w.cfg.InstanceID, opts.LockTimeout, opts.KeepAliveInterval,
-		leaseMargin(opts), w.log, func() { w.maintainNow.Store(true); w.wakeUp() })
+		leaseMargin(opts), w.log, func() { w.maintainNow.Store(true); w.Notify() })
 	base := context.WithoutCancel(ctx)
 	opsCtx, cancelOps := context.WithCancel(base)
 	loopCtx, stopLoop := context.WithCancel(opsCtx)
@@ -245,10 +245,7 @@ type backgroundStore interface {
 }
 
 // Notify wakes the loop at once, as when new events are known to be queued.
-func (w *Worker) Notify() { w.wakeUp() }
-
-// wakeUp wakes the loop at once.
-func (w *Worker) wakeUp() {
+func (w *Worker) Notify() {
 	select {
 	case w.wake <- struct{}{}:
 	default:
@@ -276,7 +273,7 @@ func (w *Worker) listen(ctx context.Context) {
 	retry := backoff{first: min(w.cfg.PollInterval, time.Second), max: 30 * time.Second}
 	for {
 		started := time.Now()
-		err := w.store.Listen(ctx, w.wakeUp)
+		err := w.store.Listen(ctx, w.Notify)
 		if ctx.Err() != nil {
 			return
 		}

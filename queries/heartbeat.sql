@@ -36,12 +36,6 @@ WHERE instance_id = @instance_id;
 -- Removes an instance's row at its clean stop.
 DELETE FROM wh_instances WHERE instance_id = @instance_id;
 
--- name: InstancesForget :execrows
--- Deletes the rows of instances gone (not seen) for longer than forget_seconds: what an
--- instance killed without a clean stop leaves behind.
-DELETE FROM wh_instances
-WHERE last_seen_at < now() - make_interval(secs => @forget_seconds::float8);
-
 -- name: InstancesList :many
 -- Every recorded instance, oldest first, with its liveness and how long ago it was last
 -- seen, both on the database clock.

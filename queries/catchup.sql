@@ -1,0 +1,89 @@
+-- A build's catch-up (worker/catchup.go): its lease, its pages of the event store, the
+-- streams it hands to the queue, its position.
+
+-- name: BuildCatchUpAcquire :one
+-- Takes (or renews) the lease on a build's catch-up: free, expired, or already the
+-- caller's. Returns the position to continue from; no row when another instance holds it or
+-- the catch-up is done.
+UPDATE wh_perspective_builds
+SET catchup_holder = @instance_id::uuid,
+    catchup_expiry = clock_timestamp() + make_interval(secs => @lease_seconds::float8),
+    catchup_started_at = COALESCE(catchup_started_at, now())
+WHERE build_key = @build_key
+  AND state <> 'retired'
+  AND NOT catchup_done
+  AND (catchup_holder IS NULL OR catchup_expiry <= clock_timestamp() OR catchup_holder = @instance_id::uuid)
+RETURNING catchup_stream_id, catchup_event_id;
+
+-- name: CatchUpPage :many
+-- The next page of stored events after a position, in (stream_id, event_id) order.
+SELECT event_id, stream_id, event_type, data, created_at
+FROM wh_event_store
+WHERE (stream_id, event_id) > (@after_stream_id::uuid, @after_event_id::uuid)
+ORDER BY stream_id, event_id
+LIMIT @page_size;
+
+-- name: CatchUpQueued :many
+-- The events queued for a build among the streams from first to last (a page's streams).
+SELECT stream_id, event_id
+FROM wh_perspective_events
+WHERE stream_id >= @first_stream_id AND stream_id <= @last_stream_id
+  AND perspective_name = @build_key;
+
+-- name: BuildCatchUpAdvance :execrows
+-- Moves a build's catch-up position, in the transaction that wrote the page's models, and
+-- renews the lease; with done (no stored event after the position) ends the catch-up
+-- instead: the stream it was at counts as passed (unless it was passed whole already: its
+-- position is the highest UUID) and the lease is let go. Fenced: only while the caller
+-- holds the lease and the position is still the one it started from (0 rows and the page is
+-- rolled back). Not on the lease's expiry: the page's transaction has held the build's row
+-- since it took the lease (BuildCatchUpAcquire), so no other instance could take it over
+-- meanwhile, however long the fold took; refusing a page that outlived its lease only made
+-- every instance fold the same page again, for ever, when a page takes longer than the lease
+-- (a slow perspective: TestReliabilityRandomizedModelCheck, LockTimeout 2 s).
+UPDATE wh_perspective_builds b
+SET catchup_stream_id = CASE WHEN a.done THEN b.catchup_stream_id ELSE a.stream_id END,
+    catchup_event_id  = CASE WHEN a.done THEN b.catchup_event_id ELSE a.event_id END,
+    catchup_events    = b.catchup_events + a.events,
+    catchup_streams   = b.catchup_streams + a.streams + CASE
+        WHEN NOT a.done OR b.catchup_stream_id IS NULL
+             OR b.catchup_event_id = 'ffffffff-ffff-ffff-ffff-ffffffffffff' THEN 0
+        ELSE 1 END,
+    catchup_done      = a.done,
+    catchup_done_at   = CASE WHEN a.done THEN now() END,
+    catchup_holder    = CASE WHEN a.done THEN NULL ELSE b.catchup_holder END,
+    catchup_expiry    = CASE WHEN a.done THEN NULL ELSE clock_timestamp() + make_interval(secs => a.lease_seconds) END
+FROM (SELECT @done::bool AS done, sqlc.narg(stream_id)::uuid AS stream_id, sqlc.narg(event_id)::uuid AS event_id,
+             @events::bigint AS events, @streams::bigint AS streams, @lease_seconds::float8 AS lease_seconds) a
+WHERE b.build_key = @build_key
+  AND (a.done OR a.stream_id IS NOT NULL) -- a page always moves to a position
+  AND b.catchup_holder = @instance_id::uuid
+  AND NOT b.catchup_done
+  AND b.catchup_stream_id IS NOT DISTINCT FROM sqlc.narg(from_stream_id)::uuid
+  AND b.catchup_event_id IS NOT DISTINCT FROM sqlc.narg(from_event_id)::uuid;
+
+-- name: QueueEnqueueStreamFrom :one
+-- Queues a stream's stored events from an event on (inclusive; the nil UUID: all of them)
+-- for a build: what a catch-up could not apply (a failing event and the ones after it, the
+-- rest of a long stream) is left to the normal path; a rebuild queues the whole stream.
+-- Events the pair skipped stay skipped. The pair's due row is created, due now, unless it
+-- has one (a failure recorded in the same transaction keeps its backoff); the listening
+-- workers are told. Returns the rows queued.
+WITH queued AS (
+    INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)
+    SELECT e.stream_id, @build_key::text, e.event_id
+    FROM wh_event_store e
+    WHERE e.stream_id = @stream_id AND e.event_id >= @from_event_id
+      AND NOT EXISTS (SELECT 1 FROM wh_skipped_events s
+                      WHERE s.stream_id = e.stream_id AND s.perspective_name = @build_key::text
+                        AND s.event_id = e.event_id)
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+), due AS (
+    INSERT INTO wh_perspective_pairs (stream_id, perspective_name, due_at)
+    SELECT @stream_id, @build_key::text, now()
+    WHERE EXISTS (SELECT 1 FROM queued)
+    ON CONFLICT (stream_id, perspective_name) DO NOTHING
+)
+SELECT count(*)::bigint FROM queued
+WHERE (SELECT count(*) FROM (SELECT pg_notify('wh_perspective_events', '') WHERE EXISTS (SELECT 1 FROM queued)) n) >= 0;

@@ -1,0 +1,20 @@
+-- Promotion of a caught-up build (worker/promotion.go).
+
+-- name: BuildQueueAge :one
+-- The age of the oldest event queued for a build, in microseconds (-1: none queued).
+SELECT COALESCE((extract(epoch FROM clock_timestamp() - min(enqueued_at)) * 1000000)::bigint, -1)::bigint AS oldest_micros
+FROM wh_perspective_events
+WHERE perspective_name = @build_key;
+
+-- name: BuildSetState :exec
+-- The times are the statement's, not the transaction's start: a promotion sets them under the
+-- append lock, so every Append that still queued for the old state started before them.
+-- Making a build active (a promotion) notifies wh_applied: WaitFor judges the new active build.
+UPDATE wh_perspective_builds
+SET state = @state::text,
+    promoted_at = CASE WHEN @state::text = 'active' THEN clock_timestamp() ELSE promoted_at END,
+    retired_at  = CASE WHEN @state::text = 'retired' THEN clock_timestamp() ELSE retired_at END,
+    catchup_holder = CASE WHEN @state::text = 'retired' THEN NULL ELSE catchup_holder END,
+    catchup_expiry = CASE WHEN @state::text = 'retired' THEN NULL ELSE catchup_expiry END
+FROM (SELECT CASE WHEN @state::text = 'active' THEN pg_notify('wh_applied', '') END) notified
+WHERE build_key = @build_key;
