@@ -53,6 +53,8 @@ type telemetry struct {
 	eventsApplied metric.Int64Counter
 	applyErrors   metric.Int64Counter
 	catchUpEvents metric.Int64Counter
+	sinkDuration  metric.Float64Histogram
+	sinkFailures  metric.Int64Counter
 
 	queueDepth     metric.Int64ObservableGauge
 	queueOldest    metric.Float64ObservableGauge
@@ -101,6 +103,8 @@ func newTelemetry(mp metric.MeterProvider, tp trace.TracerProvider) (*telemetry,
 	counter(&t.eventsApplied, "perspectives.events.applied", "{event}", "Events applied by the normal path and by catch-ups.")
 	counter(&t.applyErrors, "perspectives.apply.errors", "{error}", "Apply failures (error or panic in a perspective, or a failed rewind).")
 	counter(&t.catchUpEvents, "perspectives.catchup.events_read", "{event}", "Stored events read by this instance's catch-ups, by perspective and version.")
+	histogram(&t.sinkDuration, "perspectives.sink.duration", "Time of a Sink's Write per committing transaction, by perspective and version.")
+	counter(&t.sinkFailures, "perspectives.sink.failures", "{error}", "Sink Writes that failed (their transaction rolled back), by perspective and version.")
 	gauge := func(dst *metric.Int64ObservableGauge, name, unit, desc string) {
 		g, err := m.Int64ObservableGauge(name, metric.WithUnit(unit), metric.WithDescription(desc))
 		errs = append(errs, err)

@@ -1,0 +1,118 @@
+package worker
+
+// Sinks: a perspective that also writes its models to the application's own tables, in the
+// transaction that commits them. The JSON model stays the source of truth; a sink's rows
+// follow it on every path that changes a model (the normal path, a rewind, a catch-up page,
+// a rebuild, a purge), and a failing sink rolls its pairs back like a failing Apply.
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+)
+
+// Change is one pair's model as committed.
+type Change struct {
+	StreamID    uuid.UUID
+	Build       Build           // the build (perspective, version, rebuild number) the model belongs to
+	Model       json.RawMessage // the committed model; nil when it was deleted (purge)
+	LastEventID uuid.UUID       // the newest event the model includes; uuid.Nil when deleted
+	Replay      bool            // from a rewind, a catch-up or a rebuild, not from live application
+}
+
+// A Perspective that also implements Sink has Write called in every transaction that commits
+// its models, once, with every pair whose model changed there (each pair at most once).
+// An error rolls the transaction back; the pairs are treated as failing, like an Apply error.
+//
+// Write runs on the worker's transaction: run the application's queries on tx (with sqlc,
+// queries.New(tx)), and do not commit or roll it back. Changes of several builds of the
+// perspective never share a call, so a sink can pick its table from changes[0].Build. A
+// catch-up page whose Write fails is committed without the perspective's models, its
+// streams handed to the normal path, where the failing pair is retried and parked as for an
+// Apply error while the others commit.
+type Sink interface {
+	Write(ctx context.Context, tx pgx.Tx, changes []Change) error
+}
+
+// A Sink that also implements Promoter has Promoted called inside the promotion transaction
+// (from is nil when no build was active), e.g. to repoint a view at the new build's table.
+// An error rolls the promotion back; it is tried again at the next look at the builds.
+type Promoter interface {
+	Promoted(ctx context.Context, tx pgx.Tx, from *Build, to Build) error
+}
+
+// A Sink that also implements Retirer has Retired called once when a retired build is cleaned up.
+// It runs after the build's own rows are deleted, before the build is marked cleaned: an
+// error leaves the build to clean, and Retired is called again at the next cleanup.
+type Retirer interface {
+	Retired(ctx context.Context, db DBTX, b Build) error
+}
+
+// pairChange is one pair's committed model, as a Store's transaction hands it to the sinks.
+type pairChange struct {
+	Pair
+	Model       json.RawMessage // nil: deleted
+	LastEventID uuid.UUID
+}
+
+// sinkHook is how a Store's transaction that commits models calls the sinks: the worker's
+// writeSinks. replay says the changes come from a rewind or a catch-up.
+type sinkHook func(ctx context.Context, tx pgx.Tx, changes []pairChange, replay bool) error
+
+// sinkError is a sink's failure: the transaction it ran in is rolled back.
+type sinkError struct {
+	perspective string
+	err         error
+}
+
+func (e sinkError) Error() string { return fmt.Sprintf("sink of %s: %v", e.perspective, e.err) }
+func (e sinkError) Unwrap() error { return e.err }
+
+// writeSinks calls the sink of each build among changes that has one, once per build, with
+// that build's changes, on tx. The first error is returned as a sinkError.
+func (w *Worker) writeSinks(ctx context.Context, tx pgx.Tx, changes []pairChange, replay bool) error {
+	set := w.builds()
+	var order []string
+	byKey := map[string][]Change{}
+	for _, c := range changes {
+		b := set.byKey[c.Perspective]
+		if b == nil {
+			continue
+		}
+		if _, ok := b.persp.(Sink); !ok {
+			continue
+		}
+		if _, seen := byKey[c.Perspective]; !seen {
+			order = append(order, c.Perspective)
+		}
+		byKey[c.Perspective] = append(byKey[c.Perspective], Change{
+			StreamID: c.Stream, Build: b.Build, Model: c.Model, LastEventID: c.LastEventID, Replay: replay,
+		})
+	}
+	for _, key := range order {
+		b := set.byKey[key]
+		start := time.Now()
+		err := b.persp.(Sink).Write(ctx, tx, byKey[key])
+		attrs := w.metricPair(Pair{Perspective: key})
+		w.tel.sinkDuration.Record(ctx, time.Since(start).Seconds(), attrs)
+		if err != nil {
+			w.tel.sinkFailures.Add(ctx, 1, attrs)
+			return sinkError{perspective: b.Perspective, err: err}
+		}
+	}
+	return nil
+}
+
+// hasSinks says whether a perspective of the set writes to a sink.
+func (s *buildSet) hasSinks() bool {
+	for _, b := range s.byKey {
+		if _, ok := b.persp.(Sink); ok {
+			return true
+		}
+	}
+	return false
+}
