@@ -350,7 +350,7 @@ FROM (SELECT b.before, set_config('lock_timeout', ($1::int)::text, true) AS boun
 // The exclusive side of the append lock, held by the (short) transaction that adds or
 // promotes a build, waited for wait_ms at most (the transaction's lock_timeout, set back to
 // what it was once the lock is granted): a lock not granted by then fails with SQLSTATE
-// 55P03, and the caller tries again in a new transaction (worker/pgstore_builds.go,
+// 55P03, and the caller tries again in a new transaction (worker/builds.go,
 // underAppendLock). A request that waits makes every later Append wait behind it, since
 // PostgreSQL queues a shared request behind a waiting exclusive one: unbounded, a
 // transaction that appended and stays open would hold up every Append until it ends. The

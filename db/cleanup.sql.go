@@ -69,12 +69,13 @@ func (q *Queries) BuildMarkCleaned(ctx context.Context, buildKey string) error {
 
 const buildsToClean = `-- name: BuildsToClean :many
 
-SELECT build_key
+SELECT build_key, perspective_name, version, build, state, catchup_done
 FROM wh_perspective_builds
 WHERE perspective_name = ANY($1::text[])
   AND state = 'retired'
   AND cleaned_at IS NULL
   AND retired_at <= now() - make_interval(secs => $2::float8)
+ORDER BY retired_at, build_key
 `
 
 type BuildsToCleanParams struct {
@@ -82,22 +83,39 @@ type BuildsToCleanParams struct {
 	GraceSeconds     float64
 }
 
+type BuildsToCleanRow struct {
+	BuildKey        string
+	PerspectiveName string
+	Version         int32
+	Build           int32
+	State           string
+	CatchupDone     bool
+}
+
 // The cleanup of retired builds' rows, in bounded batches (worker/cleanup.go).
 // Retired builds of the given perspectives whose rows are not all deleted, retired at least
-// grace_seconds ago (a transaction an instance began before it saw the retirement has ended).
-func (q *Queries) BuildsToClean(ctx context.Context, arg BuildsToCleanParams) ([]string, error) {
+// grace_seconds ago (a transaction an instance began before it saw the retirement has ended),
+// oldest first.
+func (q *Queries) BuildsToClean(ctx context.Context, arg BuildsToCleanParams) ([]BuildsToCleanRow, error) {
 	rows, err := q.db.Query(ctx, buildsToClean, arg.PerspectiveNames, arg.GraceSeconds)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	items := []string{}
+	items := []BuildsToCleanRow{}
 	for rows.Next() {
-		var build_key string
-		if err := rows.Scan(&build_key); err != nil {
+		var i BuildsToCleanRow
+		if err := rows.Scan(
+			&i.BuildKey,
+			&i.PerspectiveName,
+			&i.Version,
+			&i.Build,
+			&i.State,
+			&i.CatchupDone,
+		); err != nil {
 			return nil, err
 		}
-		items = append(items, build_key)
+		items = append(items, i)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err

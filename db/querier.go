@@ -68,8 +68,9 @@ type Querier interface {
 	BuildsStatus(ctx context.Context) ([]BuildsStatusRow, error)
 	// The cleanup of retired builds' rows, in bounded batches (worker/cleanup.go).
 	// Retired builds of the given perspectives whose rows are not all deleted, retired at least
-	// grace_seconds ago (a transaction an instance began before it saw the retirement has ended).
-	BuildsToClean(ctx context.Context, arg BuildsToCleanParams) ([]string, error)
+	// grace_seconds ago (a transaction an instance began before it saw the retirement has ended),
+	// oldest first.
+	BuildsToClean(ctx context.Context, arg BuildsToCleanParams) ([]BuildsToCleanRow, error)
 	// The next page of stored events after a position, in (stream_id, event_id) order.
 	CatchUpPage(ctx context.Context, arg CatchUpPageParams) ([]WhEventStore, error)
 	// The events queued for a build among the streams from first to last (a page's streams).
@@ -280,7 +281,7 @@ type Querier interface {
 	// The exclusive side of the append lock, held by the (short) transaction that adds or
 	// promotes a build, waited for wait_ms at most (the transaction's lock_timeout, set back to
 	// what it was once the lock is granted): a lock not granted by then fails with SQLSTATE
-	// 55P03, and the caller tries again in a new transaction (worker/pgstore_builds.go,
+	// 55P03, and the caller tries again in a new transaction (worker/builds.go,
 	// underAppendLock). A request that waits makes every later Append wait behind it, since
 	// PostgreSQL queues a shared request behind a waiting exclusive one: unbounded, a
 	// transaction that appended and stays open would hold up every Append until it ends. The

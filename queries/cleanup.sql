@@ -2,13 +2,15 @@
 
 -- name: BuildsToClean :many
 -- Retired builds of the given perspectives whose rows are not all deleted, retired at least
--- grace_seconds ago (a transaction an instance began before it saw the retirement has ended).
-SELECT build_key
+-- grace_seconds ago (a transaction an instance began before it saw the retirement has ended),
+-- oldest first.
+SELECT build_key, perspective_name, version, build, state, catchup_done
 FROM wh_perspective_builds
 WHERE perspective_name = ANY(@perspective_names::text[])
   AND state = 'retired'
   AND cleaned_at IS NULL
-  AND retired_at <= now() - make_interval(secs => @grace_seconds::float8);
+  AND retired_at <= now() - make_interval(secs => @grace_seconds::float8)
+ORDER BY retired_at, build_key;
 
 -- name: BuildCleanupBatch :one
 -- Deletes the rows of up to batch_size pairs of a retired build: queue rows, due rows,

@@ -13,6 +13,7 @@ import (
 	"slices"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/perspectives-go/perspectives/db"
 )
@@ -168,7 +169,7 @@ func (w *Worker) reportApplied(ctx context.Context, rep pairReport) {
 
 func (s *pgStore) Apply(ctx context.Context, pairs []Pair, perPair int, decide func([]PairState) []PairWrite) ([]Pair, error) {
 	var busy []Pair
-	err := s.inTx(ctx, func(q *db.Queries) error {
+	err := s.inTx(ctx, func(tx pgx.Tx, q *db.Queries) error {
 		states, held, err := lockPairs(ctx, q, pairs)
 		busy = held
 		if err != nil || len(states) == 0 {
@@ -177,7 +178,7 @@ func (s *pgStore) Apply(ctx context.Context, pairs []Pair, perPair int, decide f
 		if err := readPairs(ctx, q, states, perPair); err != nil {
 			return err
 		}
-		return s.writePairs(ctx, q, decide(states), nil)
+		return s.writePairs(ctx, tx, q, decide(states), nil, live)
 	})
 	if err != nil {
 		return nil, err
@@ -316,18 +317,27 @@ func pairsOf(states []PairState) []Pair {
 	return pairs
 }
 
+// live and replayed say whether a write's change is a replay (see Change.Replay): never on
+// the normal path, always for a rewind.
+func live(PairWrite) bool     { return false }
+func replayed(PairWrite) bool { return true }
+
 // writePairs writes every model, cursor and queue deletion of writes in one statement,
 // then their snapshots, then their failures. The queue rows of the applied events are
-// deleted: all of them (each must exist) when queued is nil, else those in queued.
-func (s *pgStore) writePairs(ctx context.Context, q *db.Queries, writes []PairWrite, queued map[uuid.UUID]bool) error {
+// deleted: all of them (each must exist) when queued is nil, else those in queued. The
+// changed models go to the sinks first, on tx (replay says which changes are replays); a
+// sink's error is returned, and the caller's transaction rolls back.
+func (s *pgStore) writePairs(ctx context.Context, tx pgx.Tx, q *db.Queries, writes []PairWrite, queued map[uuid.UUID]bool, replay func(PairWrite) bool) error {
 	var (
-		commit db.PairsApplyCommitParams
-		snaps  db.SnapshotsInsertParams
-		drop   db.SnapshotsDeleteParams
-		failed db.PairsMarkFailedParams
+		commit  db.PairsApplyCommitParams
+		snaps   db.SnapshotsInsertParams
+		drop    db.SnapshotsDeleteParams
+		failed  db.PairsMarkFailedParams
+		changes []pairChange
 	)
 	for _, wr := range writes {
 		if len(wr.Applied) > 0 {
+			changes = append(changes, pairChange{Pair: wr.Pair, Model: wr.Model, LastEventID: wr.LastEventID, Replay: replay(wr)})
 			commit.StreamIds = append(commit.StreamIds, wr.Stream)
 			commit.PerspectiveNames = append(commit.PerspectiveNames, wr.Perspective)
 			commit.Models = append(commit.Models, string(wr.Model))
@@ -355,6 +365,11 @@ func (s *pgStore) writePairs(ctx context.Context, q *db.Queries, writes []PairWr
 		}
 		if wr.Failure.Cause != "" {
 			addFailure(&failed, wr.Pair, wr.Failure)
+		}
+	}
+	if len(changes) > 0 && s.sinks != nil {
+		if err := s.sinks.write(ctx, tx, changes); err != nil {
+			return err
 		}
 	}
 	if len(commit.StreamIds) > 0 {

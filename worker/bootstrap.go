@@ -59,7 +59,7 @@ func (w *Worker) bootstrap(ctx context.Context, k Pair) (err error) {
 
 func (s *pgStore) Bootstrap(ctx context.Context, p Pair) (bool, error) {
 	wrote := false
-	err := s.inTx(ctx, func(q *db.Queries) error {
+	err := s.inTx(ctx, func(_ pgx.Tx, q *db.Queries) error {
 		cur, err := q.CursorLock(ctx, db.CursorLockParams{StreamID: p.Stream, PerspectiveName: p.Perspective})
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
@@ -272,7 +273,7 @@ func (s *pgStore) addBuild(ctx context.Context, perspective string, plan func([]
 		return builds, nil, err
 	}
 	var added *Build
-	err = s.underAppendLock(ctx, func(q *db.Queries) error {
+	err = s.underAppendLock(ctx, func(tx pgx.Tx, q *db.Queries) error {
 		added = nil // from an attempt that did not commit
 		if _, err := q.PerspectiveRegister(ctx, perspective); err != nil {
 			return err
@@ -300,6 +301,13 @@ func (s *pgStore) addBuild(ctx context.Context, perspective string, plan func([]
 			BuildKey: b.Key, PerspectiveName: perspective, Version: int32(b.Version), Build: int32(b.N), State: b.State,
 		}); err != nil {
 			return err
+		}
+		if b.State == BuildActive && s.sinks != nil {
+			// A perspective's first build is active from its registration: its sink's
+			// promotion, from none, is this transaction.
+			if err := s.sinks.promoted(ctx, tx, nil, *b); err != nil {
+				return err
+			}
 		}
 		builds, added = append(builds, *b), b
 		return q.RegistrationBump(ctx)
@@ -342,12 +350,12 @@ const unknownHolders = "?"
 // so fn may run more than once and must not keep what an attempt that did not commit set.
 // A statement of fn that outlasts the session's lock_timeout, if it has one, is tried again
 // the same way.
-func (s *pgStore) underAppendLock(ctx context.Context, fn func(q *db.Queries) error) error {
+func (s *pgStore) underAppendLock(ctx context.Context, fn func(tx pgx.Tx, q *db.Queries) error) error {
 	began, wait, warned := time.Now(), appendLockFirstWait, false
 	var blockers map[string]bool // the transactions that held the lock just after the last wait ran out
 	for {
 		locked, try := false, len(blockers) > 0
-		err := s.inTx(ctx, func(q *db.Queries) error {
+		err := s.inTx(ctx, func(tx pgx.Tx, q *db.Queries) error {
 			if try {
 				if ok, err := q.RegisterLockTry(ctx); err != nil || !ok {
 					return cmp.Or(err, errAppendLockTaken)
@@ -356,7 +364,7 @@ func (s *pgStore) underAppendLock(ctx context.Context, fn func(q *db.Queries) er
 				return err
 			}
 			locked = true
-			return fn(q)
+			return fn(tx, q)
 		})
 		switch {
 		case err == nil:

@@ -172,7 +172,7 @@ type CatchUpResult struct {
 
 func (s *pgStore) CatchUp(ctx context.Context, req CatchUpRequest, fold func(CatchUpPage) []PairWrite) (CatchUpResult, error) {
 	var res CatchUpResult
-	err := s.inTx(ctx, func(q *db.Queries) error {
+	err := s.inTx(ctx, func(tx pgx.Tx, q *db.Queries) error {
 		res = CatchUpResult{}
 		pos, err := q.BuildCatchUpAcquire(ctx, db.BuildCatchUpAcquireParams{
 			InstanceID: req.Instance, LeaseSeconds: req.Lease.Seconds(), BuildKey: req.Key,
@@ -256,26 +256,28 @@ func (s *pgStore) CatchUp(ctx context.Context, req CatchUpRequest, fold func(Cat
 		}
 
 		writes := fold(page)
+		err = s.writePage(ctx, tx, q, req.Key, writes, queued)
+		if se := (sinkError{}); errors.As(err, &se) {
+			// A sink refused the page: it is written without the build's models, every
+			// stream of it handed to the normal path, where a failing pair is retried and
+			// parked on its own while the others commit.
+			if s.log != nil {
+				s.log.Warn("a sink failed on a catch-up page; its streams go to the normal path",
+					slog.String("build", req.Key), slog.Int("streams", len(writes)), slog.Any("error", err))
+			}
+			writes = handOver(writes)
+			err = s.writePage(ctx, tx, q, req.Key, writes, queued)
+		}
+		if err != nil {
+			return err
+		}
 		to := page.Events[len(page.Events)-1]
 		toEvent := to.ID
 		for _, wr := range writes {
 			res.Applied += len(wr.Applied)
-			if wr.EnqueueFrom == uuid.Nil {
-				continue
-			}
-			// Queued before the writes, so that a failure recorded with them marks these
-			// rows too (PairsMarkFailed sets every queued row's retry time).
-			if _, err := q.QueueEnqueueStreamFrom(ctx, db.QueueEnqueueStreamFromParams{
-				BuildKey: req.Key, StreamID: wr.Stream, FromEventID: wr.EnqueueFrom,
-			}); err != nil {
-				return fmt.Errorf("queue a stream for the normal path: %w", err)
-			}
-			if wr.Stream == to.StreamID {
+			if wr.EnqueueFrom != uuid.Nil && wr.Stream == to.StreamID {
 				toEvent = maxUUID // its later events are queued now: pass the whole stream
 			}
-		}
-		if err := s.writePairs(ctx, q, writes, queued); err != nil {
-			return err
 		}
 		// Streams passed: those the page ends (all but its last, unless that one is passed
 		// whole), and the previous page's last when this page starts with another.
@@ -297,6 +299,52 @@ func (s *pgStore) CatchUp(ctx context.Context, req CatchUpRequest, fold func(Cat
 		return CatchUpResult{}, err
 	}
 	return res, nil
+}
+
+// writePage writes a catch-up page's writes in a savepoint of tx: first the streams handed to
+// the normal path are queued from their EnqueueFrom on (before the writes, so that a failure
+// recorded with them finds the rows), then the models (writePairs, with the sinks). On an
+// error the savepoint is rolled back, and tx can go on.
+func (s *pgStore) writePage(ctx context.Context, tx pgx.Tx, q *db.Queries, key string, writes []PairWrite, queued map[uuid.UUID]bool) error {
+	return pgx.BeginFunc(ctx, tx, func(sp pgx.Tx) error {
+		for _, wr := range writes {
+			if wr.EnqueueFrom == uuid.Nil {
+				continue
+			}
+			if _, err := q.QueueEnqueueStreamFrom(ctx, db.QueueEnqueueStreamFromParams{
+				BuildKey: key, StreamID: wr.Stream, FromEventID: wr.EnqueueFrom,
+			}); err != nil {
+				return fmt.Errorf("queue a stream for the normal path: %w", err)
+			}
+		}
+		// A stream's change is a replay unless the page applied an event appended since the
+		// build was registered (queued for it): such an event is live, whoever applies it.
+		replay := func(wr PairWrite) bool {
+			for _, id := range wr.Applied {
+				if queued[id] {
+					return false
+				}
+			}
+			return true
+		}
+		return s.writePairs(ctx, sp, q, writes, queued, replay)
+	})
+}
+
+// handOver turns a page's writes into hand-overs: each stream queued for the normal path from
+// its first event of the page, nothing applied.
+func handOver(writes []PairWrite) []PairWrite {
+	out := make([]PairWrite, 0, len(writes))
+	for _, wr := range writes {
+		from := wr.EnqueueFrom
+		if len(wr.Applied) > 0 {
+			from = wr.Applied[0]
+		}
+		if from != uuid.Nil {
+			out = append(out, PairWrite{Pair: wr.Pair, EnqueueFrom: from})
+		}
+	}
+	return out
 }
 
 // pageRead is a catch-up page read ahead.

@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/perspectives-go/perspectives/db"
 )
 
@@ -45,26 +47,40 @@ func (w *Worker) cleanup(ctx context.Context, perspective string) bool {
 }
 
 func (s *pgStore) Cleanup(ctx context.Context, perspectives []string, grace time.Duration, batch int, fence LeaderLease) (bool, error) {
-	keys, err := s.q.BuildsToClean(ctx, db.BuildsToCleanParams{PerspectiveNames: perspectives, GraceSeconds: grace.Seconds()})
-	if err != nil || len(keys) == 0 {
+	rows, err := s.q.BuildsToClean(ctx, db.BuildsToCleanParams{PerspectiveNames: perspectives, GraceSeconds: grace.Seconds()})
+	if err != nil || len(rows) == 0 {
 		return false, err
 	}
-	more := true
-	err = s.inTx(ctx, func(q *db.Queries) error {
+	r := rows[0]
+	b := Build{Key: r.BuildKey, Perspective: r.PerspectiveName, Version: int(r.Version), N: int(r.Build), State: r.State, CatchUpDone: r.CatchupDone}
+	var n int64
+	err = s.inTx(ctx, func(_ pgx.Tx, q *db.Queries) error {
 		if err := leaderHold(ctx, q, fence); err != nil {
 			return err
 		}
-		n, err := q.BuildCleanupBatch(ctx, db.BuildCleanupBatchParams{BuildKey: keys[0], BatchSize: int32(batch)})
-		if err != nil || n > 0 {
+		n, err = q.BuildCleanupBatch(ctx, db.BuildCleanupBatchParams{BuildKey: b.Key, BatchSize: int32(batch)})
+		return err
+	})
+	if err != nil || n > 0 {
+		return n > 0 && err == nil, err
+	}
+	// The build's own rows are gone: its sink's rows next (Retired, on the pool, in as many
+	// transactions as it likes), then the build is marked cleaned.
+	if s.sinks != nil {
+		if err := s.sinks.retired(ctx, s.pool, b); err != nil {
+			return false, err // tried again at the next look at the builds
+		}
+	}
+	err = s.inTx(ctx, func(_ pgx.Tx, q *db.Queries) error {
+		if err := leaderHold(ctx, q, fence); err != nil {
 			return err
 		}
-		more = len(keys) > 1
-		return q.BuildMarkCleaned(ctx, keys[0])
+		return q.BuildMarkCleaned(ctx, b.Key)
 	})
 	if err != nil {
 		return false, err
 	}
-	return more, nil
+	return len(rows) > 1, nil
 }
 
 // CleanupStore is what the cleanup of retired builds asks of the database.

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/perspectives-go/perspectives/db"
 )
@@ -255,7 +256,7 @@ const (
 )
 
 func (s *pgStore) MarkFailed(ctx context.Context, p Pair, f Failure, decide func(failures int) FailureAction) (FailureAction, error) {
-	err := s.inTx(ctx, func(q *db.Queries) error {
+	err := s.inTx(ctx, func(_ pgx.Tx, q *db.Queries) error {
 		if _, err := q.CursorsEnsure(ctx, db.CursorsEnsureParams{StreamIds: []uuid.UUID{p.Stream}, PerspectiveNames: []string{p.Perspective}}); err != nil {
 			return fmt.Errorf("create cursor: %w", err)
 		}

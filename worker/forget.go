@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/perspectives-go/perspectives/db"
 )
@@ -51,7 +52,7 @@ func (s *pgStore) forget(ctx context.Context, id uuid.UUID) error {
 
 func (s *pgStore) forgetGone(ctx context.Context, after time.Duration, fence LeaderLease) (int64, error) {
 	var n int64
-	err := s.inTx(ctx, func(q *db.Queries) error {
+	err := s.inTx(ctx, func(_ pgx.Tx, q *db.Queries) error {
 		if err := leaderHold(ctx, q, fence); err != nil {
 			return err
 		}

@@ -31,6 +31,8 @@ type pgStore struct {
 
 	skippedBy string // who the failure policy's skips are recorded as skipped by
 
+	sinks sinkHooks // the perspectives' sinks (nil: an Admin's store)
+
 	log *slog.Logger // nil: logs nothing (an Admin's store)
 }
 
@@ -55,9 +57,10 @@ func (s *pgStore) stopBackground(ctx context.Context) error {
 	return s.readAheads.Stop(ctx)
 }
 
-// inTx runs fn in one transaction: committed when fn returns nil, rolled back otherwise.
-func (s *pgStore) inTx(ctx context.Context, fn func(q *db.Queries) error) error {
-	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error { return fn(pgq.New(tx)) })
+// inTx runs fn in one transaction, tx with its queries q: committed when fn returns nil,
+// rolled back otherwise.
+func (s *pgStore) inTx(ctx context.Context, fn func(tx pgx.Tx, q *db.Queries) error) error {
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error { return fn(tx, pgq.New(tx)) })
 }
 
 // eventOf is a stored event as the worker sees it.

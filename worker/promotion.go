@@ -9,6 +9,8 @@ import (
 	"fmt"
 	"log/slog"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/perspectives-go/perspectives/db"
 )
 
@@ -83,7 +85,7 @@ func (s *pgStore) Promote(ctx context.Context, perspective, key string, force bo
 	promoted := false
 	// Serialized with registration (and other promotions) by the append lock's exclusive
 	// side, held for these few statements.
-	err = s.underAppendLock(ctx, func(q *db.Queries) error {
+	err = s.underAppendLock(ctx, func(tx pgx.Tx, q *db.Queries) error {
 		promoted = false // from an attempt that did not commit
 		if err := leaderHold(ctx, q, fence); err != nil {
 			return err
@@ -102,6 +104,19 @@ func (s *pgStore) Promote(ctx context.Context, perspective, key string, force bo
 		}
 		if err := q.BuildSetState(ctx, db.BuildSetStateParams{State: BuildActive, BuildKey: cand.Key}); err != nil {
 			return err
+		}
+		if s.sinks != nil {
+			to := *cand
+			to.State = BuildActive
+			var from *Build
+			if active != nil {
+				retired := *active
+				retired.State = BuildRetired
+				from = &retired
+			}
+			if err := s.sinks.promoted(ctx, tx, from, to); err != nil {
+				return err
+			}
 		}
 		promoted = true
 		return nil

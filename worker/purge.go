@@ -9,6 +9,7 @@ import (
 	"fmt"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/perspectives-go/perspectives/db"
 	"github.com/perspectives-go/perspectives/locker"
@@ -89,7 +90,7 @@ func (w *Worker) purge(ctx context.Context, k Pair) (err error) {
 }
 
 func (s *pgStore) Purge(ctx context.Context, p Pair, holder uuid.UUID) error {
-	return s.inTx(ctx, func(q *db.Queries) error {
+	return s.inTx(ctx, func(tx pgx.Tx, q *db.Queries) error {
 		if _, err := q.CursorsEnsure(ctx, db.CursorsEnsureParams{StreamIds: []uuid.UUID{p.Stream}, PerspectiveNames: []string{p.Perspective}}); err != nil {
 			return fmt.Errorf("create cursor: %w", err)
 		}
@@ -108,7 +109,13 @@ func (s *pgStore) Purge(ctx context.Context, p Pair, holder uuid.UUID) error {
 		}); err != nil {
 			return fmt.Errorf("delete snapshots: %w", err)
 		}
-		return q.CursorReset(ctx, db.CursorResetParams{StreamID: p.Stream, PerspectiveName: p.Perspective})
+		if err := q.CursorReset(ctx, db.CursorResetParams{StreamID: p.Stream, PerspectiveName: p.Perspective}); err != nil {
+			return err
+		}
+		if s.sinks == nil {
+			return nil
+		}
+		return s.sinks.write(ctx, tx, []pairChange{{Pair: p}})
 	})
 }
 

@@ -252,7 +252,7 @@ func (s *pgStore) Replay(ctx context.Context, p Pair, after, upto uuid.UUID, lim
 
 func (s *pgStore) RewindCommit(ctx context.Context, c RewindCommit) error {
 	p := c.Write.Pair
-	return s.inTx(ctx, func(q *db.Queries) error {
+	return s.inTx(ctx, func(tx pgx.Tx, q *db.Queries) error {
 		cur, err := q.CursorLock(ctx, db.CursorLockParams{StreamID: p.Stream, PerspectiveName: p.Perspective})
 		if err != nil {
 			return fmt.Errorf("lock cursor: %w", err)
@@ -269,7 +269,7 @@ func (s *pgStore) RewindCommit(ctx context.Context, c RewindCommit) error {
 		}); err != nil {
 			return fmt.Errorf("drop invalidated snapshots: %w", err)
 		}
-		return s.writePairs(ctx, q, []PairWrite{c.Write}, nil)
+		return s.writePairs(ctx, tx, q, []PairWrite{c.Write}, nil, replayed)
 	})
 }
 

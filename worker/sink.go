@@ -34,13 +34,23 @@ type Change struct {
 // catch-up page whose Write fails is committed without the perspective's models, its
 // streams handed to the normal path, where the failing pair is retried and parked as for an
 // Apply error while the others commit.
+//
+// Replay is true for a rewind's change and for a catch-up's change made only of history
+// (events stored before the build was registered); a change that applies an event appended
+// since is live, whether the normal path or a catch-up page applies it. A sink that also
+// enqueues side effects (a job inserted on tx, an outbox row) should do so only for live
+// changes of the active build (Change.Build.State == BuildActive): a building version
+// applies the same live events as the active one.
 type Sink interface {
 	Write(ctx context.Context, tx pgx.Tx, changes []Change) error
 }
 
 // A Sink that also implements Promoter has Promoted called inside the promotion transaction
 // (from is nil when no build was active), e.g. to repoint a view at the new build's table.
-// An error rolls the promotion back; it is tried again at the next look at the builds.
+// A perspective's first build is active from its registration: Promoted(nil, first) runs in
+// the registration transaction, so a view exists before the first model does. An error
+// rolls the promotion (or the registration: Start fails) back; a promotion is tried again at
+// the next look at the builds.
 type Promoter interface {
 	Promoted(ctx context.Context, tx pgx.Tx, from *Build, to Build) error
 }
@@ -57,11 +67,44 @@ type pairChange struct {
 	Pair
 	Model       json.RawMessage // nil: deleted
 	LastEventID uuid.UUID
+	Replay      bool
 }
 
-// sinkHook is how a Store's transaction that commits models calls the sinks: the worker's
-// writeSinks. replay says the changes come from a rewind or a catch-up.
-type sinkHook func(ctx context.Context, tx pgx.Tx, changes []pairChange, replay bool) error
+// sinkHooks are the calls a Store's transactions make into the perspectives' sinks: the
+// worker's (sinksOf). An Admin's store has none: it runs no perspective.
+type sinkHooks interface {
+	// write runs in every transaction that commits models, before it commits.
+	write(ctx context.Context, tx pgx.Tx, changes []pairChange) error
+	// promoted runs in the promotion transaction, after the flip.
+	promoted(ctx context.Context, tx pgx.Tx, from *Build, to Build) error
+	// retired runs once a retired build's own rows are deleted, before it is marked cleaned.
+	retired(ctx context.Context, db DBTX, b Build) error
+}
+
+// workerSinks are a worker's sinkHooks.
+type workerSinks struct{ w *Worker }
+
+func (s workerSinks) write(ctx context.Context, tx pgx.Tx, changes []pairChange) error {
+	return s.w.writeSinks(ctx, tx, changes)
+}
+
+func (s workerSinks) promoted(ctx context.Context, tx pgx.Tx, from *Build, to Build) error {
+	if p, ok := s.w.persp[to.Perspective].(Promoter); ok {
+		if err := p.Promoted(ctx, tx, from, to); err != nil {
+			return sinkError{perspective: to.Perspective, err: fmt.Errorf("promoted: %w", err)}
+		}
+	}
+	return nil
+}
+
+func (s workerSinks) retired(ctx context.Context, db DBTX, b Build) error {
+	if r, ok := s.w.persp[b.Perspective].(Retirer); ok {
+		if err := r.Retired(ctx, db, b); err != nil {
+			return sinkError{perspective: b.Perspective, err: fmt.Errorf("retired: %w", err)}
+		}
+	}
+	return nil
+}
 
 // sinkError is a sink's failure: the transaction it ran in is rolled back.
 type sinkError struct {
@@ -74,7 +117,7 @@ func (e sinkError) Unwrap() error { return e.err }
 
 // writeSinks calls the sink of each build among changes that has one, once per build, with
 // that build's changes, on tx. The first error is returned as a sinkError.
-func (w *Worker) writeSinks(ctx context.Context, tx pgx.Tx, changes []pairChange, replay bool) error {
+func (w *Worker) writeSinks(ctx context.Context, tx pgx.Tx, changes []pairChange) error {
 	set := w.builds()
 	var order []string
 	byKey := map[string][]Change{}
@@ -90,7 +133,7 @@ func (w *Worker) writeSinks(ctx context.Context, tx pgx.Tx, changes []pairChange
 			order = append(order, c.Perspective)
 		}
 		byKey[c.Perspective] = append(byKey[c.Perspective], Change{
-			StreamID: c.Stream, Build: b.Build, Model: c.Model, LastEventID: c.LastEventID, Replay: replay,
+			StreamID: c.Stream, Build: b.Build, Model: c.Model, LastEventID: c.LastEventID, Replay: c.Replay,
 		})
 	}
 	for _, key := range order {
@@ -105,14 +148,4 @@ func (w *Worker) writeSinks(ctx context.Context, tx pgx.Tx, changes []pairChange
 		}
 	}
 	return nil
-}
-
-// hasSinks says whether a perspective of the set writes to a sink.
-func (s *buildSet) hasSinks() bool {
-	for _, b := range s.byKey {
-		if _, ok := b.persp.(Sink); ok {
-			return true
-		}
-	}
-	return false
 }

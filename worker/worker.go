@@ -85,7 +85,12 @@ func New(pool *pgxpool.Pool, cfg Config) (*Worker, error) {
 	store.listenConnect = cfg.ListenConnect
 	store.skippedBy = "worker " + cfg.InstanceID.String()
 	store.log = cfg.Logger.With(slog.String("instance", cfg.InstanceID.String()))
-	return newWorker(store, cfg)
+	w, err := newWorker(store, cfg)
+	if err != nil {
+		return nil, err
+	}
+	store.sinks = workerSinks{w}
+	return w, nil
 }
 
 // newWorker builds a worker on store; cfg is resolved.
