@@ -29,13 +29,17 @@ const RetireBatch = 1000
 // row. It sends one statement per kind of write for the whole batch, ordered by order ID so
 // that concurrent transactions take the rows' locks in one order.
 //
-// Live changes also queue side effects: a shipped order's notification. A replayed change
-// (a rewind, a catch-up, a rebuild) queues none: it recomputes models from events that were
-// live once, and a new version catching up on the whole store must not notify every order
-// of its history again. Live changes reach every build (the active one and one building
-// beside it), so the outbox row is keyed by order and kind, not by build: the first build
-// to write it wins. A shipping that arrives as a late event is applied by a rewind, so it
-// is replayed and notifies nothing.
+// Live changes also queue side effects: a shipped order's notification, in the outbox
+// order_notifications. A replayed change (a rewind, a catch-up of history, a rebuild)
+// queues none: it recomputes models from events that were live once, and a new version
+// catching up on the whole store must not notify every order of its history again. So a
+// shipping that arrives as a late event, applied by a rewind, notifies nothing.
+//
+// Live changes reach every build: the active one, and one building beside it. The outbox's
+// key (order, kind) makes the second build's insert a no-op, which holds across a
+// promotion; filtering on Change.Build.State instead (the worker's view of the build at its
+// last look at the builds) could drop the notification of an event applied by the new
+// build just after its promotion, before its instance has seen it active.
 func (p *Perspective) Write(ctx context.Context, tx pgx.Tx, changes []worker.Change) error {
 	if len(changes) == 0 {
 		return nil
@@ -86,11 +90,12 @@ func (p *Perspective) Write(ctx context.Context, tx pgx.Tx, changes []worker.Cha
 	return nil
 }
 
-// Promoted points the view orders at the promoted build's rows, in the promotion
-// transaction: readers see the old build's rows up to its commit and the new build's
-// from then on, never a mix. CREATE OR REPLACE VIEW waits for queries reading the view,
-// and readers wait for it, until the promotion commits (orders_view_point bounds that wait
-// with a lock_timeout of 1s; on timeout the promotion is tried again).
+// Promoted points the view orders at the promoted build's rows, in the transaction that
+// promotes it (or, for the perspective's first build, registers it): readers see the old
+// build's rows up to its commit and the new build's from then on, never a mix.
+// CREATE OR REPLACE VIEW waits for the queries reading the view, and new readers wait for
+// it, until that transaction commits; orders_view_point bounds the wait with a
+// lock_timeout of 1s, after which the worker rolls back and tries again.
 func (p *Perspective) Promoted(ctx context.Context, tx pgx.Tx, _ *worker.Build, to worker.Build) error {
 	if err := p.queries(tx).OrdersViewPoint(ctx, to.Key); err != nil {
 		return fmt.Errorf("orders sink: point the view at build %s: %w", to.Key, err)

@@ -22,6 +22,7 @@ type OrderNotification struct {
 	OrderID   uuid.UUID
 	Kind      string
 	CreatedAt time.Time
+	SentAt    *time.Time
 }
 
 type OrderRow struct {

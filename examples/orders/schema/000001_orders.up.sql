@@ -15,17 +15,19 @@ CREATE TABLE order_rows (
     PRIMARY KEY (build_key, order_id)
 );
 
--- The first build of version 1 has the perspective's name as its build key, and is active
--- from its registration on (no promotion, so no Promoted): the view starts there.
+-- The view's first definition (the rows of the first build of version 1, whose key is the
+-- perspective's name) is what sqlc reads; the registration of the perspective's first
+-- build, whichever version it is, repoints it (Promoted from no build).
 CREATE VIEW orders AS
 SELECT order_id, customer, status, total_cents, last_event_id
 FROM order_rows
 WHERE build_key = 'orders';
 
 -- orders_view_point points the view orders at the rows of build key. It runs in the
--- promotion transaction, which holds the worker's append lock: lock_timeout bounds its
--- wait for the view's lock (behind a long query reading the view, new readers queue
--- too); on timeout the promotion rolls back and is tried again at the worker's next look.
+-- transaction that promotes (or registers) a build, which holds the exclusive side of the
+-- worker's append lock: Appends wait for it, and it waits for the queries that read the
+-- view, as new readers of the view wait behind it. lock_timeout bounds that wait; on a
+-- timeout (SQLSTATE 55P03) the worker rolls back and tries again, as for its own locks.
 CREATE FUNCTION orders_view_point(key text) RETURNS void
 LANGUAGE plpgsql
 SET lock_timeout = '1s'
@@ -39,11 +41,15 @@ END
 $$;
 
 -- order_notifications is an outbox: one row per order and kind of notification, written
--- by live changes only (a replay rebuilds models, it does not notify again), once
--- whichever build writes it first.
+-- by live changes only (a replay rebuilds models from events that were live once: it does
+-- not notify again). Live changes reach every build (the active one and one building
+-- beside it), so the key is the order and the kind, not the build: the first build to
+-- write the row wins and the other's insert does nothing. The sender sets sent_at and
+-- keeps the row, which is what keeps the later insert a no-op.
 CREATE TABLE order_notifications (
     order_id   uuid        NOT NULL,
     kind       text        NOT NULL,
     created_at timestamptz NOT NULL DEFAULT now(),
+    sent_at    timestamptz,
     PRIMARY KEY (order_id, kind)
 );
