@@ -5,7 +5,7 @@ DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
 export DATABASE_URL
 
 # sqlc and staticcheck are pinned in tools/go.mod (kept out of the library's go.mod).
-SQLC        := cd tools && go tool sqlc -f ../sqlc.yaml
+SQLC        := cd tools && go tool sqlc
 STATICCHECK := go tool -modfile=tools/go.mod staticcheck
 
 .PHONY: help generate verify test test-pooler bench demo db reliability
@@ -13,15 +13,21 @@ STATICCHECK := go tool -modfile=tools/go.mod staticcheck
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-10s %s\n", $$1, $$2}'
 
-generate: ## regenerate db/ with sqlc and mocks/ with moq
-	$(SQLC) generate
+# GENERATED is the code make generate writes: the library's, and the orders example's (its
+# queries/ folder also holds the .sql files and generate.go, which are not generated).
+GENERATED := db mocks examples/orders/mocks examples/orders/queries \
+	':!examples/orders/queries/*.sql' ':!examples/orders/queries/generate.go'
+
+generate: ## regenerate db/ and examples/orders/queries/ with sqlc, mocks/ and examples/orders/mocks/ with moq
+	$(SQLC) -f ../sqlc.yaml generate
+	$(SQLC) -f ../examples/orders/sqlc.yaml generate
 	go generate ./...
 
 verify: generate ## check generated code is current, gofmt, go.mod tidy, go vet and staticcheck clean
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go')); \
 	  if [ -n "$$unformatted" ]; then echo "not gofmt-ed: $$unformatted"; exit 1; fi
-	git diff --exit-code -- db mocks
-	@untracked=$$(git ls-files --others --exclude-standard -- db mocks); \
+	git diff --exit-code -- $(GENERATED)
+	@untracked=$$(git ls-files --others --exclude-standard -- $(GENERATED)); \
 	  if [ -n "$$untracked" ]; then echo "untracked generated files: $$untracked"; exit 1; fi
 	go mod tidy -diff
 	cd tools && go mod tidy -diff
