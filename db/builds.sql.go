@@ -308,15 +308,20 @@ const perspectiveList = `-- name: PerspectiveList :many
 SELECT perspective_name, registered_at FROM wh_perspectives ORDER BY perspective_name
 `
 
-func (q *Queries) PerspectiveList(ctx context.Context) ([]WhPerspective, error) {
+type PerspectiveListRow struct {
+	PerspectiveName string
+	RegisteredAt    time.Time
+}
+
+func (q *Queries) PerspectiveList(ctx context.Context) ([]PerspectiveListRow, error) {
 	rows, err := q.db.Query(ctx, perspectiveList)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	items := []WhPerspective{}
+	items := []PerspectiveListRow{}
 	for rows.Next() {
-		var i WhPerspective
+		var i PerspectiveListRow
 		if err := rows.Scan(&i.PerspectiveName, &i.RegisteredAt); err != nil {
 			return nil, err
 		}
@@ -339,6 +344,35 @@ func (q *Queries) PerspectiveRegister(ctx context.Context, perspectiveName strin
 		return 0, err
 	}
 	return result.RowsAffected(), nil
+}
+
+const perspectiveSink = `-- name: PerspectiveSink :one
+SELECT COALESCE((SELECT sink FROM wh_perspectives WHERE perspective_name = $1), false)::bool
+`
+
+// Whether the perspective writes to a sink (false: not registered).
+func (q *Queries) PerspectiveSink(ctx context.Context, perspectiveName string) (bool, error) {
+	row := q.db.QueryRow(ctx, perspectiveSink, perspectiveName)
+	var column_1 bool
+	err := row.Scan(&column_1)
+	return column_1, err
+}
+
+const perspectiveSinkSet = `-- name: PerspectiveSinkSet :exec
+UPDATE wh_perspectives SET sink = $1::bool
+WHERE perspective_name = $2 AND sink <> $1::bool
+`
+
+type PerspectiveSinkSetParams struct {
+	Sink            bool
+	PerspectiveName string
+}
+
+// Records whether the perspective writes to a sink, when its registration says otherwise
+// than the last one (one key lookup, no write otherwise).
+func (q *Queries) PerspectiveSinkSet(ctx context.Context, arg PerspectiveSinkSetParams) error {
+	_, err := q.db.Exec(ctx, perspectiveSinkSet, arg.Sink, arg.PerspectiveName)
+	return err
 }
 
 const registerLock = `-- name: RegisterLock :exec

@@ -41,6 +41,7 @@ type WhLeader struct {
 type WhPerspective struct {
 	PerspectiveName string
 	RegisteredAt    time.Time
+	Sink            bool
 }
 
 type WhPerspectiveBuild struct {

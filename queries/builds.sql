@@ -133,3 +133,13 @@ SELECT perspective_name, registered_at FROM wh_perspectives ORDER BY perspective
 
 -- name: PerspectiveExists :one
 SELECT EXISTS (SELECT 1 FROM wh_perspectives WHERE perspective_name = @perspective_name)::bool;
+
+-- name: PerspectiveSinkSet :exec
+-- Records whether the perspective writes to a sink, when its registration says otherwise
+-- than the last one (one key lookup, no write otherwise).
+UPDATE wh_perspectives SET sink = @sink::bool
+WHERE perspective_name = @perspective_name AND sink <> @sink::bool;
+
+-- name: PerspectiveSink :one
+-- Whether the perspective writes to a sink (false: not registered).
+SELECT COALESCE((SELECT sink FROM wh_perspectives WHERE perspective_name = @perspective_name), false)::bool;

@@ -254,6 +254,10 @@ func (s *pgStore) Register(ctx context.Context, perspective string, version int)
 	builds, _, err := s.addBuild(ctx, perspective, func(builds []Build) (*Build, error) {
 		return planRegistration(perspective, version, builds), nil
 	})
+	if err != nil || s.sinks == nil {
+		return builds, err
+	}
+	err = s.q.PerspectiveSinkSet(ctx, db.PerspectiveSinkSetParams{PerspectiveName: perspective, Sink: s.sinks.has(perspective)})
 	return builds, err
 }
 

@@ -79,6 +79,8 @@ type sinkHooks interface {
 	promoted(ctx context.Context, tx pgx.Tx, from *Build, to Build) error
 	// retired runs once a retired build's own rows are deleted, before it is marked cleaned.
 	retired(ctx context.Context, db DBTX, b Build) error
+	// has says whether the perspective writes to a sink (recorded at its registration).
+	has(perspective string) bool
 }
 
 // workerSinks are a worker's sinkHooks.
@@ -95,6 +97,11 @@ func (s workerSinks) promoted(ctx context.Context, tx pgx.Tx, from *Build, to Bu
 		}
 	}
 	return nil
+}
+
+func (s workerSinks) has(perspective string) bool {
+	_, ok := s.w.persp[perspective].(Sink)
+	return ok
 }
 
 func (s workerSinks) retired(ctx context.Context, db DBTX, b Build) error {
