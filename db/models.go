@@ -29,6 +29,7 @@ type WhInstance struct {
 	Perspectives      []string
 	Versions          []int32
 	Rates             []float64
+	SinkMs            []float64
 }
 
 type WhLeader struct {

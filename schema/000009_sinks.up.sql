@@ -3,3 +3,7 @@
 -- operator's action without it (worker.Admin: purge, rebuild of a stream, a forced
 -- promotion) is refused for such a perspective rather than leave them behind its models.
 ALTER TABLE wh_perspectives ADD COLUMN sink boolean NOT NULL DEFAULT false;
+
+-- The mean time of a sink's Write per committing transaction over the instance's last
+-- heartbeat interval, per perspective (parallel to perspectives; 0: no sink, or no commit).
+ALTER TABLE wh_instances ADD COLUMN sink_ms float8[] NOT NULL DEFAULT '{}';

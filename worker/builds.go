@@ -472,6 +472,7 @@ func (s *pgStore) Status(ctx context.Context) ([]BuildStatus, error) {
 			CatchUpStarted: r.CatchupStartedAt, CatchUpEvents: r.CatchupEvents, CatchUpStreams: r.CatchupStreams,
 			Queued: r.Queued, OldestQueued: micros(r.OldestQueuedMicros),
 			Failing: r.Failing, Parked: r.Parked, LiveInstances: r.LiveInstances, EventsPerSecond: r.EventsPerSecond,
+			SinkMillis: r.SinkMs,
 		}
 	}
 	return out, nil

@@ -147,12 +147,14 @@ func (w *Worker) writeSinks(ctx context.Context, tx pgx.Tx, changes []pairChange
 		b := set.byKey[key]
 		start := time.Now()
 		err := b.persp.(Sink).Write(ctx, tx, byKey[key])
+		took := time.Since(start)
 		attrs := w.metricPair(Pair{Perspective: key})
-		w.tel.sinkDuration.Record(ctx, time.Since(start).Seconds(), attrs)
+		w.tel.sinkDuration.Record(ctx, took.Seconds(), attrs)
 		if err != nil {
 			w.tel.sinkFailures.Add(ctx, 1, attrs)
 			return sinkError{perspective: b.Perspective, err: err}
 		}
+		w.countSink(key, took)
 	}
 	return nil
 }
