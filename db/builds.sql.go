@@ -155,7 +155,8 @@ SELECT b.build_key, b.perspective_name, b.version, b.build, b.state,
        COALESCE(f.failing, 0)::bigint AS failing,
        COALESCE(f.parked, 0)::bigint AS parked,
        COALESCE(l.live, 0)::bigint AS live_instances,
-       COALESCE(l.rate, 0)::float8 AS events_per_second
+       COALESCE(l.rate, 0)::float8 AS events_per_second,
+       COALESCE(l.sink_ms, 0)::float8 AS sink_ms
 FROM wh_perspective_builds b
 LEFT JOIN (
     SELECT perspective_name, count(*) AS depth, min(enqueued_at) AS oldest
@@ -177,9 +178,11 @@ LEFT JOIN (
 ) f ON f.perspective_name = b.build_key
 LEFT JOIN (
     -- Counted once for all builds, for the same reason.
-    -- (rate: the events they applied per second over their last heartbeat interval)
+    -- (rate: the events they applied per second over their last heartbeat interval; sink_ms:
+    -- the mean of their sinks' time per commit over it, among those that committed)
     SELECT i.perspectives[k] AS perspective_name, i.versions[k] AS version, count(*) AS live,
-           sum(COALESCE(i.rates[k], 0)) AS rate
+           sum(COALESCE(i.rates[k], 0)) AS rate,
+           avg(NULLIF(i.sink_ms[k], 0)) AS sink_ms
     FROM wh_instances i, generate_subscripts(i.perspectives, 1) AS k
     WHERE i.last_seen_at >= now() - 3 * i.heartbeat_interval
     GROUP BY 1, 2
@@ -209,6 +212,7 @@ type BuildsStatusRow struct {
 	Parked             int64
 	LiveInstances      int64
 	EventsPerSecond    float64
+	SinkMs             float64
 }
 
 // Every build with its catch-up progress and queue (the versions command, the metrics),
@@ -246,6 +250,7 @@ func (q *Queries) BuildsStatus(ctx context.Context) ([]BuildsStatusRow, error) {
 			&i.Parked,
 			&i.LiveInstances,
 			&i.EventsPerSecond,
+			&i.SinkMs,
 		); err != nil {
 			return nil, err
 		}
@@ -308,15 +313,20 @@ const perspectiveList = `-- name: PerspectiveList :many
 SELECT perspective_name, registered_at FROM wh_perspectives ORDER BY perspective_name
 `
 
-func (q *Queries) PerspectiveList(ctx context.Context) ([]WhPerspective, error) {
+type PerspectiveListRow struct {
+	PerspectiveName string
+	RegisteredAt    time.Time
+}
+
+func (q *Queries) PerspectiveList(ctx context.Context) ([]PerspectiveListRow, error) {
 	rows, err := q.db.Query(ctx, perspectiveList)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	items := []WhPerspective{}
+	items := []PerspectiveListRow{}
 	for rows.Next() {
-		var i WhPerspective
+		var i PerspectiveListRow
 		if err := rows.Scan(&i.PerspectiveName, &i.RegisteredAt); err != nil {
 			return nil, err
 		}
@@ -339,6 +349,35 @@ func (q *Queries) PerspectiveRegister(ctx context.Context, perspectiveName strin
 		return 0, err
 	}
 	return result.RowsAffected(), nil
+}
+
+const perspectiveSink = `-- name: PerspectiveSink :one
+SELECT COALESCE((SELECT sink FROM wh_perspectives WHERE perspective_name = $1), false)::bool
+`
+
+// Whether the perspective writes to a sink (false: not registered).
+func (q *Queries) PerspectiveSink(ctx context.Context, perspectiveName string) (bool, error) {
+	row := q.db.QueryRow(ctx, perspectiveSink, perspectiveName)
+	var column_1 bool
+	err := row.Scan(&column_1)
+	return column_1, err
+}
+
+const perspectiveSinkSet = `-- name: PerspectiveSinkSet :exec
+UPDATE wh_perspectives SET sink = $1::bool
+WHERE perspective_name = $2 AND sink <> $1::bool
+`
+
+type PerspectiveSinkSetParams struct {
+	Sink            bool
+	PerspectiveName string
+}
+
+// Records whether the perspective writes to a sink, when its registration says otherwise
+// than the last one (one key lookup, no write otherwise).
+func (q *Queries) PerspectiveSinkSet(ctx context.Context, arg PerspectiveSinkSetParams) error {
+	_, err := q.db.Exec(ctx, perspectiveSinkSet, arg.Sink, arg.PerspectiveName)
+	return err
 }
 
 const registerLock = `-- name: RegisterLock :exec

@@ -14,9 +14,9 @@ import (
 
 const instanceBeat = `-- name: InstanceBeat :exec
 
-INSERT INTO wh_instances (host, pid, heartbeat_interval, perspectives, versions, rates, instance_id)
+INSERT INTO wh_instances (host, pid, heartbeat_interval, perspectives, versions, rates, sink_ms, instance_id)
 VALUES ($1, $2, make_interval(secs => $3::float8),
-        $4::text[], $5::integer[], $6::float8[], $7)
+        $4::text[], $5::integer[], $6::float8[], $7::float8[], $8)
 ON CONFLICT (instance_id) DO UPDATE
 SET last_seen_at = now(),
     host = EXCLUDED.host,
@@ -24,7 +24,8 @@ SET last_seen_at = now(),
     heartbeat_interval = EXCLUDED.heartbeat_interval,
     perspectives = EXCLUDED.perspectives,
     versions = EXCLUDED.versions,
-    rates = EXCLUDED.rates
+    rates = EXCLUDED.rates,
+    sink_ms = EXCLUDED.sink_ms
 `
 
 type InstanceBeatParams struct {
@@ -34,6 +35,7 @@ type InstanceBeatParams struct {
 	Perspectives     []string
 	Versions         []int32
 	Rates            []float64
+	SinkMs           []float64
 	InstanceID       uuid.UUID
 }
 
@@ -51,6 +53,7 @@ func (q *Queries) InstanceBeat(ctx context.Context, arg InstanceBeatParams) erro
 		arg.Perspectives,
 		arg.Versions,
 		arg.Rates,
+		arg.SinkMs,
 		arg.InstanceID,
 	)
 	return err
@@ -74,8 +77,9 @@ SET host = $1,
     perspectives = $4::text[],
     versions = $5::integer[],
     rates = $6::float8[],
+    sink_ms = $7::float8[],
     last_seen_at = now()
-WHERE instance_id = $7
+WHERE instance_id = $8
 `
 
 type InstanceRefreshParams struct {
@@ -85,6 +89,7 @@ type InstanceRefreshParams struct {
 	Perspectives     []string
 	Versions         []int32
 	Rates            []float64
+	SinkMs           []float64
 	InstanceID       uuid.UUID
 }
 
@@ -99,6 +104,7 @@ func (q *Queries) InstanceRefresh(ctx context.Context, arg InstanceRefreshParams
 		arg.Perspectives,
 		arg.Versions,
 		arg.Rates,
+		arg.SinkMs,
 		arg.InstanceID,
 	)
 	if err != nil {

@@ -29,6 +29,7 @@ type WhInstance struct {
 	Perspectives      []string
 	Versions          []int32
 	Rates             []float64
+	SinkMs            []float64
 }
 
 type WhLeader struct {
@@ -41,6 +42,7 @@ type WhLeader struct {
 type WhPerspective struct {
 	PerspectiveName string
 	RegisteredAt    time.Time
+	Sink            bool
 }
 
 type WhPerspectiveBuild struct {

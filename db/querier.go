@@ -246,8 +246,13 @@ type Querier interface {
 	// and its due row. Wakes the workers. Returns the pairs.
 	PairsRetry(ctx context.Context, arg PairsRetryParams) ([]PairsRetryRow, error)
 	PerspectiveExists(ctx context.Context, perspectiveName string) (bool, error)
-	PerspectiveList(ctx context.Context) ([]WhPerspective, error)
+	PerspectiveList(ctx context.Context) ([]PerspectiveListRow, error)
 	PerspectiveRegister(ctx context.Context, perspectiveName string) (int64, error)
+	// Whether the perspective writes to a sink (false: not registered).
+	PerspectiveSink(ctx context.Context, perspectiveName string) (bool, error)
+	// Records whether the perspective writes to a sink, when its registration says otherwise
+	// than the last one (one key lookup, no write otherwise).
+	PerspectiveSinkSet(ctx context.Context, arg PerspectiveSinkSetParams) error
 	QueueCount(ctx context.Context) (int64, error)
 	// Queued rows of a perspective's builds that are not retired, optionally of one stream.
 	QueueCountFor(ctx context.Context, arg QueueCountForParams) (int64, error)

@@ -39,7 +39,8 @@ SELECT b.build_key, b.perspective_name, b.version, b.build, b.state,
        COALESCE(f.failing, 0)::bigint AS failing,
        COALESCE(f.parked, 0)::bigint AS parked,
        COALESCE(l.live, 0)::bigint AS live_instances,
-       COALESCE(l.rate, 0)::float8 AS events_per_second
+       COALESCE(l.rate, 0)::float8 AS events_per_second,
+       COALESCE(l.sink_ms, 0)::float8 AS sink_ms
 FROM wh_perspective_builds b
 LEFT JOIN (
     SELECT perspective_name, count(*) AS depth, min(enqueued_at) AS oldest
@@ -61,9 +62,11 @@ LEFT JOIN (
 ) f ON f.perspective_name = b.build_key
 LEFT JOIN (
     -- Counted once for all builds, for the same reason.
-    -- (rate: the events they applied per second over their last heartbeat interval)
+    -- (rate: the events they applied per second over their last heartbeat interval; sink_ms:
+    -- the mean of their sinks' time per commit over it, among those that committed)
     SELECT i.perspectives[k] AS perspective_name, i.versions[k] AS version, count(*) AS live,
-           sum(COALESCE(i.rates[k], 0)) AS rate
+           sum(COALESCE(i.rates[k], 0)) AS rate,
+           avg(NULLIF(i.sink_ms[k], 0)) AS sink_ms
     FROM wh_instances i, generate_subscripts(i.perspectives, 1) AS k
     WHERE i.last_seen_at >= now() - 3 * i.heartbeat_interval
     GROUP BY 1, 2
@@ -133,3 +136,13 @@ SELECT perspective_name, registered_at FROM wh_perspectives ORDER BY perspective
 
 -- name: PerspectiveExists :one
 SELECT EXISTS (SELECT 1 FROM wh_perspectives WHERE perspective_name = @perspective_name)::bool;
+
+-- name: PerspectiveSinkSet :exec
+-- Records whether the perspective writes to a sink, when its registration says otherwise
+-- than the last one (one key lookup, no write otherwise).
+UPDATE wh_perspectives SET sink = @sink::bool
+WHERE perspective_name = @perspective_name AND sink <> @sink::bool;
+
+-- name: PerspectiveSink :one
+-- Whether the perspective writes to a sink (false: not registered).
+SELECT COALESCE((SELECT sink FROM wh_perspectives WHERE perspective_name = @perspective_name), false)::bool;

@@ -6,9 +6,9 @@
 -- Records an instance as running now: inserts its row (started now) or refreshes it. Its
 -- first heartbeat only, and again when InstanceRefresh found no row (the parameters are
 -- InstanceRefresh's, in the same order).
-INSERT INTO wh_instances (host, pid, heartbeat_interval, perspectives, versions, rates, instance_id)
+INSERT INTO wh_instances (host, pid, heartbeat_interval, perspectives, versions, rates, sink_ms, instance_id)
 VALUES (@host, @pid, make_interval(secs => @heartbeat_seconds::float8),
-        @perspectives::text[], @versions::integer[], @rates::float8[], @instance_id)
+        @perspectives::text[], @versions::integer[], @rates::float8[], @sink_ms::float8[], @instance_id)
 ON CONFLICT (instance_id) DO UPDATE
 SET last_seen_at = now(),
     host = EXCLUDED.host,
@@ -16,7 +16,8 @@ SET last_seen_at = now(),
     heartbeat_interval = EXCLUDED.heartbeat_interval,
     perspectives = EXCLUDED.perspectives,
     versions = EXCLUDED.versions,
-    rates = EXCLUDED.rates;
+    rates = EXCLUDED.rates,
+    sink_ms = EXCLUDED.sink_ms;
 
 -- name: InstanceRefresh :execrows
 -- Refreshes an instance's row as InstanceBeat does, and never inserts it: a heartbeat that
@@ -29,6 +30,7 @@ SET host = @host,
     perspectives = @perspectives::text[],
     versions = @versions::integer[],
     rates = @rates::float8[],
+    sink_ms = @sink_ms::float8[],
     last_seen_at = now()
 WHERE instance_id = @instance_id;
 

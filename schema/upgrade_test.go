@@ -62,6 +62,7 @@ var upgradeSteps = []upgradeStep{
 	{added: (*upgrade).addedDuePairs, write: (*upgrade).writeRelease8, dropped: []string{
 		"wh_perspective_events.attempts", "wh_perspective_events.last_error", "wh_perspective_events.next_attempt_at",
 		"wh_perspective_cursors.next_attempt_at", "wh_instances.claimed_at"}},
+	{filled: []string{"wh_perspectives.sink", "wh_instances.sink_ms"}, write: (*upgrade).writeRelease9},
 }
 
 func TestUpgradeStepByStep(t *testing.T) {
@@ -695,6 +696,15 @@ func (u *upgrade) writeRelease8() {
 	require.NoError(u.t, u.db.QueryRow(u.ctx, `SELECT leased_by IS NOT NULL FROM wh_perspective_pairs
 		WHERE stream_id = $1 AND perspective_name = 'ledger' AND due_at <= now()`, h).Scan(&leased))
 	require.False(u.t, leased)
+}
+
+// writeRelease9: the perspectives registered before it write to no sink; a registration
+// with one records it (a perspective of its own, which carryOn's workers do not run).
+func (u *upgrade) writeRelease9() {
+	var sinks int
+	require.NoError(u.t, u.db.QueryRow(u.ctx, `SELECT count(*) FROM wh_perspectives WHERE sink`).Scan(&sinks))
+	require.Zero(u.t, sinks)
+	u.exec(`INSERT INTO wh_perspectives (perspective_name, sink) VALUES ('orders', true)`)
 }
 
 // carryOn starts a worker of the current release on the upgraded database (pool: the tests'

@@ -51,6 +51,7 @@ var funcs = template.FuncMap{
 	"runs":           runs,
 	"pct":            func(f float64) string { return strconv.FormatFloat(f, 'f', 1, 64) },
 	"rate":           rate,
+	"millis":         millis,
 	"plural":         plural,
 	"isNil":          func(id uuid.UUID) bool { return id == uuid.Nil },
 	"until":          func(now, t time.Time) string { return duration(t.Sub(now)) },
@@ -150,6 +151,18 @@ func plural(n int64, one, many string) string {
 		return one
 	}
 	return many
+}
+
+// millis is a time in milliseconds, as the overview shows a sink's time per commit ("-":
+// none).
+func millis(ms float64) string {
+	switch {
+	case ms <= 0:
+		return "-"
+	case ms < 10:
+		return strconv.FormatFloat(ms, 'f', 1, 64) + " ms"
+	}
+	return count(int64(ms+0.5)) + " ms"
 }
 
 // rate is a throughput in events per second, as the overview shows it.

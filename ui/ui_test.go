@@ -285,11 +285,13 @@ func TestOverviewShowsThroughput(t *testing.T) {
 	ctx := context.Background()
 	p := newParked(t, false)
 	_, err := testDB.Pool.Exec(ctx, `
-		INSERT INTO wh_instances (instance_id, host, pid, heartbeat_interval, perspectives, versions, rates)
-		VALUES ($1, 'rate-host', 1, interval '1 hour', ARRAY[$2::text], ARRAY[1], ARRAY[1234.4::float8])`, uuid.New(), p.name)
+		INSERT INTO wh_instances (instance_id, host, pid, heartbeat_interval, perspectives, versions, rates, sink_ms)
+		VALUES ($1, 'rate-host', 1, interval '1 hour', ARRAY[$2::text], ARRAY[1], ARRAY[1234.4::float8], ARRAY[2.46::float8])`, uuid.New(), p.name)
 	require.NoError(t, err)
 	s := newServer(t, ui.Options{})
 	body := s.get(t, "/").body
 	require.Contains(t, body, ">Throughput<")
 	require.Contains(t, body, "1\u202f234/s")
+	require.Contains(t, body, ">Sink<")
+	require.Contains(t, body, "2.5 ms", "the sink's time per commit")
 }

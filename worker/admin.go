@@ -15,6 +15,8 @@ import (
 // Admin runs operators' actions on a database without running any perspective: purging a
 // pair or rebuilding it (under the stream lock), rebuilding a whole perspective beside its
 // active version, promoting a version, reporting the builds. Running workers do the work.
+// Purge, Rebuild and Promote are refused for a perspective that writes to a sink (Sink):
+// only its code can keep the application's tables equal to its models.
 type Admin struct {
 	store    *pgStore
 	locker   locker.Locker
@@ -106,6 +108,9 @@ func (a *Admin) Promote(ctx context.Context, perspectiveName string, version int
 			cand = &builds[i]
 		}
 	}
+	if err := a.refuseSink(ctx, perspectiveName, "promote", "its workers promote the version when its queue has caught up"); err != nil {
+		return Build{}, err
+	}
 	switch {
 	case len(builds) == 0:
 		return Build{}, fmt.Errorf("worker: promote: %w: perspective %q is not registered", locker.ErrInvalidArgument, perspectiveName)
@@ -116,6 +121,7 @@ func (a *Admin) Promote(ctx context.Context, perspectiveName string, version int
 	case !cand.CatchUpDone:
 		return *cand, fmt.Errorf("worker: promote: version %d of %q has not caught up with the event store yet (see: perspectives versions)", version, perspectiveName)
 	}
+
 	ok, err := a.store.Promote(ctx, perspectiveName, cand.Key, true, LeaderLease{})
 	if err != nil {
 		return *cand, fmt.Errorf("worker: promote: %w", err)
@@ -125,6 +131,21 @@ func (a *Admin) Promote(ctx context.Context, perspectiveName string, version int
 	}
 	cand.State = BuildActive
 	return *cand, nil
+}
+
+// refuseSink refuses op on a perspective that writes to a sink (worker.Sink): the
+// application's tables it writes follow its models only through its code, which an Admin
+// does not run. instead says what to do.
+func (a *Admin) refuseSink(ctx context.Context, perspectiveName, op, instead string) error {
+	sink, err := a.store.q.PerspectiveSink(ctx, perspectiveName)
+	if err != nil {
+		return fmt.Errorf("worker: %s: %w", op, err)
+	}
+	if sink {
+		return fmt.Errorf("worker: %s: %w: perspective %q writes to a sink (the application's own tables), which only its code can keep equal to its models: %s",
+			op, locker.ErrInvalidArgument, perspectiveName, instead)
+	}
+	return nil
 }
 
 // Versions is every build of every perspective with its progress and queue, and the size
@@ -170,6 +191,13 @@ func (a *Admin) eachBuild(ctx context.Context, streamID uuid.UUID, perspectiveNa
 	}
 	if len(builds) == 0 {
 		return fmt.Errorf("worker: %s: %w: perspective %q is not registered", op, locker.ErrInvalidArgument, perspectiveName)
+	}
+	instead := "purge it with Worker.Purge, in the application"
+	if op == "rebuild" {
+		instead = "rebuild the whole perspective (RebuildPerspective: its workers build it beside the active version)"
+	}
+	if err := a.refuseSink(ctx, perspectiveName, op, instead); err != nil {
+		return err
 	}
 	for _, b := range builds {
 		if b.State == BuildRetired {

@@ -254,6 +254,10 @@ func (s *pgStore) Register(ctx context.Context, perspective string, version int)
 	builds, _, err := s.addBuild(ctx, perspective, func(builds []Build) (*Build, error) {
 		return planRegistration(perspective, version, builds), nil
 	})
+	if err != nil || s.sinks == nil {
+		return builds, err
+	}
+	err = s.q.PerspectiveSinkSet(ctx, db.PerspectiveSinkSetParams{PerspectiveName: perspective, Sink: s.sinks.has(perspective)})
 	return builds, err
 }
 
@@ -468,6 +472,7 @@ func (s *pgStore) Status(ctx context.Context) ([]BuildStatus, error) {
 			CatchUpStarted: r.CatchupStartedAt, CatchUpEvents: r.CatchupEvents, CatchUpStreams: r.CatchupStreams,
 			Queued: r.Queued, OldestQueued: micros(r.OldestQueuedMicros),
 			Failing: r.Failing, Parked: r.Parked, LiveInstances: r.LiveInstances, EventsPerSecond: r.EventsPerSecond,
+			SinkMillis: r.SinkMs,
 		}
 	}
 	return out, nil

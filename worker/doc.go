@@ -37,6 +37,20 @@
 // replaces it for every stream at once when it has caught up; readers get the old version's
 // complete models until then.
 //
+// # Read models in the application's tables
+//
+// The JSON model is the source of truth. A perspective that also implements [Sink] writes
+// its models to the application's own tables too, in the transaction that commits them:
+// Write(ctx, tx, changes) is called once per committing transaction with every pair whose
+// model changed there (a [Change]: the stream, its [Build], the model, nil when purged, and
+// whether it is a Replay), on every path that changes a model (live application, rewinds,
+// catch-ups, rebuilds, purges). Run the application's sqlc queries on tx. An error rolls
+// the transaction back and fails the pair like an Apply error (retried, then parked). A
+// building version writes beside the active one (each change names its build: write a
+// build column, or a table per build); a [Promoter] repoints the readers in the promotion
+// transaction (a view, say), so they switch with LoadModel; a [Retirer] deletes a retired
+// build's rows. The repository's examples/orders is a complete application.
+//
 // # Running workers
 //
 // [New] validates a [Config] and returns a [Worker]; [Worker.Start] registers its

@@ -10,6 +10,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -43,6 +44,7 @@ type instanceRecord struct {
 	Interval     time.Duration
 	Perspectives []PerspectiveVersion
 	Rates        []float64 // events applied per second over the last interval, per Perspectives[i]
+	SinkMillis   []float64 // mean time of a sink's Write per commit over the last interval, per Perspectives[i] (0: none)
 }
 
 // instanceRecorder is where heartbeats are written: the pgStore. A Store without it (a unit
@@ -67,11 +69,11 @@ type heartbeat struct {
 	row instanceRecord
 	log *slog.Logger
 
-	// applied counts the events applied per perspective (per row.Perspectives[i]) since the
-	// instance started; nil: none counted. Each write turns it into row.Rates.
-	applied func() []int64
-	last    []int64
-	lastAt  time.Time
+	// counts is what the instance did per perspective (per row.Perspectives[i]) since it
+	// started; nil: none counted. Each write turns it into row.Rates and row.SinkMillis.
+	counts func() []perspectiveCount
+	last   []perspectiveCount
+	lastAt time.Time
 
 	mu       sync.Mutex // one write at a time
 	failing  bool       // the last write failed
@@ -92,8 +94,8 @@ func newInstanceRecord(id uuid.UUID, interval time.Duration, perspectives []Pers
 // startHeartbeat records row at once (bounded by heartbeatTimeout), and keeps recording row
 // every row.Interval in the background, as a service: the writes are not tied to ctx (stop
 // ends them).
-func startHeartbeat(ctx context.Context, rec instanceRecorder, row instanceRecord, applied func() []int64, log *slog.Logger) *heartbeat {
-	h := &heartbeat{rec: rec, row: row, log: log, applied: applied}
+func startHeartbeat(ctx context.Context, rec instanceRecorder, row instanceRecord, counts func() []perspectiveCount, log *slog.Logger) *heartbeat {
+	h := &heartbeat{rec: rec, row: row, log: log, counts: counts}
 	bg := context.WithoutCancel(ctx)
 	h.write(bg)
 	_ = h.svc.Start(bg) // a fresh service: it starts
@@ -152,20 +154,23 @@ func (h *heartbeat) write(ctx context.Context) {
 	}
 }
 
-// rates sets row.Rates to the events applied per second since the last write (zero at the
-// first).
+// rates sets row.Rates to the events applied per second since the last write, and
+// row.SinkMillis to the mean time of a sink's Write per commit meanwhile (zero at the first).
 func (h *heartbeat) rates(now time.Time) {
-	if h.applied == nil {
+	if h.counts == nil {
 		return
 	}
-	cur := h.applied()
-	rates := make([]float64, len(cur))
+	cur := h.counts()
+	rates, sinks := make([]float64, len(cur)), make([]float64, len(cur))
 	if secs := now.Sub(h.lastAt).Seconds(); h.last != nil && secs > 0 {
-		for i := range cur {
-			rates[i] = float64(cur[i]-h.last[i]) / secs
+		for i, c := range cur {
+			rates[i] = float64(c.applied-h.last[i].applied) / secs
+			if writes := c.sinkWrites - h.last[i].sinkWrites; writes > 0 {
+				sinks[i] = float64(c.sinkNanos-h.last[i].sinkNanos) / float64(writes) / 1e6
+			}
 		}
 	}
-	h.row.Rates, h.last, h.lastAt = rates, cur, now
+	h.row.Rates, h.row.SinkMillis, h.last, h.lastAt = rates, sinks, cur, now
 }
 
 // stop ends the heartbeats and deletes the instance's row, under ctx and bounded by
@@ -192,19 +197,46 @@ func (w *Worker) running() []PerspectiveVersion {
 	return out
 }
 
+// perspectiveCounter counts what the instance did for one perspective since it started.
+type perspectiveCounter struct {
+	applied    atomic.Int64 // events applied
+	sinkNanos  atomic.Int64 // time in its sink's Write
+	sinkWrites atomic.Int64 // its sink's Writes that succeeded
+}
+
+// perspectiveCount is a perspectiveCounter read at one time.
+type perspectiveCount struct{ applied, sinkNanos, sinkWrites int64 }
+
+// counter is the counter of the build key's perspective (nil: not one this instance runs).
+func (w *Worker) counter(key string) *perspectiveCounter {
+	if i := slices.Index(w.names, w.buildOf(key).Perspective); i >= 0 {
+		return &w.counts[i]
+	}
+	return nil
+}
+
 // countApplied adds n events applied to a pair of the build key to its perspective's count.
 func (w *Worker) countApplied(key string, n int) {
-	if i := slices.Index(w.names, w.buildOf(key).Perspective); i >= 0 && n > 0 {
-		w.applied[i].Add(int64(n))
+	if c := w.counter(key); c != nil && n > 0 {
+		c.applied.Add(int64(n))
 	}
 }
 
-// appliedCounts returns the events applied per perspective since the instance started, in
-// the order of w.running().
-func (w *Worker) appliedCounts() []int64 {
-	out := make([]int64, len(w.applied))
-	for i := range w.applied {
-		out[i] = w.applied[i].Load()
+// countSink adds a successful Write of the build key's sink that took d.
+func (w *Worker) countSink(key string, d time.Duration) {
+	if c := w.counter(key); c != nil {
+		c.sinkNanos.Add(int64(d))
+		c.sinkWrites.Add(1)
+	}
+}
+
+// perspectiveCounts returns what the instance did per perspective since it started, in the
+// order of w.running().
+func (w *Worker) perspectiveCounts() []perspectiveCount {
+	out := make([]perspectiveCount, len(w.counts))
+	for i := range w.counts {
+		c := &w.counts[i]
+		out[i] = perspectiveCount{applied: c.applied.Load(), sinkNanos: c.sinkNanos.Load(), sinkWrites: c.sinkWrites.Load()}
 	}
 	return out
 }
@@ -227,5 +259,6 @@ func instanceParams(r instanceRecord) db.InstanceRefreshParams {
 	return db.InstanceRefreshParams{
 		InstanceID: r.ID, Host: r.Host, Pid: int32(r.PID), HeartbeatSeconds: r.Interval.Seconds(),
 		Perspectives: names, Versions: versions, Rates: append(make([]float64, 0, len(names)), r.Rates...),
+		SinkMs: append(make([]float64, 0, len(names)), r.SinkMillis...),
 	}
 }

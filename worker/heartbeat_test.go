@@ -113,8 +113,10 @@ func TestHeartbeatBeatsEveryIntervalSurvivesFailuresAndForgetsAtStop(t *testing.
 		row := newInstanceRecord(id, every, []PerspectiveVersion{{Name: "orders", Version: 2}})
 		start := time.Now()
 
-		var applied atomic.Int64 // events applied to orders
-		h := startHeartbeat(context.Background(), rec, row, func() []int64 { return []int64{applied.Load()} }, log)
+		var applied, sinkNanos, sinkWrites atomic.Int64 // events applied to orders, its sink's Writes
+		h := startHeartbeat(context.Background(), rec, row, func() []perspectiveCount {
+			return []perspectiveCount{{applied: applied.Load(), sinkNanos: sinkNanos.Load(), sinkWrites: sinkWrites.Load()}}
+		}, log)
 		stopped := false
 		defer func() {
 			if !stopped {
@@ -127,20 +129,25 @@ func TestHeartbeatBeatsEveryIntervalSurvivesFailuresAndForgetsAtStop(t *testing.
 		var written instanceRecord
 		rec.set(func(f *fakeInstances) { written = f.row })
 		require.Equal(t, []float64{0}, written.Rates, "no rate before a whole interval")
-		written.Rates = nil
+		require.Equal(t, []float64{0}, written.SinkMillis, "no sink time before a whole interval")
+		written.Rates, written.SinkMillis = nil, nil
 		require.Equal(t, row, written)
 		require.NotEmpty(t, written.Host)
 		require.Positive(t, written.PID)
 
 		applied.Add(50) // 10 per second over the first interval
+		sinkNanos.Add(int64(30 * time.Millisecond))
+		sinkWrites.Add(4) // 7.5 ms per Write
 		time.Sleep(every)
 		synctest.Wait()
 		rec.set(func(f *fakeInstances) { written = f.row })
 		require.Equal(t, []float64{10}, written.Rates, "the events applied per second over the last interval")
+		require.Equal(t, []float64{7.5}, written.SinkMillis, "the sink's mean time per Write over the last interval")
 		time.Sleep(every)
 		synctest.Wait()
 		rec.set(func(f *fakeInstances) { written = f.row })
 		require.Equal(t, []float64{0}, written.Rates, "none applied in the second interval")
+		require.Equal(t, []float64{0}, written.SinkMillis, "no Write in the second interval")
 		beats, _, _, _ = rec.snapshot()
 		require.Equal(t, []time.Time{start, start.Add(every), start.Add(2 * every)}, beats, "one heartbeat per interval")
 

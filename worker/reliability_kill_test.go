@@ -63,6 +63,12 @@ func runReliabilityHelper(role string) int {
 			return 1
 		}
 		return 0
+	case helperRoleSinkCatchUpVictim:
+		if err := runSinkCatchUpVictim(); err != nil {
+			fmt.Fprintln(os.Stderr, "sink catch-up victim:", err)
+			return 1
+		}
+		return 0
 	case helperRoleLeaderVictim:
 		if err := runLeaderVictim(); err != nil {
 			fmt.Fprintln(os.Stderr, "leader victim:", err)

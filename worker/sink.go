@@ -79,6 +79,8 @@ type sinkHooks interface {
 	promoted(ctx context.Context, tx pgx.Tx, from *Build, to Build) error
 	// retired runs once a retired build's own rows are deleted, before it is marked cleaned.
 	retired(ctx context.Context, db DBTX, b Build) error
+	// has says whether the perspective writes to a sink (recorded at its registration).
+	has(perspective string) bool
 }
 
 // workerSinks are a worker's sinkHooks.
@@ -95,6 +97,11 @@ func (s workerSinks) promoted(ctx context.Context, tx pgx.Tx, from *Build, to Bu
 		}
 	}
 	return nil
+}
+
+func (s workerSinks) has(perspective string) bool {
+	_, ok := s.w.persp[perspective].(Sink)
+	return ok
 }
 
 func (s workerSinks) retired(ctx context.Context, db DBTX, b Build) error {
@@ -140,12 +147,14 @@ func (w *Worker) writeSinks(ctx context.Context, tx pgx.Tx, changes []pairChange
 		b := set.byKey[key]
 		start := time.Now()
 		err := b.persp.(Sink).Write(ctx, tx, byKey[key])
+		took := time.Since(start)
 		attrs := w.metricPair(Pair{Perspective: key})
-		w.tel.sinkDuration.Record(ctx, time.Since(start).Seconds(), attrs)
+		w.tel.sinkDuration.Record(ctx, took.Seconds(), attrs)
 		if err != nil {
 			w.tel.sinkFailures.Add(ctx, 1, attrs)
 			return sinkError{perspective: b.Perspective, err: err}
 		}
+		w.countSink(key, took)
 	}
 	return nil
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/perspectives-go/perspectives/internal/pgtest"
+	"github.com/perspectives-go/perspectives/locker"
 	"github.com/perspectives-go/perspectives/worker"
 )
 
@@ -212,6 +213,22 @@ func TestSinkFollowsTheModelOnEveryPath(t *testing.T) {
 	_, ok, err := worker.LoadModel(ctx, d.Pool, name, b)
 	require.NoError(t, err)
 	require.False(t, ok)
+
+	// An operator's purge, rebuild or forced promotion, without the perspective's code, is
+	// refused: it would leave the table behind the models. Nothing is written.
+	admin, err := worker.NewAdmin(d.Pool, nil)
+	require.NoError(t, err)
+	err = admin.Purge(ctx, a, name)
+	require.ErrorIs(t, err, locker.ErrInvalidArgument)
+	require.ErrorContains(t, err, "sink")
+	require.ErrorContains(t, err, "Worker.Purge")
+	_, err = admin.Rebuild(ctx, a, name)
+	require.ErrorIs(t, err, locker.ErrInvalidArgument)
+	require.ErrorContains(t, err, "RebuildPerspective")
+	requireRowsAreModels(t, d, key, want)
+	_, ok, err = worker.LoadModel(ctx, d.Pool, name, a)
+	require.NoError(t, err)
+	require.True(t, ok)
 }
 
 func TestSinkFailureParksThePairAndCommitsTheOthers(t *testing.T) {
@@ -319,11 +336,21 @@ func TestSinkThroughCatchUpVersionsAndPromotion(t *testing.T) {
 	require.NoError(t, d.Pool.QueryRow(ctx, `SELECT count(*) FROM sink_promotions WHERE from_key IS NULL AND to_key = $1 AND active_seen = $1`, k1).Scan(&promotions))
 	require.Equal(t, 1, promotions, "the first build's promotion, from none, inside the promotion transaction")
 
-	// Version 2 builds beside version 1: its rows have their own build key, v1's stay.
+	// Version 2 builds beside version 1: its rows have their own build key, v1's stay. An
+	// operator cannot force its promotion (the sink's Promoted would not run).
 	v1.failing(nil)
 	require.NoError(t, w1.Stop(ctx))
 	v2 := newLedgerSink(name, 2)
-	startWorkerIn(t, d, worker.Config{Perspectives: []worker.Perspective{v2}, CatchUpPageSize: 20})
+	w2, err := worker.New(d.Pool, worker.Config{Perspectives: []worker.Perspective{v2}, CatchUpPageSize: 20,
+		PollInterval: 20 * time.Millisecond, Logger: quietLogger()})
+	require.NoError(t, err)
+	admin, err := worker.NewAdmin(d.Pool, nil)
+	require.NoError(t, err)
+	require.NoError(t, w2.Start(ctx))
+	t.Cleanup(func() { require.NoError(t, w2.Stop(context.Background())) })
+	_, err = admin.Promote(ctx, name, 2)
+	require.ErrorIs(t, err, locker.ErrInvalidArgument)
+	require.ErrorContains(t, err, "sink")
 	eventually(t, 60*time.Second, "version 2 promoted", func() bool { return activeKey(t, d, name) != k1 })
 	k2 := activeKey(t, d, name)
 	requireRowsAreModels(t, d, k2, want)
@@ -332,7 +359,7 @@ func TestSinkThroughCatchUpVersionsAndPromotion(t *testing.T) {
 	require.Equal(t, k2, seen, "Promoted ran in the promotion transaction, after the flip")
 
 	// Retired once the retired build is cleaned up.
-	_, err := d.Pool.Exec(ctx, `UPDATE wh_perspective_builds SET retired_at = now() - interval '1 hour' WHERE build_key = $1`, k1)
+	_, err = d.Pool.Exec(ctx, `UPDATE wh_perspective_builds SET retired_at = now() - interval '1 hour' WHERE build_key = $1`, k1)
 	require.NoError(t, err)
 	eventually(t, 30*time.Second, "the retired build cleaned", func() bool {
 		var n int

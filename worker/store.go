@@ -108,4 +108,8 @@ type BuildStatus struct {
 	// EventsPerSecond is the throughput of those instances: the events they applied to the
 	// perspective per second over their last heartbeat interval, summed.
 	EventsPerSecond float64
+	// SinkMillis is the mean time of the perspective's sink's Write per committing
+	// transaction on those instances over their last heartbeat interval, in milliseconds
+	// (0: no sink, or nothing committed).
+	SinkMillis float64
 }

@@ -39,8 +39,8 @@ type Worker struct {
 	buildSet atomic.Pointer[buildSet]
 	// applied counts the events applied per perspective (w.names' order) since the instance
 	// started: the heartbeats' throughput.
-	applied []atomic.Int64
-	idle    map[string]bool
+	counts []perspectiveCounter // per perspective (w.names): what the heartbeat reports
+	idle   map[string]bool
 
 	mu        sync.Mutex // guards the lifecycle fields below
 	started   bool
@@ -112,7 +112,7 @@ func newWorker(store Store, cfg Config) (*Worker, error) {
 		w.lead = &elector{store: ls} // holds none before Start
 	}
 	w.buildSet.Store(&buildSet{byKey: map[string]*build{}})
-	w.applied = make([]atomic.Int64, len(cfg.Perspectives))
+	w.counts = make([]perspectiveCounter, len(cfg.Perspectives))
 	var err error
 	if w.tel, err = newTelemetry(cfg.MeterProvider, cfg.TracerProvider); err != nil {
 		return nil, err
@@ -156,7 +156,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	w.gauges = gauges
 	if rec, ok := w.store.(instanceRecorder); ok {
-		w.beats = startHeartbeat(ctx, rec, newInstanceRecord(w.cfg.InstanceID, w.beatEvery, w.running()), w.appliedCounts, w.log)
+		w.beats = startHeartbeat(ctx, rec, newInstanceRecord(w.cfg.InstanceID, w.beatEvery, w.running()), w.perspectiveCounts, w.log)
 	}
 	ls, _ := w.store.(leaderStore)
 	opts := w.cfg.LockOptions

@@ -1,0 +1,3 @@
+-- Back to 000008.
+ALTER TABLE wh_perspectives DROP COLUMN sink;
+ALTER TABLE wh_instances DROP COLUMN sink_ms;
