@@ -7,7 +7,8 @@
 //
 // It migrates (the perspectives tables, then the application's), starts the worker with
 // an fx application, appends a few orders, waits until they are applied and prints the
-// open orders over $50 from the view.
+// open orders over $50 from the view (on a database it ran on before, the earlier runs'
+// orders too).
 package main
 
 import (
