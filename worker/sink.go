@@ -38,9 +38,10 @@ type Change struct {
 // Replay is true for a rewind's change and for a catch-up's change made only of history
 // (events stored before the build was registered); a change that applies an event appended
 // since is live, whether the normal path or a catch-up page applies it. A sink that also
-// enqueues side effects (a job inserted on tx, an outbox row) should do so only for live
-// changes of the active build (Change.Build.State == BuildActive): a building version
-// applies the same live events as the active one.
+// enqueues side effects (a job inserted on tx, an outbox row) should do so for live changes
+// only, keyed so that a second insert does nothing: every build applies the live events,
+// the active one and one building beside it, and Change.Build.State is the instance's view
+// of the build at its last look at the builds, which may lag a promotion.
 type Sink interface {
 	Write(ctx context.Context, tx pgx.Tx, changes []Change) error
 }
@@ -57,7 +58,9 @@ type Promoter interface {
 
 // A Sink that also implements Retirer has Retired called once when a retired build is cleaned up.
 // It runs after the build's own rows are deleted, before the build is marked cleaned: an
-// error leaves the build to clean, and Retired is called again at the next cleanup.
+// error leaves the build to clean, and Retired is called again at the next cleanup. It runs
+// on the instance that holds the perspective's cleanup lease, whichever version that
+// instance runs: each version's Retired must be able to delete an older build's rows.
 type Retirer interface {
 	Retired(ctx context.Context, db DBTX, b Build) error
 }
