@@ -206,8 +206,9 @@ func BenchmarkOperatorActions(b *testing.B) {
 				fig["skip"+p.name] = append(fig["skip"+p.name], ms(skipped.Sub(s0)))
 				fig["park"+p.name] = append(fig["park"+p.name], ms(skipSt["PairsMarkFailed"].max))
 				if os.Getenv("PERSPECTIVES_BENCH_VERBOSE") != "" {
-					fmt.Fprintf(os.Stderr, "pair with %d behind, sample %d: retry %.1f ms, parked again %.1f ms later; skip %.1f ms, parked at the next %.1f ms later; statements from the retry to the park:\n%s",
-						p.behind, i, ms(retried.Sub(t0)), ms(reparked.Sub(retried)), ms(skipped.Sub(s0)), ms(parked.Sub(skipped)), stmtReport(st))
+					fmt.Fprintf(os.Stderr, "pair with %d behind, sample %d: retry %.1f ms, parked again %.1f ms later; skip %.1f ms, parked at the next %.1f ms later; slowest Append %.1f ms, %.1f ms; statements from the retry to the park:\n%s",
+						p.behind, i, ms(retried.Sub(t0)), ms(reparked.Sub(retried)), ms(skipped.Sub(s0)), ms(parked.Sub(skipped)),
+						ms(spans.slowest(t0, reparked)), ms(spans.slowest(s0, parked)), stmtReport(st))
 				}
 			}
 		}
