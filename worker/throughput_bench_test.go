@@ -259,10 +259,11 @@ func (d drainBacklog) reset(b *testing.B, ctx context.Context) {
 }
 
 // drainWorker starts n workers (instances with their own IDs) of cfg with the backlog's
-// perspective on pool (PollInterval 10 ms unless cfg sets it) and returns the time until they have applied every event (their
-// events.applied counter, which counts committed applications), checking that the queue is
-// then empty. watch, when not nil, is given the count of applied events and the time since
-// the start at every look at the counter (every 2 ms).
+// perspective on pool (PollInterval 10 ms unless cfg sets it) and returns the time until
+// they have applied every event (their events.applied counter, which counts committed
+// applications), checking that the queue is then empty. watch, when not nil, is given the
+// count of applied events and the time since the start at every look at the counter (every
+// 2 ms).
 func (d drainBacklog) drainWorker(b *testing.B, ctx context.Context, pool *pgxpool.Pool, cfg worker.Config, n int, watch func(applied int64, at time.Duration)) time.Duration {
 	m := newBenchMetrics()
 	cfg.Perspectives = []worker.Perspective{d.persp}
