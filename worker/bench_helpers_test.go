@@ -418,11 +418,11 @@ func stmtReport(stats map[string]stmtStat) string {
 	return sb.String()
 }
 
-// benchPool opens a pool on the test database (as pgtest does: 24 connections) with a
+// benchPool opens a pool on the database at dbURL (as pgtest does: 24 connections) with a
 // statement tracer. It is closed when the benchmark ends.
-func benchPool(b *testing.B, tracer pgx.QueryTracer) *pgxpool.Pool {
+func benchPool(b *testing.B, dbURL string, tracer pgx.QueryTracer) *pgxpool.Pool {
 	b.Helper()
-	cfg, err := pgxpool.ParseConfig(testDB.URL)
+	cfg, err := pgxpool.ParseConfig(dbURL)
 	require.NoError(b, err)
 	cfg.MaxConns = 24
 	cfg.ConnConfig.Tracer = tracer
@@ -433,23 +433,25 @@ func benchPool(b *testing.B, tracer pgx.QueryTracer) *pgxpool.Pool {
 }
 
 // cpuMeter measures the CPU time the benchmark's own process and the PostgreSQL server
-// processes serving the test database use between start and stop (PostgreSQL runs on
-// this host; its processes are found in pg_stat_activity and read from /proc). On a
+// processes serving one database use between start and stop (PostgreSQL runs on this
+// host; its processes are found in pg_stat_activity and read from /proc). On a
 // 2-core machine this says whether a variant is CPU-bound or waits (round trips, WAL
 // flushes).
 type cpuMeter struct {
-	pg0 map[int]time.Duration
-	go0 time.Duration
+	pool *pgxpool.Pool // on the database whose server processes it measures
+	pg0  map[int]time.Duration
+	go0  time.Duration
 }
 
-func startCPU(b testing.TB) *cpuMeter {
-	return &cpuMeter{pg0: backendCPU(b), go0: processCPU()}
+// startCPU starts measuring this process and the server processes of pool's database.
+func startCPU(b testing.TB, pool *pgxpool.Pool) *cpuMeter {
+	return &cpuMeter{pool: pool, pg0: backendCPU(b, pool), go0: processCPU()}
 }
 
 // stop returns the CPU seconds used by the server processes and by this process.
 func (c *cpuMeter) stop(b testing.TB) (pg, goCPU float64) {
 	var d time.Duration
-	for pid, t := range backendCPU(b) {
+	for pid, t := range backendCPU(b, c.pool) {
 		d += t - c.pg0[pid] // a backend started meanwhile counts from zero
 	}
 	return d.Seconds(), (processCPU() - c.go0).Seconds()
@@ -463,9 +465,9 @@ func processCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// backendCPU is the CPU time used so far by each server process of the test database.
-func backendCPU(b testing.TB) map[int]time.Duration {
-	rows, err := testDB.Pool.Query(context.Background(),
+// backendCPU is the CPU time used so far by each server process of pool's database.
+func backendCPU(b testing.TB, pool *pgxpool.Pool) map[int]time.Duration {
+	rows, err := pool.Query(context.Background(),
 		`SELECT pid FROM pg_stat_activity WHERE datname = current_database()`)
 	require.NoError(b, err)
 	pids, err := pgx.CollectRows(rows, pgx.RowTo[int32])

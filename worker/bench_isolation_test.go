@@ -82,7 +82,7 @@ func BenchmarkIsolation(b *testing.B) {
 	persp := &isoSlowPerspective{Perspective: sumPerspective(isoName), stream: iso.slow}
 	m := newBenchMetrics()
 	tracer := newStmtTracer()
-	w := benchStartOn(b, benchPool(b, tracer), worker.Config{
+	w := benchStartOn(b, benchPool(b, testDB.URL, tracer), worker.Config{
 		Perspectives:  []worker.Perspective{persp},
 		Locker:        benchLocker(b, locker.Options{}),
 		PollInterval:  10 * time.Millisecond,

@@ -81,7 +81,7 @@ func BenchmarkLifecycle(b *testing.B) {
 		tracer := newStmtTracer()
 		pool := testDB.Pool
 		if os.Getenv("PERSPECTIVES_BENCH_VERBOSE") != "" {
-			pool = benchPool(b, tracer)
+			pool = benchPool(b, testDB.URL, tracer)
 		}
 		t0 := time.Now()
 		v1 := benchStartOn(b, pool, worker.Config{Perspectives: []worker.Perspective{versioned(sumPerspective(name), 1)}, CatchUpPageSize: lifePage()})

@@ -63,7 +63,7 @@ func BenchmarkRewindCost(b *testing.B) {
 	build := benchClaim(b, "rewind")
 	m := newBenchMetrics()
 	tracer := newStmtTracer()
-	w := benchStartOn(b, benchPool(b, tracer), worker.Config{
+	w := benchStartOn(b, benchPool(b, testDB.URL, tracer), worker.Config{
 		Perspectives:  []worker.Perspective{sumPerspective(rewindName)},
 		Locker:        benchLocker(b, locker.Options{}),
 		Snapshots:     worker.SnapshotOptions{EveryNEvents: 100},

@@ -3,9 +3,11 @@ package worker_test
 // Skew and live traffic, each on a database created for the run, never analyzed
 // (autovacuum's thresholds are not reached within a run), as a new user's would be:
 //
-//   - BenchmarkStarvation: one hot stream queued by 2,000 separate Appends (20,000 events),
-//     then one event for each of 100 cold streams; one default worker starts. The share of
-//     the hot stream applied when the last cold stream is done (target: under 20%).
+//   - BenchmarkStarvation: one hot stream and 100 cold streams of one event each after it;
+//     one default worker starts. The share of the hot stream applied when the last cold stream
+//     is done (target: under 20%). queue: the hot stream queued by 2,000 separate Appends
+//     (20,000 events). catchup: the hot stream's 200,000 events stored before the perspective
+//     is registered, first in the catch-up's order; the worker registers it and catches up.
 //   - BenchmarkLiveTraffic: 2,000 streams, 1,000 Appends of 20 events (one event for each of
 //     20 streams; 10 rounds over all streams) while one default worker runs (snapshots on,
 //     every 100 events): how long after the last Append returns the queue is empty (target:
@@ -75,12 +77,21 @@ const (
 	starvePerAppend   = 10
 	starveHotEvents   = starveHotAppends * starvePerAppend
 	starveColdStreams = 100
+	starveStoredHot   = 200000 // the catch-up's hot stream
 )
 
-// BenchmarkStarvation reports the share (%) of the hot stream applied when the last cold
-// stream was done, how long after the worker's start that was, and how long the whole
-// backlog took.
+// BenchmarkStarvation reports, for a hot stream on the queue path (queue) and on a catch-up
+// (catchup), the share (%) of the hot stream applied when the last of the cold streams after
+// it was done, how long after the worker's start that was, and how long the whole backlog
+// took.
 func BenchmarkStarvation(b *testing.B) {
+	b.Run("queue", benchStarvationQueue)
+	b.Run("catchup", benchStarvationCatchUp)
+}
+
+// benchStarvationQueue: the hot stream queued by 2,000 separate Appends of 10 events, then
+// one event for each of the cold streams; then one default worker starts.
+func benchStarvationQueue(b *testing.B) {
 	ctx := context.Background()
 	var share, coldMs, allMs []float64
 	for range b.N {
@@ -91,30 +102,72 @@ func BenchmarkStarvation(b *testing.B) {
 		for range starveHotAppends {
 			require.NoError(b, worker.Append(ctx, d.Pool, events(hot, newIDs(b, starvePerAppend))...))
 		}
-		cold := make([]uuid.UUID, starveColdStreams)
-		for i := range cold {
-			cold[i] = uuid.New()
-			require.NoError(b, worker.Append(ctx, d.Pool, events(cold[i], newIDs(b, 1))...))
-		}
-
-		start := time.Now()
-		w := benchStartOn(b, d.Pool, cfg)
-		coldDone := false
-		benchWait(b, 2*time.Minute, 2*time.Millisecond, "the backlog to be applied", func() bool {
-			done, hotApplied := activeModels(b, d.Pool, "bench_starve", cold, hot)
-			if !coldDone && done == len(cold) {
-				coldDone = true
-				share = append(share, 100*float64(hotApplied)/starveHotEvents)
-				coldMs = append(coldMs, ms(time.Since(start)))
-			}
-			return coldDone && hotApplied == starveHotEvents
-		})
-		allMs = append(allMs, ms(time.Since(start)))
-		benchStop(b, w)
+		cold := appendCold(b, ctx, d.Pool)
+		s, c, a := starve(b, d.Pool, cfg, hot, starveHotEvents, cold)
+		share, coldMs, allMs = append(share, s), append(coldMs, c), append(allMs, a)
 	}
 	b.ReportMetric(medianOf(share), "hot-applied-at-cold-done-%")
 	b.ReportMetric(medianOf(coldMs), "cold-done-ms")
 	b.ReportMetric(medianOf(allMs), "all-done-ms")
+}
+
+// benchStarvationCatchUp: the hot stream's 200,000 events stored before the perspective is
+// registered (so not queued), its ID before every other stream's in the catch-up's (stream,
+// event) order, then one event for each of the cold streams; then one default worker
+// registers the perspective, and its first build catches up with the store.
+func benchStarvationCatchUp(b *testing.B) {
+	ctx := context.Background()
+	var share, coldMs, allMs []float64
+	for range b.N {
+		d := freshDB(b, "starvecatch")
+		hot := uuid.UUID{15: 1} // first in the catch-up's order
+		for left := starveStoredHot; left > 0; left -= 1000 {
+			require.NoError(b, worker.Append(ctx, d.Pool, events(hot, newIDs(b, min(left, 1000)))...))
+		}
+		cold := appendCold(b, ctx, d.Pool)
+		var queued int
+		require.NoError(b, d.Pool.QueryRow(ctx, `SELECT count(*)::int FROM wh_perspective_events`).Scan(&queued))
+		require.Zero(b, queued, "no perspective is registered: nothing is queued")
+		cfg := worker.Config{Perspectives: []worker.Perspective{sumPerspective("bench_starve")}}
+		s, c, a := starve(b, d.Pool, cfg, hot, starveStoredHot, cold)
+		share, coldMs, allMs = append(share, s), append(coldMs, c), append(allMs, a)
+	}
+	b.ReportMetric(medianOf(share), "hot-applied-at-cold-done-%")
+	b.ReportMetric(medianOf(coldMs), "cold-done-ms")
+	b.ReportMetric(medianOf(allMs), "all-done-ms")
+}
+
+// appendCold appends one event for each of the cold streams.
+func appendCold(b *testing.B, ctx context.Context, pool *pgxpool.Pool) []uuid.UUID {
+	b.Helper()
+	cold := make([]uuid.UUID, starveColdStreams)
+	for i := range cold {
+		cold[i] = uuid.New()
+		require.NoError(b, worker.Append(ctx, pool, events(cold[i], newIDs(b, 1))...))
+	}
+	return cold
+}
+
+// starve starts a worker of cfg and returns the share (%) of the hot stream's events applied
+// when every cold stream had its model, when that was and when the hot stream had all its
+// events applied (ms from the start).
+func starve(b *testing.B, pool *pgxpool.Pool, cfg worker.Config, hot uuid.UUID, hotEvents int, cold []uuid.UUID) (share, coldMs, allMs float64) {
+	b.Helper()
+	start := time.Now()
+	w := benchStartOn(b, pool, cfg)
+	coldDone := false
+	benchWait(b, 2*time.Minute, 2*time.Millisecond, "the backlog to be applied", func() bool {
+		done, hotApplied := activeModels(b, pool, "bench_starve", cold, hot)
+		if !coldDone && done == len(cold) {
+			coldDone = true
+			share = 100 * float64(hotApplied) / float64(hotEvents)
+			coldMs = ms(time.Since(start))
+		}
+		return coldDone && hotApplied == hotEvents
+	})
+	allMs = ms(time.Since(start))
+	benchStop(b, w)
+	return share, coldMs, allMs
 }
 
 const (

@@ -7,6 +7,7 @@ package worker_test
 // restored backlog).
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -26,8 +27,9 @@ import (
 	"github.com/perspectives-go/perspectives/worker"
 )
 
-// appendBacklog stores streams × perStream events (in ID order per stream).
-func appendBacklog(b testing.TB, ctx context.Context, streams, perStream int) {
+// appendBacklog stores streams × perStream events on pool (in ID order per stream), in
+// Appends of 1,000 events.
+func appendBacklog(b testing.TB, ctx context.Context, pool *pgxpool.Pool, streams, perStream int) {
 	b.Helper()
 	batch := make([]worker.Event, 0, 1000)
 	for range streams {
@@ -35,13 +37,13 @@ func appendBacklog(b testing.TB, ctx context.Context, streams, perStream int) {
 		for i, id := range newIDs(b, perStream) {
 			batch = append(batch, worker.Event{ID: id, StreamID: s, Type: "amount", Data: json.RawMessage(`{"n":` + itoa(i+1) + `}`)})
 			if len(batch) == cap(batch) {
-				require.NoError(b, worker.Append(ctx, testDB.Pool, batch...))
+				require.NoError(b, worker.Append(ctx, pool, batch...))
 				batch = batch[:0]
 			}
 		}
 	}
 	if len(batch) > 0 {
-		require.NoError(b, worker.Append(ctx, testDB.Pool, batch...))
+		require.NoError(b, worker.Append(ctx, pool, batch...))
 	}
 }
 
@@ -115,8 +117,11 @@ var drainRound int
 func BenchmarkWorkerDrain(b *testing.B) {
 	ctx := context.Background()
 	b.StopTimer() // only the drains are timed
+	backlog := drainBacklog{pool: testDB.Pool, persp: sumPerspective(drainName), events: drainEvents, saved: "bench_drain"}
 	if benchClaim(b, "drain") {
-		drainSetup(b, ctx)
+		register(b, testDB.Pool, worker.Config{Perspectives: []worker.Perspective{backlog.persp}})
+		appendBacklog(b, ctx, testDB.Pool, drainStreams, drainPerStream)
+		backlog.save(b, ctx)
 	}
 	variants := drainVariants
 	if only := os.Getenv("PERSPECTIVES_BENCH_DRAIN"); only != "" {
@@ -132,7 +137,7 @@ func BenchmarkWorkerDrain(b *testing.B) {
 	}
 	verbose := os.Getenv("PERSPECTIVES_BENCH_VERBOSE") != ""
 	tracer := newStmtTracer()
-	pool := benchPool(b, tracer)
+	pool := benchPool(b, testDB.URL, tracer)
 	fig := map[string]map[string][]float64{} // variant -> figure -> one value per round
 	add := func(v, k string, x float64) {
 		if fig[v] == nil {
@@ -144,13 +149,13 @@ func BenchmarkWorkerDrain(b *testing.B) {
 	for range b.N {
 		for j := range variants {
 			v := variants[(drainRound+j)%len(variants)]
-			drainReset(b, ctx)
+			backlog.reset(b, ctx)
 			tracer.take()
-			cpu := startCPU(b)
+			cpu := startCPU(b, testDB.Pool)
 			var el time.Duration
 			switch {
 			case v.base:
-				el = drainBaseline(b, ctx, pool)
+				el = backlog.drainBaseline(b, ctx, pool)
 			case v.pooler != "":
 				if pooled[v.pooler] == nil {
 					u := pgtest.WithExecMode(pgtest.StartPooler(b, testDB.Name), "exec")
@@ -165,9 +170,9 @@ func BenchmarkWorkerDrain(b *testing.B) {
 					b.Cleanup(p.Close)
 					pooled[v.pooler] = p
 				}
-				el = drainWorker(b, ctx, pooled[v.pooler], v.cfg, 1)
+				el = backlog.drainWorker(b, ctx, pooled[v.pooler], v.cfg, 1, nil)
 			default:
-				el = drainWorker(b, ctx, pool, v.cfg, max(v.instances, 1))
+				el = backlog.drainWorker(b, ctx, pool, v.cfg, max(v.instances, 1), nil)
 			}
 			pgCPU, goCPU := cpu.stop(b)
 			st := tracer.take()
@@ -210,47 +215,60 @@ func BenchmarkWorkerDrain(b *testing.B) {
 	}
 }
 
-// drainSetup registers the perspective, appends the backlog (which enqueues it and creates
-// the cursor rows) and saves the queue and cursor tables, to restore before every drain.
-func drainSetup(b *testing.B, ctx context.Context) {
-	w := benchStart(b, worker.Config{Perspectives: []worker.Perspective{sumPerspective(drainName)}})
-	benchStop(b, w) // registered, nothing to apply
-	appendBacklog(b, ctx, drainStreams, drainPerStream)
+// drainBacklog is a queued backlog that drains start from, restored before each: the
+// database, the perspective it is queued for, its events, and the tables it is saved in.
+type drainBacklog struct {
+	pool   *pgxpool.Pool // the database's (setup, restores, checks)
+	persp  worker.Perspective
+	events int    // queued events
+	saved  string // the saved tables' prefix: <saved>_queue, <saved>_cursors
+}
+
+// save keeps the queue and cursor rows aside as the backlog (Appends for the registered
+// perspective have queued them and created the cursor rows), and empties the queue, the due
+// rows and the cursors, so that another backlog can be appended alone on the same database.
+func (d drainBacklog) save(b *testing.B, ctx context.Context) {
+	b.Helper()
 	for _, sql := range []string{
-		`DROP TABLE IF EXISTS bench_drain_queue, bench_drain_cursors`,
-		`CREATE TABLE bench_drain_queue AS SELECT * FROM wh_perspective_events`,
-		`CREATE TABLE bench_drain_cursors AS SELECT * FROM wh_perspective_cursors`,
+		`DROP TABLE IF EXISTS ` + d.saved + `_queue, ` + d.saved + `_cursors`,
+		`CREATE TABLE ` + d.saved + `_queue AS SELECT * FROM wh_perspective_events`,
+		`CREATE TABLE ` + d.saved + `_cursors AS SELECT * FROM wh_perspective_cursors`,
+		`TRUNCATE wh_perspective_events, wh_perspective_pairs, wh_perspective_cursors`,
 	} {
-		_, err := testDB.Pool.Exec(ctx, sql)
+		_, err := d.pool.Exec(ctx, sql)
 		require.NoError(b, err)
 	}
 }
 
-// drainReset restores the undrained backlog, with fresh tables and statistics (autovacuum
+// reset restores the undrained backlog, with fresh tables and statistics (autovacuum
 // is off on the test cluster: without this every drain would see the previous one's dead
 // rows).
-func drainReset(b *testing.B, ctx context.Context) {
+func (d drainBacklog) reset(b *testing.B, ctx context.Context) {
+	b.Helper()
 	for _, sql := range []string{
 		`TRUNCATE wh_perspective_events, wh_perspective_pairs, wh_perspective_cursors, wh_perspective_models, wh_perspective_snapshots`,
-		`INSERT INTO wh_perspective_events SELECT * FROM bench_drain_queue`,
+		`INSERT INTO wh_perspective_events SELECT * FROM ` + d.saved + `_queue`,
 		dueRowsSQL,
-		`INSERT INTO wh_perspective_cursors SELECT * FROM bench_drain_cursors`,
+		`INSERT INTO wh_perspective_cursors SELECT * FROM ` + d.saved + `_cursors`,
 		`VACUUM (ANALYZE) wh_perspective_events, wh_perspective_pairs, wh_perspective_cursors, wh_perspective_models, wh_perspective_snapshots, wh_event_store`,
 		`CHECKPOINT`,
 	} {
-		_, err := testDB.Pool.Exec(ctx, sql)
+		_, err := d.pool.Exec(ctx, sql)
 		require.NoError(b, err)
 	}
 }
 
-// drainWorker starts n workers (instances with their own IDs) and returns the time until
+// drainWorker starts n workers (instances with their own IDs) of cfg with the backlog's
+// perspective on pool (PollInterval 10 ms unless cfg sets it) and returns the time until
 // they have applied every event (their events.applied counter, which counts committed
-// applications).
-func drainWorker(b *testing.B, ctx context.Context, pool *pgxpool.Pool, cfg worker.Config, n int) time.Duration {
+// applications), checking that the queue is then empty. watch, when not nil, is given the
+// count of applied events and the time since the start at every look at the counter (every
+// 2 ms).
+func (d drainBacklog) drainWorker(b *testing.B, ctx context.Context, pool *pgxpool.Pool, cfg worker.Config, n int, watch func(applied int64, at time.Duration)) time.Duration {
 	m := newBenchMetrics()
-	cfg.Perspectives = []worker.Perspective{sumPerspective(drainName)}
+	cfg.Perspectives = []worker.Perspective{d.persp}
 	cfg.MeterProvider = m.mp // shared: the counter sums every instance's applications
-	cfg.PollInterval = 10 * time.Millisecond
+	cfg.PollInterval = cmp.Or(cfg.PollInterval, 10*time.Millisecond)
 	cfg.Logger = quietLogger()
 	ws := make([]*worker.Worker, n)
 	for i := range ws {
@@ -264,7 +282,11 @@ func drainWorker(b *testing.B, ctx context.Context, pool *pgxpool.Pool, cfg work
 		require.NoError(b, w.Start(ctx))
 	}
 	benchWait(b, 5*time.Minute, 2*time.Millisecond, "the drain", func() bool {
-		return m.counter(b, "perspectives.events.applied") >= drainEvents
+		applied := m.counter(b, "perspectives.events.applied")
+		if watch != nil {
+			watch(applied, time.Since(start))
+		}
+		return applied >= int64(d.events)
 	})
 	el := time.Since(start)
 	b.StopTimer()
@@ -272,7 +294,7 @@ func drainWorker(b *testing.B, ctx context.Context, pool *pgxpool.Pool, cfg work
 		benchStop(b, w)
 	}
 	var left int
-	require.NoError(b, testDB.Pool.QueryRow(ctx, `SELECT count(*) FROM wh_perspective_events`).Scan(&left))
+	require.NoError(b, d.pool.QueryRow(ctx, `SELECT count(*) FROM wh_perspective_events`).Scan(&left))
 	require.Zero(b, left, "queue rows left after the drain")
 	return el
 }
@@ -332,8 +354,9 @@ USING unnest($6::uuid[], $7::uuid[]) AS d(stream_id, event_id)
 WHERE q.stream_id = d.stream_id AND q.perspective_name = $1 AND q.event_id = d.event_id`
 )
 
-func drainBaseline(b *testing.B, ctx context.Context, pool *pgxpool.Pool) time.Duration {
-	persp := sumPerspective(drainName)
+// drainBaseline drains the backlog on pool with the baseline and returns the time it took,
+// checking that the queue is then empty.
+func (d drainBacklog) drainBaseline(b *testing.B, ctx context.Context, pool *pgxpool.Pool) time.Duration {
 	b.StartTimer()
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -343,7 +366,7 @@ func drainBaseline(b *testing.B, ctx context.Context, pool *pgxpool.Pool) time.D
 		go func() {
 			defer wg.Done()
 			for {
-				n, err := baselineChunk(ctx, pool, persp, part)
+				n, err := baselineChunk(ctx, pool, d.persp, part)
 				if err != nil {
 					errs <- err
 					return
@@ -362,16 +385,16 @@ func drainBaseline(b *testing.B, ctx context.Context, pool *pgxpool.Pool) time.D
 		require.NoError(b, err)
 	}
 	var left int
-	require.NoError(b, testDB.Pool.QueryRow(ctx, `SELECT count(*) FROM wh_perspective_events`).Scan(&left))
+	require.NoError(b, d.pool.QueryRow(ctx, `SELECT count(*) FROM wh_perspective_events`).Scan(&left))
 	require.Zero(b, left, "queue rows left after the baseline drain")
 	return el
 }
 
-// baselineChunk drains one chunk of pairs and returns how many events it applied.
+// baselineChunk drains one chunk of pairs of persp and returns how many events it applied.
 func baselineChunk(ctx context.Context, pool *pgxpool.Pool, persp worker.Perspective, part int) (int, error) {
 	applied := 0
 	err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		rows, err := tx.Query(ctx, baselineRead, drainName, drainBaselineChunk, drainBaselineConc, part)
+		rows, err := tx.Query(ctx, baselineRead, persp.Name(), drainBaselineChunk, drainBaselineConc, part)
 		if err != nil {
 			return err
 		}
@@ -418,7 +441,7 @@ func baselineChunk(ctx context.Context, pool *pgxpool.Pool, persp worker.Perspec
 		if len(streams) == 0 {
 			return nil
 		}
-		tag, err := tx.Exec(ctx, baselineWrite, drainName, streams, models, lasts, since, delStreams, delEvents)
+		tag, err := tx.Exec(ctx, baselineWrite, persp.Name(), streams, models, lasts, since, delStreams, delEvents)
 		if err != nil {
 			return err
 		}

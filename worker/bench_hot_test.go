@@ -1,0 +1,131 @@
+package worker_test
+
+// One hot stream alone: on a database created for the run, 200,000 events of one stream
+// queued by Appends of 10 events, drained by one default worker, against the same number of
+// events over 4,000 streams (50 each) drained the same way, from backlogs restored before
+// every drain, interleaved. The hot stream is one pair, applied a batch (BatchSize) at a time
+// by one job after another: its throughput is that of a batch's claim, apply and release in
+// a row, and the time of its last tenth against its first tells whether a batch costs more
+// with the backlog behind it or the rows applied before it.
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/perspectives-go/perspectives/worker"
+)
+
+const (
+	hotName       = "bench_hot"
+	hotPerAppend  = 10
+	hotAppends    = 20000
+	hotEvents     = hotAppends * hotPerAppend
+	hotAppendsTx  = 200 // Appends per transaction of the setup
+	hotStreams    = 4000
+	hotPerStream  = hotEvents / hotStreams
+	hotRounds     = 1 // rounds of both variants per run (the order alternates from run to run)
+	hotTenth      = hotEvents / 10
+	hotAppendData = 55 // the sum of one Append's amounts (events: 1..10)
+)
+
+var hotRound int
+
+// BenchmarkHotStream reports the events per second of one default worker draining one hot
+// stream and draining as many events spread over 4,000 streams, their ratio, and the time of
+// the hot stream's last tenth over its first.
+//
+// PERSPECTIVES_BENCH_VERBOSE=1 logs every drain's statements (count and time by name).
+func BenchmarkHotStream(b *testing.B) {
+	ctx := context.Background()
+	b.StopTimer() // only the drains are timed
+	verbose := os.Getenv("PERSPECTIVES_BENCH_VERBOSE") != ""
+	tracer := newStmtTracer()
+	rates := map[string][]float64{}
+	var tenths []float64 // the hot stream's last tenth over its first, per drain
+	var firstMs, lastMs []float64
+	for range b.N {
+		d := freshDB(b, "hot")
+		persp := sumPerspective(hotName)
+		register(b, d.Pool, worker.Config{Perspectives: []worker.Perspective{persp}})
+		hot := uuid.New()
+		for range hotAppends / hotAppendsTx {
+			require.NoError(b, pgx.BeginFunc(ctx, d.Pool, func(tx pgx.Tx) error {
+				for range hotAppendsTx {
+					if err := worker.Append(ctx, tx, events(hot, newIDs(b, hotPerAppend))...); err != nil {
+						return err
+					}
+				}
+				return nil
+			}))
+		}
+		hotBacklog := drainBacklog{pool: d.Pool, persp: persp, events: hotEvents, saved: "bench_hot"}
+		hotBacklog.save(b, ctx)
+		appendBacklog(b, ctx, d.Pool, hotStreams, hotPerStream)
+		spread := drainBacklog{pool: d.Pool, persp: persp, events: hotEvents, saved: "bench_spread"}
+		spread.save(b, ctx)
+		pool := benchPool(b, d.URL, tracer)
+		cfg := worker.Config{PollInterval: worker.DefaultPollInterval} // the defaults
+		variants := []string{"hot", "spread"}
+		for range hotRounds {
+			for j := range variants {
+				v := variants[(hotRound+j)%len(variants)]
+				tracer.take()
+				var el time.Duration
+				switch v {
+				case "hot":
+					hotBacklog.reset(b, ctx)
+					var begun, tenth, ninth time.Duration // first applied, a tenth applied, nine tenths
+					el = hotBacklog.drainWorker(b, ctx, pool, cfg, 1, func(applied int64, at time.Duration) {
+						if begun == 0 && applied > 0 {
+							begun = at
+						}
+						if tenth == 0 && applied >= hotTenth {
+							tenth = at
+						}
+						if ninth == 0 && applied >= hotEvents-hotTenth {
+							ninth = at
+						}
+					})
+					require.Positive(b, ninth, "nine tenths of the hot stream were seen applied before the end")
+					first, last := tenth-begun, el-ninth
+					firstMs, lastMs = append(firstMs, ms(first)), append(lastMs, ms(last))
+					tenths = append(tenths, last.Seconds()/first.Seconds())
+					var c, s int
+					require.NoError(b, d.Pool.QueryRow(ctx, `SELECT (model->>'c')::int, (model->>'s')::int FROM wh_perspective_models
+						WHERE perspective_name = $1 AND stream_id = $2`, hotName, hot).Scan(&c, &s))
+					require.Equal(b, hotEvents, c, "the hot stream's model counts every event")
+					require.Equal(b, hotAppends*hotAppendData, s, "the hot stream's model sums every event")
+				case "spread":
+					spread.reset(b, ctx)
+					el = spread.drainWorker(b, ctx, pool, cfg, 1, nil)
+					var right int
+					require.NoError(b, d.Pool.QueryRow(ctx, `SELECT count(*)::int FROM wh_perspective_models
+						WHERE perspective_name = $1 AND (model->>'c')::int = $2 AND (model->>'s')::int = $3`,
+						hotName, hotPerStream, hotPerStream*(hotPerStream+1)/2).Scan(&right))
+					require.Equal(b, hotStreams, right, "every spread stream's model counts and sums its events")
+				}
+				var pairs int
+				require.NoError(b, d.Pool.QueryRow(ctx, `SELECT count(*)::int FROM wh_perspective_pairs`).Scan(&pairs))
+				require.Zero(b, pairs, "%s: due rows left after the drain", v)
+				rates[v] = append(rates[v], hotEvents/el.Seconds())
+				if verbose {
+					fmt.Fprintf(os.Stderr, "%s: %.0f events/s in %s; statements:\n%s", v, hotEvents/el.Seconds(), el, stmtReport(tracer.take()))
+				}
+			}
+			hotRound++
+		}
+	}
+	b.ReportMetric(medianOf(rates["hot"]), "hot-events/s")
+	b.ReportMetric(medianOf(rates["spread"]), "spread-events/s")
+	b.ReportMetric(medianOf(rates["hot"])/medianOf(rates["spread"]), "hot/spread")
+	b.ReportMetric(medianOf(firstMs), "hot-first-tenth-ms")
+	b.ReportMetric(medianOf(lastMs), "hot-last-tenth-ms")
+	b.ReportMetric(medianOf(tenths), "hot-last/first-tenth")
+}
