@@ -7,6 +7,7 @@ package db
 
 import (
 	"context"
+	"time"
 
 	"github.com/google/uuid"
 )
@@ -310,16 +311,21 @@ func (q *Queries) PairsLockForApply(ctx context.Context, arg PairsLockForApplyPa
 }
 
 const queueEventsForPairs = `-- name: QueueEventsForPairs :many
+WITH q AS (
+    SELECT q.perspective_name, q.event_id
+    FROM (SELECT unnest($1::uuid[]) AS stream_id, unnest($2::text[]) AS perspective_name) p
+    CROSS JOIN LATERAL (
+        SELECT qe.perspective_name, qe.event_id
+        FROM wh_perspective_events qe
+        WHERE qe.stream_id = p.stream_id AND qe.perspective_name = p.perspective_name
+        ORDER BY qe.event_id
+        LIMIT (SELECT $3::int)
+    ) q
+)
 SELECT q.perspective_name, e.event_id, e.stream_id, e.event_type, e.data, e.created_at
-FROM (SELECT unnest($1::uuid[]) AS stream_id, unnest($2::text[]) AS perspective_name) p
-CROSS JOIN LATERAL (
-    SELECT qe.perspective_name, qe.event_id
-    FROM wh_perspective_events qe
-    WHERE qe.stream_id = p.stream_id AND qe.perspective_name = p.perspective_name
-    ORDER BY qe.event_id
-    LIMIT (SELECT $3::int)
-) q
-JOIN wh_event_store e ON e.event_id = q.event_id
+FROM wh_event_store e
+JOIN q ON q.event_id = e.event_id
+WHERE e.event_id = ANY (ARRAY(SELECT q.event_id FROM q))
 `
 
 type QueueEventsForPairsParams struct {
@@ -330,18 +336,27 @@ type QueueEventsForPairsParams struct {
 
 type QueueEventsForPairsRow struct {
 	PerspectiveName string
-	WhEventStore    WhEventStore
+	EventID         uuid.UUID
+	StreamID        uuid.UUID
+	EventType       string
+	Data            []byte
+	CreatedAt       time.Time
 }
 
 // The queued events of the given pairs: at most per_pair_limit per pair, the lowest event
-// IDs of each.
+// IDs of each, in no particular order.
 // Each pair is one probe of the queue's primary key, in event_id order, that stops after
 // per_pair_limit rows. The limit is read through a subquery, so the planner does not know it
 // and costs the probe as stopping early (it assumes a tenth of the rows for such a LIMIT):
 // the ordered probe always wins. Knowing the value, the planner compares it with the rows it
 // expects of a pair, the average pair's few whatever the statistics, and when the limit is
 // not below them it reads and sorts all of each pair's rows instead (a bitmap heap scan and
-// a sort): 20,000 of a hot stream for every batch of 100. See worker/plans_sql_test.go.
+// a sort): 20,000 of a hot stream for every batch of 100.
+// The events are then read from the store by their keys, as an array the planner counts as
+// a few: joined instead, the tenth of a hot stream it expects made the join a hash or merge
+// join reading the whole store for every batch, and probing by a lateral subquery cost that
+// many probes, enough for PostgreSQL to JIT-compile the statement at every batch. See
+// worker/plans_sql_test.go.
 func (q *Queries) QueueEventsForPairs(ctx context.Context, arg QueueEventsForPairsParams) ([]QueueEventsForPairsRow, error) {
 	rows, err := q.db.Query(ctx, queueEventsForPairs, arg.StreamIds, arg.PerspectiveNames, arg.PerPairLimit)
 	if err != nil {
@@ -353,11 +368,11 @@ func (q *Queries) QueueEventsForPairs(ctx context.Context, arg QueueEventsForPai
 		var i QueueEventsForPairsRow
 		if err := rows.Scan(
 			&i.PerspectiveName,
-			&i.WhEventStore.EventID,
-			&i.WhEventStore.StreamID,
-			&i.WhEventStore.EventType,
-			&i.WhEventStore.Data,
-			&i.WhEventStore.CreatedAt,
+			&i.EventID,
+			&i.StreamID,
+			&i.EventType,
+			&i.Data,
+			&i.CreatedAt,
 		); err != nil {
 			return nil, err
 		}

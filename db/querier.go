@@ -267,14 +267,19 @@ type Querier interface {
 	// workers are told. Returns the rows queued.
 	QueueEnqueueStreamFrom(ctx context.Context, arg QueueEnqueueStreamFromParams) (int64, error)
 	// The queued events of the given pairs: at most per_pair_limit per pair, the lowest event
-	// IDs of each.
+	// IDs of each, in no particular order.
 	// Each pair is one probe of the queue's primary key, in event_id order, that stops after
 	// per_pair_limit rows. The limit is read through a subquery, so the planner does not know it
 	// and costs the probe as stopping early (it assumes a tenth of the rows for such a LIMIT):
 	// the ordered probe always wins. Knowing the value, the planner compares it with the rows it
 	// expects of a pair, the average pair's few whatever the statistics, and when the limit is
 	// not below them it reads and sorts all of each pair's rows instead (a bitmap heap scan and
-	// a sort): 20,000 of a hot stream for every batch of 100. See worker/plans_sql_test.go.
+	// a sort): 20,000 of a hot stream for every batch of 100.
+	// The events are then read from the store by their keys, as an array the planner counts as
+	// a few: joined instead, the tenth of a hot stream it expects made the join a hash or merge
+	// join reading the whole store for every batch, and probing by a lateral subquery cost that
+	// many probes, enough for PostgreSQL to JIT-compile the statement at every batch. See
+	// worker/plans_sql_test.go.
 	QueueEventsForPairs(ctx context.Context, arg QueueEventsForPairsParams) ([]QueueEventsForPairsRow, error)
 	// A rewind (worker/rewind.go): what it starts from, the replay, the snapshots it drops.
 	// The queued event IDs of one pair, in order. The pair is compared with a subquery's values,

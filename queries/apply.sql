@@ -64,24 +64,34 @@ RETURNING stream_id, perspective_name;
 
 -- name: QueueEventsForPairs :many
 -- The queued events of the given pairs: at most per_pair_limit per pair, the lowest event
--- IDs of each.
+-- IDs of each, in no particular order.
 -- Each pair is one probe of the queue's primary key, in event_id order, that stops after
 -- per_pair_limit rows. The limit is read through a subquery, so the planner does not know it
 -- and costs the probe as stopping early (it assumes a tenth of the rows for such a LIMIT):
 -- the ordered probe always wins. Knowing the value, the planner compares it with the rows it
 -- expects of a pair, the average pair's few whatever the statistics, and when the limit is
 -- not below them it reads and sorts all of each pair's rows instead (a bitmap heap scan and
--- a sort): 20,000 of a hot stream for every batch of 100. See worker/plans_sql_test.go.
-SELECT q.perspective_name, sqlc.embed(e)
-FROM (SELECT unnest(@stream_ids::uuid[]) AS stream_id, unnest(@perspective_names::text[]) AS perspective_name) p
-CROSS JOIN LATERAL (
-    SELECT qe.perspective_name, qe.event_id
-    FROM wh_perspective_events qe
-    WHERE qe.stream_id = p.stream_id AND qe.perspective_name = p.perspective_name
-    ORDER BY qe.event_id
-    LIMIT (SELECT @per_pair_limit::int)
-) q
-JOIN wh_event_store e ON e.event_id = q.event_id;
+-- a sort): 20,000 of a hot stream for every batch of 100.
+-- The events are then read from the store by their keys, as an array the planner counts as
+-- a few: joined instead, the tenth of a hot stream it expects made the join a hash or merge
+-- join reading the whole store for every batch, and probing by a lateral subquery cost that
+-- many probes, enough for PostgreSQL to JIT-compile the statement at every batch. See
+-- worker/plans_sql_test.go.
+WITH q AS (
+    SELECT q.perspective_name, q.event_id
+    FROM (SELECT unnest(@stream_ids::uuid[]) AS stream_id, unnest(@perspective_names::text[]) AS perspective_name) p
+    CROSS JOIN LATERAL (
+        SELECT qe.perspective_name, qe.event_id
+        FROM wh_perspective_events qe
+        WHERE qe.stream_id = p.stream_id AND qe.perspective_name = p.perspective_name
+        ORDER BY qe.event_id
+        LIMIT (SELECT @per_pair_limit::int)
+    ) q
+)
+SELECT q.perspective_name, e.event_id, e.stream_id, e.event_type, e.data, e.created_at
+FROM wh_event_store e
+JOIN q ON q.event_id = e.event_id
+WHERE e.event_id = ANY (ARRAY(SELECT q.event_id FROM q));
 
 -- name: ModelsGet :many
 -- The models of the given pairs (pairs without a model have no row). Each pair is a probe

@@ -278,11 +278,16 @@ func readPairs(ctx context.Context, q *db.Queries, states []PairState, perPair i
 		return fmt.Errorf("read queue: %w", err)
 	}
 	for _, r := range rows {
-		st := byPair[Pair{Stream: r.WhEventStore.StreamID, Perspective: r.PerspectiveName}]
+		st := byPair[Pair{Stream: r.StreamID, Perspective: r.PerspectiveName}]
 		if st == nil {
-			return fmt.Errorf("queue returned event %s of a pair not asked for", r.WhEventStore.EventID)
+			return fmt.Errorf("queue returned event %s of a pair not asked for", r.EventID)
 		}
-		st.Events = append(st.Events, eventOf(r.WhEventStore))
+		st.Events = append(st.Events, eventOf(db.WhEventStore{
+			EventID: r.EventID, StreamID: r.StreamID, EventType: r.EventType, Data: r.Data, CreatedAt: r.CreatedAt,
+		}))
+	}
+	for i := range states {
+		slices.SortFunc(states[i].Events, func(a, b Event) int { return compareIDs(a.ID, b.ID) })
 	}
 	var withModel []Pair
 	for i := range states {

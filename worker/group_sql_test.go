@@ -366,7 +366,7 @@ func TestGroupSQLQueueEventsForPairsLowestIDsPerPair(t *testing.T) {
 
 	got := map[gsPair][]uuid.UUID{}
 	for _, row := range rows {
-		r := row.WhEventStore
+		r := row
 		p := gsPair{r.StreamID, row.PerspectiveName}
 		got[p] = append(got[p], r.EventID)
 		ev, ok := stored[r.EventID]

@@ -125,6 +125,9 @@ type planStatement struct {
 	// The other tables it must read through an index only (an Index, Index Only or Bitmap
 	// Index Scan): table → the indexes it may use.
 	other map[string][]string
+	// probed: the other tables it must read through key probes only (an Index Cond), never
+	// a walk of a whole index (which a merge join does).
+	probed []string
 }
 
 // planExplain is the plan of c under plan_cache_mode mode (force_generic_plan or
@@ -276,6 +279,8 @@ func planProblems(plan map[string]any, s planStatement) []string {
 		case s.other[table] != nil:
 			if !ok || !slices.Contains(s.other[table], index) {
 				problems = append(problems, fmt.Sprintf("%s (index %q): want an index scan using one of %v", scan, index, s.other[table]))
+			} else if slices.Contains(s.probed, table) && cond == "" {
+				problems = append(problems, fmt.Sprintf("%s (index %q): want key probes, not a walk of the index", scan, index))
 			}
 		}
 	})
@@ -470,7 +475,20 @@ func planStatements(t *testing.T, ctx context.Context, conn *pgx.Conn, hot uuid.
 			return err
 		}),
 		queue: planQueuePKey, cond: pairCond, limit: true,
-		other: map[string][]string{"wh_event_store": {"wh_event_store_pkey"}},
+		other:  map[string][]string{"wh_event_store": {"wh_event_store_pkey"}},
+		probed: []string{"wh_event_store"},
+	}, {
+		// The hot pair in a group of its own: with the statistics of a hot stream, the
+		// planner expects thousands of its rows, and a join with the store planned for that
+		// many read the store's whole key for every batch of 100.
+		name: "QueueEventsForPairs (the hot pair alone)",
+		call: planRecord(t, func(q *db.Queries) error {
+			_, err := q.QueueEventsForPairs(ctx, db.QueueEventsForPairsParams{StreamIds: streams[:1], PerspectiveNames: names[:1], PerPairLimit: 100})
+			return err
+		}),
+		queue: planQueuePKey, cond: pairCond, limit: true,
+		other:  map[string][]string{"wh_event_store": {"wh_event_store_pkey"}},
+		probed: []string{"wh_event_store"},
 	}, {
 		name: "QueueIDsForPair",
 		call: planRecord(t, func(q *db.Queries) error {
@@ -684,4 +702,45 @@ func planGroupLookups(t *testing.T, ctx context.Context, streams []uuid.UUID, na
 		}),
 		other: map[string][]string{"wh_perspective_models": {"wh_perspective_models_pkey"}},
 	}}
+}
+
+// A hot pair alone in its group, with statistics that know it (200,000 queued events, a
+// tenth of which the planner expects a batch to read): the batch's read of the store must
+// stay key probes, and cheap enough in the planner's eyes that PostgreSQL does not
+// JIT-compile it (jit is on by default; compiling costs more than the batch). Joined with
+// the queue's probe, the store was read whole by a hash join for every batch of 100.
+func TestPlansSQLAHotPairReadsTheStoreByKey(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	d, err := pgtest.Create(ctx, "plans_hot")
+	require.NoError(t, err)
+	defer d.Close()
+	conn := planConnect(t, ctx, d)
+	hot := uuid.New()
+	planExec(t, ctx, conn, `INSERT INTO wh_perspectives (perspective_name) VALUES ($1)`, planBuildA)
+	planExec(t, ctx, conn, `INSERT INTO wh_perspective_builds (build_key, perspective_name, version, build, state, catchup_done)
+		VALUES ($1, $1, 1, 1, 'active', true)`, planBuildA)
+	planExec(t, ctx, conn, `INSERT INTO wh_event_store (event_id, stream_id, event_type, data)
+		SELECT gen_random_uuid(), $1::uuid, 'hot', '{}'::jsonb FROM generate_series(1, 200000)`, hot)
+	planExec(t, ctx, conn, `INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)
+		SELECT stream_id, $1, event_id FROM wh_event_store`, planBuildA)
+	planExec(t, ctx, conn, "ANALYZE")
+	planExec(t, ctx, conn, "SET jit = on")
+	s := planStatement{
+		name: "QueueEventsForPairs (a hot pair alone, analyzed)",
+		call: planRecord(t, func(q *db.Queries) error {
+			_, err := q.QueueEventsForPairs(ctx, db.QueueEventsForPairsParams{StreamIds: []uuid.UUID{hot}, PerspectiveNames: []string{planBuildA}, PerPairLimit: 100})
+			return err
+		}),
+		queue: planQueuePKey, cond: []string{"(stream_id = ", "(perspective_name = "}, limit: true,
+		other:  map[string][]string{"wh_event_store": {"wh_event_store_pkey"}},
+		probed: []string{"wh_event_store"},
+	}
+	planCheck(t, ctx, conn, s)
+	for _, mode := range []string{"force_generic_plan", "force_custom_plan"} {
+		text, err := planExplainAs(ctx, conn, "TEXT", mode, s.call)
+		require.NoError(t, err)
+		require.NotContains(t, text, "JIT:", "%s (%s) is JIT-compiled at every batch:\n%s", s.name, mode, text)
+	}
 }
