@@ -37,24 +37,62 @@ func (w *Worker) fold(ctx context.Context, persp Perspective, model json.RawMess
 	return f
 }
 
-// foldEvents is fold; checkJSON checks every model Apply returns.
+// foldEvents is fold; checkJSON checks every model Apply returns. A perspective that is a
+// BatchApplier gets each run of events up to the next snapshot in one call (not when
+// checkJSON); when a run fails, its events and the rest are applied one at a time.
 func (w *Worker) foldEvents(ctx context.Context, persp Perspective, model json.RawMessage, since int, events []Event, checkJSON bool) folded {
 	f := folded{model: model, since: since, applied: make([]uuid.UUID, 0, len(events))}
-	for _, ev := range events {
+	batch, _ := persp.(BatchApplier)
+	if checkJSON {
+		batch = nil
+	}
+	applied := func(run []Event, model json.RawMessage) {
+		f.model = model
+		for _, ev := range run {
+			f.applied = append(f.applied, ev.ID)
+		}
+		f.since += len(run)
+		if !w.cfg.Snapshots.Disabled && f.since >= w.cfg.Snapshots.EveryNEvents {
+			f.snaps = append(f.snaps, Snapshot{EventID: run[len(run)-1].ID, Model: f.model})
+			f.since = 0
+		}
+	}
+	for i := 0; i < len(events); {
+		if batch != nil {
+			n := len(events) - i
+			if !w.cfg.Snapshots.Disabled {
+				n = min(n, max(1, w.cfg.Snapshots.EveryNEvents-f.since))
+			}
+			run := events[i : i+n]
+			if next, ok := applyRun(ctx, batch, f.model, run); ok {
+				applied(run, next)
+				i += n
+				continue
+			}
+			batch = nil // one event at a time from here: that finds the failing event
+		}
+		ev := events[i]
 		next, err := w.applyOne(ctx, persp, f.model, ev, checkJSON)
 		if err != nil {
 			f.err = eventError{event: ev.ID, err: fmt.Errorf("apply event %s (%s): %w", ev.ID, ev.Type, err)}
 			break
 		}
-		f.model = next
-		f.applied = append(f.applied, ev.ID)
-		f.since++
-		if !w.cfg.Snapshots.Disabled && f.since >= w.cfg.Snapshots.EveryNEvents {
-			f.snaps = append(f.snaps, Snapshot{EventID: ev.ID, Model: f.model})
-			f.since = 0
-		}
+		applied(events[i:i+1], next)
+		i++
 	}
 	return f
+}
+
+// applyRun is ApplyBatch of run on model; ok is false when it failed, panicked or returned
+// an empty model.
+func applyRun(ctx context.Context, b BatchApplier, model json.RawMessage, run []Event) (next json.RawMessage, ok bool) {
+	defer func() {
+		if recover() != nil {
+			ok = false
+		}
+	}()
+	next, err := b.ApplyBatch(ctx, model, run)
+	return next, err == nil && len(next) > 0
 }
 
 // perspectiveError is an error of a perspective's Apply: the pair's failure, whatever it

@@ -1,6 +1,7 @@
 package order
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 
@@ -95,3 +96,10 @@ func NewWithQueries(version int, open func(queries.DBTX) queries.Querier) *Persp
 
 // Version is the perspective's version (worker.Versioned).
 func (p *Perspective) Version() int { return p.version }
+
+// ApplyBatch applies a run of events in one call (worker.BatchApplier): the embedded JSON
+// perspective's, which decodes and encodes the model once per run. Embedding hides it, so
+// it is forwarded.
+func (p *Perspective) ApplyBatch(ctx context.Context, model json.RawMessage, events []worker.Event) (json.RawMessage, error) {
+	return p.Perspective.(worker.BatchApplier).ApplyBatch(ctx, model, events)
+}

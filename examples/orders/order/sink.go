@@ -119,9 +119,10 @@ func (p *Perspective) Retired(ctx context.Context, db worker.DBTX, b worker.Buil
 }
 
 var (
-	_ worker.Perspective = (*Perspective)(nil)
-	_ worker.Versioned   = (*Perspective)(nil)
-	_ worker.Sink        = (*Perspective)(nil)
-	_ worker.Promoter    = (*Perspective)(nil)
-	_ worker.Retirer     = (*Perspective)(nil)
+	_ worker.Perspective  = (*Perspective)(nil)
+	_ worker.Versioned    = (*Perspective)(nil)
+	_ worker.Sink         = (*Perspective)(nil)
+	_ worker.Promoter     = (*Perspective)(nil)
+	_ worker.Retirer      = (*Perspective)(nil)
+	_ worker.BatchApplier = (*Perspective)(nil)
 )
