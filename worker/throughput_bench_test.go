@@ -405,12 +405,24 @@ func baselineChunk(ctx context.Context, pool *pgxpool.Pool, persp worker.Perspec
 			model                                 json.RawMessage
 			cur                                   uuid.UUID
 			count                                 int32
+			run                                   []worker.Event // the stream's events, for a BatchApplier
+			failed                                error
 		)
+		batch, _ := persp.(worker.BatchApplier) // as the worker folds: one call per stream's run
 		flush := func() {
-			if cur != uuid.Nil {
-				streams, models, since = append(streams, cur), append(models, string(model)), append(since, count)
-				lasts = append(lasts, delEvents[len(delEvents)-1])
+			if cur == uuid.Nil {
+				return
 			}
+			if batch != nil {
+				next, err := batch.ApplyBatch(ctx, model, run)
+				if err != nil {
+					failed = err
+					return
+				}
+				model, run = next, run[:0]
+			}
+			streams, models, since = append(streams, cur), append(models, string(model)), append(since, count)
+			lasts = append(lasts, delEvents[len(delEvents)-1])
 		}
 		for rows.Next() {
 			var (
@@ -426,11 +438,16 @@ func baselineChunk(ctx context.Context, pool *pgxpool.Pool, persp worker.Perspec
 				flush()
 				cur, model, count = stream, json.RawMessage(mdl), 0
 			}
-			next, err := persp.Apply(ctx, model, worker.Event{ID: id, StreamID: stream, Type: typ, Data: data, CreatedAt: created})
-			if err != nil {
-				return err
+			ev := worker.Event{ID: id, StreamID: stream, Type: typ, Data: data, CreatedAt: created}
+			if batch != nil {
+				run = append(run, ev)
+			} else {
+				next, err := persp.Apply(ctx, model, ev)
+				if err != nil {
+					return err
+				}
+				model = next
 			}
-			model = next
 			count++
 			delStreams, delEvents = append(delStreams, stream), append(delEvents, id)
 		}
@@ -438,6 +455,9 @@ func baselineChunk(ctx context.Context, pool *pgxpool.Pool, persp worker.Perspec
 			return err
 		}
 		flush()
+		if failed != nil {
+			return failed
+		}
 		if len(streams) == 0 {
 			return nil
 		}
