@@ -60,6 +60,9 @@ var benchmarks = []benchmark{
 	{"BenchmarkScale", "worker/bench_scale_test.go",
 		"the drain's cost per event and the claims' latency on a bulk-loaded queue of 1M events (10M with a knob)",
 		"the same drain of 100k events, in the same run"},
+	{"BenchmarkSink", "examples/orders/order/bench_test.go",
+		"the orders example's sink (sqlc upserts of its table in every commit): a drain of 4,000 orders × 25 events, and the rewind of a late event of an order of 2,000 events",
+		"the same perspective without its sink, on a database of its own, in alternating order"},
 	{"BenchmarkInstances", "worker/bench_instances_test.go",
 		"the same backlog (8,000 streams × 25 events) drained by one worker process and by four",
 		"one process with the default configuration, on the same restored backlog"},
@@ -121,4 +124,6 @@ var targets = []target{
 	{"BenchmarkInstances", "x4-throughput/x1", false, 0.9, "4 worker processes: throughput ≥ 0.9× 1 process's", ""},
 	{"BenchmarkInstances", "x4-claims/event/x1", true, 1.1, "4 worker processes: claims per applied event ≤ 1.1× 1 process's", ""},
 	{"BenchmarkInstances", "x4-min-share-%", false, 15, "4 worker processes: none applies less than 15% of the events", ""},
+	{"BenchmarkSink", "sink/plain", false, 0.75, "drain with a sink upserting one row per changed pair through sqlc ≥ 0.75× without it", ""},
+	{"BenchmarkSink", "rewind-sink/plain", true, 1.3, "a late event's rewind with a sink ≤ 1.3× without it", ""},
 }

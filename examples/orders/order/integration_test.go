@@ -31,7 +31,7 @@ import (
 // newDB is a fresh database of the test's own (the view orders is the database's, so
 // tests that repoint it cannot share one) with the perspectives tables and the
 // application's.
-func newDB(t *testing.T) *pgtest.DB {
+func newDB(t testing.TB) *pgtest.DB {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -154,7 +154,7 @@ func view(t *testing.T, pool *pgxpool.Pool) []queries.Order {
 	return rows
 }
 
-func count(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) int {
+func count(t testing.TB, pool *pgxpool.Pool, sql string, args ...any) int {
 	t.Helper()
 	var n int
 	require.NoError(t, pool.QueryRow(context.Background(), sql, args...).Scan(&n))
