@@ -98,19 +98,20 @@ func (q *Queries) BuildKeyTaken(ctx context.Context, buildKey string) (bool, err
 
 const buildsOf = `-- name: BuildsOf :many
 
-SELECT build_key, perspective_name, version, build, state, catchup_done
+SELECT build_key, perspective_name, version, build, state, catchup_done, promotion_requested
 FROM wh_perspective_builds
 WHERE perspective_name = ANY($1::text[])
 ORDER BY perspective_name, version, build
 `
 
 type BuildsOfRow struct {
-	BuildKey        string
-	PerspectiveName string
-	Version         int32
-	Build           int32
-	State           string
-	CatchupDone     bool
+	BuildKey           string
+	PerspectiveName    string
+	Version            int32
+	Build              int32
+	State              string
+	CatchupDone        bool
+	PromotionRequested bool
 }
 
 // Registration of builds (schema/000002_builds.up.sql) and the append lock. Append takes the
@@ -134,6 +135,7 @@ func (q *Queries) BuildsOf(ctx context.Context, perspectiveNames []string) ([]Bu
 			&i.Build,
 			&i.State,
 			&i.CatchupDone,
+			&i.PromotionRequested,
 		); err != nil {
 			return nil, err
 		}

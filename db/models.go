@@ -46,24 +46,25 @@ type WhPerspective struct {
 }
 
 type WhPerspectiveBuild struct {
-	BuildKey         string
-	PerspectiveName  string
-	Version          int32
-	Build            int32
-	State            string
-	CreatedAt        time.Time
-	PromotedAt       *time.Time
-	RetiredAt        *time.Time
-	CleanedAt        *time.Time
-	CatchupStreamID  uuid.NullUUID
-	CatchupEventID   uuid.NullUUID
-	CatchupDone      bool
-	CatchupEvents    int64
-	CatchupStreams   int64
-	CatchupStartedAt *time.Time
-	CatchupDoneAt    *time.Time
-	CatchupHolder    uuid.NullUUID
-	CatchupExpiry    *time.Time
+	BuildKey           string
+	PerspectiveName    string
+	Version            int32
+	Build              int32
+	State              string
+	CreatedAt          time.Time
+	PromotedAt         *time.Time
+	RetiredAt          *time.Time
+	CleanedAt          *time.Time
+	CatchupStreamID    uuid.NullUUID
+	CatchupEventID     uuid.NullUUID
+	CatchupDone        bool
+	CatchupEvents      int64
+	CatchupStreams     int64
+	CatchupStartedAt   *time.Time
+	CatchupDoneAt      *time.Time
+	CatchupHolder      uuid.NullUUID
+	CatchupExpiry      *time.Time
+	PromotionRequested bool
 }
 
 type WhPerspectiveCursor struct {

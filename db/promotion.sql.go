@@ -25,6 +25,21 @@ func (q *Queries) BuildQueueAge(ctx context.Context, buildKey string) (int64, er
 	return oldest_micros, err
 }
 
+const buildRequestPromotion = `-- name: BuildRequestPromotion :execrows
+UPDATE wh_perspective_builds SET promotion_requested = true
+WHERE build_key = $1 AND state = 'building' AND catchup_done
+`
+
+// Asks the workers to promote a caught-up building build (an operator's promotion of a
+// sink's perspective): the holder of its version's promotion lease promotes it, forced.
+func (q *Queries) BuildRequestPromotion(ctx context.Context, buildKey string) (int64, error) {
+	result, err := q.db.Exec(ctx, buildRequestPromotion, buildKey)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const buildSetState = `-- name: BuildSetState :exec
 UPDATE wh_perspective_builds
 SET state = $1::text,

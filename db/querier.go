@@ -51,6 +51,9 @@ type Querier interface {
 	// Promotion of a caught-up build (worker/promotion.go).
 	// The age of the oldest event queued for a build, in microseconds (-1: none queued).
 	BuildQueueAge(ctx context.Context, buildKey string) (int64, error)
+	// Asks the workers to promote a caught-up building build (an operator's promotion of a
+	// sink's perspective): the holder of its version's promotion lease promotes it, forced.
+	BuildRequestPromotion(ctx context.Context, buildKey string) (int64, error)
 	// The times are the statement's, not the transaction's start: a promotion sets them under the
 	// append lock, so every Append that still queued for the old state started before them.
 	// Making a build active (a promotion) notifies wh_applied: WaitFor judges the new active build.

@@ -5,7 +5,7 @@
 
 -- name: BuildsOf :many
 -- Every build of the given perspectives, oldest first.
-SELECT build_key, perspective_name, version, build, state, catchup_done
+SELECT build_key, perspective_name, version, build, state, catchup_done, promotion_requested
 FROM wh_perspective_builds
 WHERE perspective_name = ANY(@perspective_names::text[])
 ORDER BY perspective_name, version, build;

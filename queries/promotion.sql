@@ -18,3 +18,9 @@ SET state = @state::text,
     catchup_expiry = CASE WHEN @state::text = 'retired' THEN NULL ELSE catchup_expiry END
 FROM (SELECT CASE WHEN @state::text = 'active' THEN pg_notify('wh_applied', '') END) notified
 WHERE build_key = @build_key;
+
+-- name: BuildRequestPromotion :execrows
+-- Asks the workers to promote a caught-up building build (an operator's promotion of a
+-- sink's perspective): the holder of its version's promotion lease promotes it, forced.
+UPDATE wh_perspective_builds SET promotion_requested = true
+WHERE build_key = @build_key AND state = 'building' AND catchup_done;

@@ -62,7 +62,7 @@ var upgradeSteps = []upgradeStep{
 	{added: (*upgrade).addedDuePairs, write: (*upgrade).writeRelease8, dropped: []string{
 		"wh_perspective_events.attempts", "wh_perspective_events.last_error", "wh_perspective_events.next_attempt_at",
 		"wh_perspective_cursors.next_attempt_at", "wh_instances.claimed_at"}},
-	{filled: []string{"wh_perspectives.sink", "wh_instances.sink_ms"}, write: (*upgrade).writeRelease9},
+	{filled: []string{"wh_perspectives.sink", "wh_instances.sink_ms", "wh_perspective_builds.promotion_requested"}, write: (*upgrade).writeRelease9},
 }
 
 func TestUpgradeStepByStep(t *testing.T) {

@@ -15,8 +15,9 @@ import (
 // Admin runs operators' actions on a database without running any perspective: purging a
 // pair or rebuilding it (under the stream lock), rebuilding a whole perspective beside its
 // active version, promoting a version, reporting the builds. Running workers do the work.
-// Purge, Rebuild and Promote are refused for a perspective that writes to a sink (Sink):
-// only its code can keep the application's tables equal to its models.
+// Purge and Rebuild are refused for a perspective that writes to a sink (Sink), and
+// Promote is carried out by its workers: only its code can keep the application's tables
+// equal to its models.
 type Admin struct {
 	store    *pgStore
 	locker   locker.Locker
@@ -96,7 +97,10 @@ func (a *Admin) RebuildPerspective(ctx context.Context, perspectiveName string) 
 
 // Promote makes version of the perspective active: its newest build, which must be
 // building and caught up with the store (its queue may still be behind: the operator's
-// call). The active build is retired.
+// call). The active build is retired. For a perspective that writes to a sink, whose
+// Promoter only its workers run, it requests the promotion instead: the returned build is
+// still building, with PromotionRequested, and the worker holding the version's promotion
+// lease promotes it at its next look at the builds (within PollInterval).
 func (a *Admin) Promote(ctx context.Context, perspectiveName string, version int) (Build, error) {
 	builds, err := a.store.Builds(ctx, []string{perspectiveName})
 	if err != nil {
@@ -107,9 +111,6 @@ func (a *Admin) Promote(ctx context.Context, perspectiveName string, version int
 		if b.Version == version && b.State != BuildRetired {
 			cand = &builds[i]
 		}
-	}
-	if err := a.refuseSink(ctx, perspectiveName, "promote", "its workers promote the version when its queue has caught up"); err != nil {
-		return Build{}, err
 	}
 	switch {
 	case len(builds) == 0:
@@ -122,6 +123,23 @@ func (a *Admin) Promote(ctx context.Context, perspectiveName string, version int
 		return *cand, fmt.Errorf("worker: promote: version %d of %q has not caught up with the event store yet (see: perspectives versions)", version, perspectiveName)
 	}
 
+	sink, err := a.store.q.PerspectiveSink(ctx, perspectiveName)
+	if err != nil {
+		return *cand, fmt.Errorf("worker: promote: %w", err)
+	}
+	if sink {
+		// Only a worker runs the sink's Promoter in the promotion transaction: ask the
+		// workers running the version to promote it.
+		n, err := a.store.q.BuildRequestPromotion(ctx, cand.Key)
+		if err != nil {
+			return *cand, fmt.Errorf("worker: promote: %w", err)
+		}
+		if n == 0 {
+			return *cand, fmt.Errorf("worker: promote: version %d of %q changed meanwhile; look again (perspectives versions)", version, perspectiveName)
+		}
+		cand.PromotionRequested = true
+		return *cand, nil
+	}
 	ok, err := a.store.Promote(ctx, perspectiveName, cand.Key, true, LeaderLease{})
 	if err != nil {
 		return *cand, fmt.Errorf("worker: promote: %w", err)

@@ -235,7 +235,8 @@ func (w *Worker) maintain(ctx context.Context, s *schedule) {
 }
 
 func buildOfRow(r db.BuildsOfRow) Build {
-	return Build{Key: r.BuildKey, Perspective: r.PerspectiveName, Version: int(r.Version), N: int(r.Build), State: r.State, CatchUpDone: r.CatchupDone}
+	return Build{Key: r.BuildKey, Perspective: r.PerspectiveName, Version: int(r.Version), N: int(r.Build), State: r.State,
+		CatchUpDone: r.CatchupDone, PromotionRequested: r.PromotionRequested}
 }
 
 func (s *pgStore) Builds(ctx context.Context, perspectives []string) ([]Build, error) {

@@ -17,16 +17,19 @@ import (
 // Promotion checks: a maintenance service. At each look at the builds, the holder of a
 // version's promotion lease (leasePromotion) asks the Store to promote each caught-up build
 // of that version that is building, unless ManualPromotion; the Store promotes it when its
-// queue is no further behind than the active build's (caughtUp), fenced by the lease.
+// queue is no further behind than the active build's (caughtUp), fenced by the lease. A
+// build whose promotion an operator requested (Admin.Promote of a sink's perspective) is
+// promoted whatever ManualPromotion says and however far its queue is behind, as
+// Admin.Promote does.
 
 // queuePromotions queues a promotion check for each build of set that is caught up and
 // building, of a version whose promotion lease this instance holds.
 func (w *Worker) queuePromotions(s *schedule, set *buildSet) {
-	if w.cfg.ManualPromotion {
-		return
-	}
 	for _, key := range set.keys {
 		b := set.byKey[key]
+		if w.cfg.ManualPromotion && !b.PromotionRequested {
+			continue
+		}
 		if b.CatchUpDone && b.State == BuildBuilding && w.lead.holds(leasePromotion(b.Perspective, b.Version)) {
 			s.queueBuildJob(job{kind: jobPromote, key: key})
 		}
@@ -40,7 +43,7 @@ func (w *Worker) promote(ctx context.Context, key string) (bool, error) {
 	if !w.lead.holds(lease) {
 		return false, nil // lost since the look that queued it
 	}
-	ok, err := w.store.Promote(ctx, b.Perspective, key, false, w.lead.fence(lease))
+	ok, err := w.store.Promote(ctx, b.Perspective, key, b.PromotionRequested, w.lead.fence(lease))
 	if errors.Is(err, ErrNotLeader) {
 		w.log.Warn("promotion refused: the leader lease lapsed", slog.String("perspective", b.Perspective),
 			slog.Int("version", b.Version), slog.String("lease", lease))

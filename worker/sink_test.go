@@ -336,22 +336,23 @@ func TestSinkThroughCatchUpVersionsAndPromotion(t *testing.T) {
 	require.NoError(t, d.Pool.QueryRow(ctx, `SELECT count(*) FROM sink_promotions WHERE from_key IS NULL AND to_key = $1 AND active_seen = $1`, k1).Scan(&promotions))
 	require.Equal(t, 1, promotions, "the first build's promotion, from none, inside the promotion transaction")
 
-	// Version 2 builds beside version 1: its rows have their own build key, v1's stay. An
-	// operator cannot force its promotion (the sink's Promoted would not run).
+	// Version 2 builds beside version 1: its rows have their own build key, v1's stay. Its
+	// workers wait for an operator (ManualPromotion), whose promotion they carry out, so
+	// that the sink's Promoted runs.
 	v1.failing(nil)
 	require.NoError(t, w1.Stop(ctx))
 	v2 := newLedgerSink(name, 2)
-	w2, err := worker.New(d.Pool, worker.Config{Perspectives: []worker.Perspective{v2}, CatchUpPageSize: 20,
-		PollInterval: 20 * time.Millisecond, Logger: quietLogger()})
-	require.NoError(t, err)
+	startWorkerIn(t, d, worker.Config{Perspectives: []worker.Perspective{v2}, CatchUpPageSize: 20, ManualPromotion: true})
 	admin, err := worker.NewAdmin(d.Pool, nil)
 	require.NoError(t, err)
-	require.NoError(t, w2.Start(ctx))
-	t.Cleanup(func() { require.NoError(t, w2.Stop(context.Background())) })
-	_, err = admin.Promote(ctx, name, 2)
-	require.ErrorIs(t, err, locker.ErrInvalidArgument)
-	require.ErrorContains(t, err, "sink")
-	eventually(t, 60*time.Second, "version 2 promoted", func() bool { return activeKey(t, d, name) != k1 })
+	var requested worker.Build
+	eventually(t, 60*time.Second, "version 2 caught up, its promotion requested", func() bool {
+		requested, err = admin.Promote(ctx, name, 2)
+		return err == nil
+	})
+	require.True(t, requested.PromotionRequested)
+	require.Equal(t, worker.BuildBuilding, requested.State, "requested of the workers, not promoted by the Admin")
+	eventually(t, 60*time.Second, "version 2 promoted by its workers", func() bool { return activeKey(t, d, name) != k1 })
 	k2 := activeKey(t, d, name)
 	requireRowsAreModels(t, d, k2, want)
 	var seen string

@@ -85,6 +85,9 @@ type Build struct {
 	N           int    // 1 for a version's first build, one more for each rebuild
 	State       string // BuildBuilding, BuildActive or BuildRetired
 	CatchUpDone bool   // the catch-up has read the whole store: the normal path has every pair
+	// PromotionRequested: an operator asked for its promotion (Admin.Promote of a sink's
+	// perspective), which the workers running its version carry out.
+	PromotionRequested bool
 }
 
 // The states of a build.

@@ -104,6 +104,10 @@ func definePromote(fs *flag.FlagSet) runFunc {
 		if err != nil {
 			return err
 		}
+		if b.PromotionRequested {
+			fmt.Fprintf(stdout, "%s writes to a sink: its promotion to version %d (build %d) is requested of the workers running that version, which promote it at their next look at the builds\n", *name, b.Version, b.N)
+			return nil
+		}
 		fmt.Fprintf(stdout, "%s version %d (build %d) is active\n", *name, b.Version, b.N)
 		return nil
 	}
