@@ -29,6 +29,14 @@ type utSeq struct {
 }
 
 func utPerspective(name string, hook func(n int) error) worker.Perspective {
+	if hook == nil {
+		return utPerspectiveOf(name, nil)
+	}
+	return utPerspectiveOf(name, func(_ worker.Event, n int) error { return hook(n) })
+}
+
+// utPerspectiveOf is utPerspective whose hook is also given the event.
+func utPerspectiveOf(name string, hook func(ev worker.Event, n int) error) worker.Perspective {
 	return worker.JSONPerspective(name, func(m utSeq, ev worker.Event) (utSeq, error) {
 		var d struct {
 			N int `json:"n"`
@@ -37,7 +45,7 @@ func utPerspective(name string, hook func(n int) error) worker.Perspective {
 			return m, err
 		}
 		if hook != nil {
-			if err := hook(d.N); err != nil {
+			if err := hook(ev, d.N); err != nil {
 				return m, err
 			}
 		}
