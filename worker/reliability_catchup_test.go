@@ -4,12 +4,10 @@ package worker_test
 // persisted position once the dead one's lease has expired, and no event is applied twice.
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"strconv"
 	"syscall"
 	"testing"
@@ -75,29 +73,8 @@ func TestReliabilityProcessKilledMidCatchUp(t *testing.T) {
 	}
 	total := streams * perStream
 
-	exe, err := os.Executable()
-	require.NoError(t, err)
-	cmd := exec.Command(exe, "-test.run=^$")
-	cmd.Env = append(os.Environ(),
-		reliabilityHelperEnv+"="+helperRoleCatchUpVictim,
-		helperEnvDBURL+"="+d.URL,
-		helperEnvPerspective+"="+name,
-		helperEnvSleep+"=2ms",
-		helperEnvPageSize+"=25",
-	)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	stdin, err := cmd.StdinPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	defer func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		_ = stdin.Close()
-		if t.Failed() {
-			t.Logf("victim process stderr:\n%s", stderr.String())
-		}
-	}()
+	cmd := startVictim(t, helperRoleCatchUpVictim,
+		helperEnvDBURL+"="+d.URL, helperEnvPerspective+"="+name, helperEnvSleep+"=2ms", helperEnvPageSize+"=25")
 
 	read := func() (events int64, holder uuid.NullUUID, done bool) {
 		require.NoError(t, d.Pool.QueryRow(ctx, `SELECT catchup_events, catchup_holder, catchup_done

@@ -80,6 +80,31 @@ func runReliabilityHelper(role string) int {
 	return 2
 }
 
+// startVictim starts this test binary as a worker process in role (runReliabilityHelper),
+// with env added to its environment. It is killed when the test ends, and its stderr is
+// logged if the test failed; closing its stdin (at the end too) also stops it.
+func startVictim(t *testing.T, role string, env ...string) *exec.Cmd {
+	t.Helper()
+	exe, err := os.Executable()
+	require.NoError(t, err)
+	cmd := exec.Command(exe, "-test.run=^$") // runs no test should the dispatch be missing
+	cmd.Env = append(append(os.Environ(), reliabilityHelperEnv+"="+role), env...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stdin, err := cmd.StdinPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		_ = stdin.Close()
+		if t.Failed() {
+			t.Logf("victim process stderr:\n%s", stderr.String())
+		}
+	})
+	return cmd
+}
+
 // slowPerspective is a ledger that prints "apply <id>" and sleeps on every event of one stream.
 type slowPerspective struct {
 	worker.Perspective

@@ -5,11 +5,9 @@ package worker_test
 // rebuild), not before.
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"syscall"
 	"testing"
 	"time"
@@ -47,28 +45,8 @@ func TestReliabilityLeaderKilledIsTakenOverAfterItsLeaseExpires(t *testing.T) {
 	name := uniqueName("reliab_leader")
 	victim := uuid.New()
 
-	exe, err := os.Executable()
-	require.NoError(t, err)
-	cmd := exec.Command(exe, "-test.run=^$")
-	cmd.Env = append(os.Environ(),
-		reliabilityHelperEnv+"="+helperRoleLeaderVictim,
-		helperEnvDBURL+"="+d.URL,
-		helperEnvPerspective+"="+name,
-		helperEnvInstance+"="+victim.String(),
-	)
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	stdin, err := cmd.StdinPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	defer func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		_ = stdin.Close()
-		if t.Failed() {
-			t.Logf("victim process stderr:\n%s", stderr.String())
-		}
-	}()
+	cmd := startVictim(t, helperRoleLeaderVictim,
+		helperEnvDBURL+"="+d.URL, helperEnvPerspective+"="+name, helperEnvInstance+"="+victim.String())
 	promotion := "promotion:" + name + "@v1"
 	eventually(t, 30*time.Second, "the victim holds the leases", func() bool {
 		var n int

@@ -6,13 +6,11 @@ package worker_test
 // that readers never see mixed or empty.
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"math/rand/v2"
 	"os"
-	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -159,24 +157,8 @@ func TestReliabilitySinkModelCheck(t *testing.T) {
 	}
 
 	// A worker process catches up slowly, and is SIGKILLed a third of the way.
-	exe, err := os.Executable()
-	require.NoError(t, err)
-	cmd := exec.Command(exe, "-test.run=^$")
-	cmd.Env = append(os.Environ(), reliabilityHelperEnv+"="+helperRoleSinkCatchUpVictim,
+	cmd := startVictim(t, helperRoleSinkCatchUpVictim,
 		helperEnvDBURL+"="+d.URL, helperEnvPerspective+"="+name, helperEnvPageSize+"=25")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	stdin, err := cmd.StdinPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	defer func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		_ = stdin.Close()
-		if t.Failed() {
-			t.Logf("victim process stderr:\n%s", stderr.String())
-		}
-	}()
 	eventually(t, 30*time.Second, "the victim a third into its catch-up", func() bool {
 		var n int64
 		err := d.Pool.QueryRow(ctx, `SELECT catchup_events FROM wh_perspective_builds WHERE perspective_name = $1`, name).Scan(&n)
@@ -289,7 +271,7 @@ func TestReliabilitySinkModelCheck(t *testing.T) {
 	require.Len(t, viewRows(t, d, k2), v1Rows+1, "version 2 has a row for the purged stream, rebuilt from the store")
 
 	// The retired build's rows go with it.
-	_, err = d.Pool.Exec(ctx, `UPDATE wh_perspective_builds SET retired_at = now() - interval '1 hour' WHERE build_key = $1`, k1)
+	_, err := d.Pool.Exec(ctx, `UPDATE wh_perspective_builds SET retired_at = now() - interval '1 hour' WHERE build_key = $1`, k1)
 	require.NoError(t, err)
 	eventually(t, 30*time.Second, "the retired build's rows deleted", func() bool { return len(viewRows(t, d, k1)) == 0 })
 	t.Logf("%d samples of the view during the version change", samples.Load())

@@ -47,17 +47,17 @@ type uFix struct {
 	w        *worker.Worker
 
 	mu       sync.Mutex
-	hook     func(n int) error                // run by the perspective before it applies event n
-	appliedN []int                            // every n the perspective was asked to apply, in order
+	hook     func(n int) error // run by the perspective before it applies event n
+	appliedN []int             // every n the perspective was asked to apply, in order
 	// evHook, when set, is run instead of hook with the event too; appliedOf is every n
 	// applied, by stream
 	evHook    func(ev worker.Event, n int) error
 	appliedOf map[uuid.UUID][]int
-	states   map[worker.Pair]worker.PairState // what Apply reads for a pair
-	busy     map[worker.Pair]bool             // pairs Apply reports as held by another transaction
-	applyErr func(pairs []worker.Pair) error  // Apply's error after decide (nil: none)
-	writes   [][]worker.PairWrite             // what decide returned, per Apply call
-	releases []uRelease                       // how each Release was called
+	states    map[worker.Pair]worker.PairState // what Apply reads for a pair
+	busy      map[worker.Pair]bool             // pairs Apply reports as held by another transaction
+	applyErr  func(pairs []worker.Pair) error  // Apply's error after decide (nil: none)
+	writes    [][]worker.PairWrite             // what decide returned, per Apply call
+	releases  []uRelease                       // how each Release was called
 }
 
 // uRelease is how the worker called Release: the context as it was at the call.
