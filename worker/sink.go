@@ -70,11 +70,11 @@ type pairChange struct {
 	Pair
 	Model       json.RawMessage // nil: deleted
 	LastEventID uuid.UUID
-	Replay      bool
+	Replay      bool // see Change.Replay
 }
 
-// sinkHooks are the calls a Store's transactions make into the perspectives' sinks: the
-// worker's (sinksOf). An Admin's store has none: it runs no perspective.
+// sinkHooks are the calls a Store's transactions make into the perspectives' sinks: a
+// worker's (workerSinks). An Admin's store has none: it runs no perspective.
 type sinkHooks interface {
 	// write runs in every transaction that commits models, before it commits.
 	write(ctx context.Context, tx pgx.Tx, changes []pairChange) error
