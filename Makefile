@@ -14,11 +14,10 @@ help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "}; {printf "  %-10s %s\n", $$1, $$2}'
 
 # GENERATED is the code make generate writes: the library's, and the orders example's (its
-# queries/ folder also holds the .sql files and generate.go, which are not generated).
-GENERATED := db mocks examples/orders/mocks examples/orders/queries \
-	':!examples/orders/queries/*.sql' ':!examples/orders/queries/generate.go'
+# db/ folder also holds generate.go, which is not generated).
+GENERATED := db mocks examples/orders/mocks examples/orders/db ':!examples/orders/db/generate.go'
 
-generate: ## regenerate db/ and examples/orders/queries/ with sqlc, mocks/ and examples/orders/mocks/ with moq
+generate: ## regenerate db/ and examples/orders/db/ with sqlc, mocks/ and examples/orders/mocks/ with moq
 	$(SQLC) -f ../sqlc.yaml generate
 	$(SQLC) -f ../examples/orders/sqlc.yaml generate
 	go generate ./...

@@ -1,7 +1,7 @@
 // Command orders is the example of a read model in the application's own tables: the
 // perspective orders (package order) writes each order's model into order_rows, in the
 // worker's transaction that commits it, and the application reads the view orders with
-// its own sqlc queries (package queries).
+// its own sqlc queries (package db).
 //
 //	go run ./examples/orders   # DATABASE_URL, default postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
 //
@@ -26,8 +26,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/fx"
 
+	"github.com/perspectives-go/perspectives/examples/orders/db"
 	"github.com/perspectives-go/perspectives/examples/orders/order"
-	"github.com/perspectives-go/perspectives/examples/orders/queries"
 	appschema "github.com/perspectives-go/perspectives/examples/orders/schema"
 	"github.com/perspectives-go/perspectives/fxmodule"
 	"github.com/perspectives-go/perspectives/schema"
@@ -114,7 +114,7 @@ func run(ctx context.Context, url DatabaseURL, logger *slog.Logger, out io.Write
 		}
 	}
 
-	open, err := queries.New(pool).OpenOrdersOver(ctx, 5000)
+	open, err := db.New(pool).OpenOrdersOver(ctx, 5000)
 	if err != nil {
 		return err
 	}

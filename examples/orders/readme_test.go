@@ -32,8 +32,8 @@ func TestReadmeQuotesTheExample(t *testing.T) {
 	}
 	mainGo, err := os.ReadFile("main.go")
 	require.NoError(t, err)
-	require.Contains(t, section, "`queries.New(pool).OpenOrdersOver(ctx, 5000)`")
-	require.Contains(t, string(mainGo), "queries.New(pool).OpenOrdersOver(ctx, 5000)")
+	require.Contains(t, section, "`db.New(pool).OpenOrdersOver(ctx, 5000)`")
+	require.Contains(t, string(mainGo), "db.New(pool).OpenOrdersOver(ctx, 5000)")
 	require.Contains(t, section, "[examples/orders/](examples/orders/)")
 }
 

@@ -5,39 +5,39 @@ package mocks
 
 import (
 	"context"
-	"github.com/perspectives-go/perspectives/examples/orders/queries"
+	"github.com/perspectives-go/perspectives/examples/orders/db"
 	"sync"
 )
 
-// Ensure, that QuerierMock does implement queries.Querier.
+// Ensure, that QuerierMock does implement db.Querier.
 // If this is not the case, regenerate this file with moq.
-var _ queries.Querier = &QuerierMock{}
+var _ db.Querier = &QuerierMock{}
 
-// QuerierMock is a mock implementation of queries.Querier.
+// QuerierMock is a mock implementation of db.Querier.
 //
 //	func TestSomethingThatUsesQuerier(t *testing.T) {
 //
-//		// make and configure a mocked queries.Querier
+//		// make and configure a mocked db.Querier
 //		mockedQuerier := &QuerierMock{
-//			OpenOrdersOverFunc: func(ctx context.Context, minCents int64) ([]queries.OpenOrdersOverRow, error) {
+//			OpenOrdersOverFunc: func(ctx context.Context, minCents int64) ([]db.OpenOrdersOverRow, error) {
 //				panic("mock out the OpenOrdersOver method")
 //			},
-//			OrderNotificationsAddFunc: func(ctx context.Context, arg queries.OrderNotificationsAddParams) error {
+//			OrderNotificationsAddFunc: func(ctx context.Context, arg db.OrderNotificationsAddParams) error {
 //				panic("mock out the OrderNotificationsAdd method")
 //			},
-//			OrderNotificationsListFunc: func(ctx context.Context) ([]queries.OrderNotificationsListRow, error) {
+//			OrderNotificationsListFunc: func(ctx context.Context) ([]db.OrderNotificationsListRow, error) {
 //				panic("mock out the OrderNotificationsList method")
 //			},
-//			OrderRowsDeleteFunc: func(ctx context.Context, arg queries.OrderRowsDeleteParams) error {
+//			OrderRowsDeleteFunc: func(ctx context.Context, arg db.OrderRowsDeleteParams) error {
 //				panic("mock out the OrderRowsDelete method")
 //			},
-//			OrderRowsDeleteBuildFunc: func(ctx context.Context, arg queries.OrderRowsDeleteBuildParams) (int64, error) {
+//			OrderRowsDeleteBuildFunc: func(ctx context.Context, arg db.OrderRowsDeleteBuildParams) (int64, error) {
 //				panic("mock out the OrderRowsDeleteBuild method")
 //			},
-//			OrderRowsUpsertFunc: func(ctx context.Context, arg queries.OrderRowsUpsertParams) error {
+//			OrderRowsUpsertFunc: func(ctx context.Context, arg db.OrderRowsUpsertParams) error {
 //				panic("mock out the OrderRowsUpsert method")
 //			},
-//			OrdersListFunc: func(ctx context.Context) ([]queries.Order, error) {
+//			OrdersListFunc: func(ctx context.Context) ([]db.Order, error) {
 //				panic("mock out the OrdersList method")
 //			},
 //			OrdersViewPointFunc: func(ctx context.Context, buildKey string) error {
@@ -45,31 +45,31 @@ var _ queries.Querier = &QuerierMock{}
 //			},
 //		}
 //
-//		// use mockedQuerier in code that requires queries.Querier
+//		// use mockedQuerier in code that requires db.Querier
 //		// and then make assertions.
 //
 //	}
 type QuerierMock struct {
 	// OpenOrdersOverFunc mocks the OpenOrdersOver method.
-	OpenOrdersOverFunc func(ctx context.Context, minCents int64) ([]queries.OpenOrdersOverRow, error)
+	OpenOrdersOverFunc func(ctx context.Context, minCents int64) ([]db.OpenOrdersOverRow, error)
 
 	// OrderNotificationsAddFunc mocks the OrderNotificationsAdd method.
-	OrderNotificationsAddFunc func(ctx context.Context, arg queries.OrderNotificationsAddParams) error
+	OrderNotificationsAddFunc func(ctx context.Context, arg db.OrderNotificationsAddParams) error
 
 	// OrderNotificationsListFunc mocks the OrderNotificationsList method.
-	OrderNotificationsListFunc func(ctx context.Context) ([]queries.OrderNotificationsListRow, error)
+	OrderNotificationsListFunc func(ctx context.Context) ([]db.OrderNotificationsListRow, error)
 
 	// OrderRowsDeleteFunc mocks the OrderRowsDelete method.
-	OrderRowsDeleteFunc func(ctx context.Context, arg queries.OrderRowsDeleteParams) error
+	OrderRowsDeleteFunc func(ctx context.Context, arg db.OrderRowsDeleteParams) error
 
 	// OrderRowsDeleteBuildFunc mocks the OrderRowsDeleteBuild method.
-	OrderRowsDeleteBuildFunc func(ctx context.Context, arg queries.OrderRowsDeleteBuildParams) (int64, error)
+	OrderRowsDeleteBuildFunc func(ctx context.Context, arg db.OrderRowsDeleteBuildParams) (int64, error)
 
 	// OrderRowsUpsertFunc mocks the OrderRowsUpsert method.
-	OrderRowsUpsertFunc func(ctx context.Context, arg queries.OrderRowsUpsertParams) error
+	OrderRowsUpsertFunc func(ctx context.Context, arg db.OrderRowsUpsertParams) error
 
 	// OrdersListFunc mocks the OrdersList method.
-	OrdersListFunc func(ctx context.Context) ([]queries.Order, error)
+	OrdersListFunc func(ctx context.Context) ([]db.Order, error)
 
 	// OrdersViewPointFunc mocks the OrdersViewPoint method.
 	OrdersViewPointFunc func(ctx context.Context, buildKey string) error
@@ -88,7 +88,7 @@ type QuerierMock struct {
 			// Ctx is the ctx argument value.
 			Ctx context.Context
 			// Arg is the arg argument value.
-			Arg queries.OrderNotificationsAddParams
+			Arg db.OrderNotificationsAddParams
 		}
 		// OrderNotificationsList holds details about calls to the OrderNotificationsList method.
 		OrderNotificationsList []struct {
@@ -100,21 +100,21 @@ type QuerierMock struct {
 			// Ctx is the ctx argument value.
 			Ctx context.Context
 			// Arg is the arg argument value.
-			Arg queries.OrderRowsDeleteParams
+			Arg db.OrderRowsDeleteParams
 		}
 		// OrderRowsDeleteBuild holds details about calls to the OrderRowsDeleteBuild method.
 		OrderRowsDeleteBuild []struct {
 			// Ctx is the ctx argument value.
 			Ctx context.Context
 			// Arg is the arg argument value.
-			Arg queries.OrderRowsDeleteBuildParams
+			Arg db.OrderRowsDeleteBuildParams
 		}
 		// OrderRowsUpsert holds details about calls to the OrderRowsUpsert method.
 		OrderRowsUpsert []struct {
 			// Ctx is the ctx argument value.
 			Ctx context.Context
 			// Arg is the arg argument value.
-			Arg queries.OrderRowsUpsertParams
+			Arg db.OrderRowsUpsertParams
 		}
 		// OrdersList holds details about calls to the OrdersList method.
 		OrdersList []struct {
@@ -140,7 +140,7 @@ type QuerierMock struct {
 }
 
 // OpenOrdersOver calls OpenOrdersOverFunc.
-func (mock *QuerierMock) OpenOrdersOver(ctx context.Context, minCents int64) ([]queries.OpenOrdersOverRow, error) {
+func (mock *QuerierMock) OpenOrdersOver(ctx context.Context, minCents int64) ([]db.OpenOrdersOverRow, error) {
 	if mock.OpenOrdersOverFunc == nil {
 		panic("QuerierMock.OpenOrdersOverFunc: method is nil but Querier.OpenOrdersOver was just called")
 	}
@@ -176,13 +176,13 @@ func (mock *QuerierMock) OpenOrdersOverCalls() []struct {
 }
 
 // OrderNotificationsAdd calls OrderNotificationsAddFunc.
-func (mock *QuerierMock) OrderNotificationsAdd(ctx context.Context, arg queries.OrderNotificationsAddParams) error {
+func (mock *QuerierMock) OrderNotificationsAdd(ctx context.Context, arg db.OrderNotificationsAddParams) error {
 	if mock.OrderNotificationsAddFunc == nil {
 		panic("QuerierMock.OrderNotificationsAddFunc: method is nil but Querier.OrderNotificationsAdd was just called")
 	}
 	callInfo := struct {
 		Ctx context.Context
-		Arg queries.OrderNotificationsAddParams
+		Arg db.OrderNotificationsAddParams
 	}{
 		Ctx: ctx,
 		Arg: arg,
@@ -199,11 +199,11 @@ func (mock *QuerierMock) OrderNotificationsAdd(ctx context.Context, arg queries.
 //	len(mockedQuerier.OrderNotificationsAddCalls())
 func (mock *QuerierMock) OrderNotificationsAddCalls() []struct {
 	Ctx context.Context
-	Arg queries.OrderNotificationsAddParams
+	Arg db.OrderNotificationsAddParams
 } {
 	var calls []struct {
 		Ctx context.Context
-		Arg queries.OrderNotificationsAddParams
+		Arg db.OrderNotificationsAddParams
 	}
 	mock.lockOrderNotificationsAdd.RLock()
 	calls = mock.calls.OrderNotificationsAdd
@@ -212,7 +212,7 @@ func (mock *QuerierMock) OrderNotificationsAddCalls() []struct {
 }
 
 // OrderNotificationsList calls OrderNotificationsListFunc.
-func (mock *QuerierMock) OrderNotificationsList(ctx context.Context) ([]queries.OrderNotificationsListRow, error) {
+func (mock *QuerierMock) OrderNotificationsList(ctx context.Context) ([]db.OrderNotificationsListRow, error) {
 	if mock.OrderNotificationsListFunc == nil {
 		panic("QuerierMock.OrderNotificationsListFunc: method is nil but Querier.OrderNotificationsList was just called")
 	}
@@ -244,13 +244,13 @@ func (mock *QuerierMock) OrderNotificationsListCalls() []struct {
 }
 
 // OrderRowsDelete calls OrderRowsDeleteFunc.
-func (mock *QuerierMock) OrderRowsDelete(ctx context.Context, arg queries.OrderRowsDeleteParams) error {
+func (mock *QuerierMock) OrderRowsDelete(ctx context.Context, arg db.OrderRowsDeleteParams) error {
 	if mock.OrderRowsDeleteFunc == nil {
 		panic("QuerierMock.OrderRowsDeleteFunc: method is nil but Querier.OrderRowsDelete was just called")
 	}
 	callInfo := struct {
 		Ctx context.Context
-		Arg queries.OrderRowsDeleteParams
+		Arg db.OrderRowsDeleteParams
 	}{
 		Ctx: ctx,
 		Arg: arg,
@@ -267,11 +267,11 @@ func (mock *QuerierMock) OrderRowsDelete(ctx context.Context, arg queries.OrderR
 //	len(mockedQuerier.OrderRowsDeleteCalls())
 func (mock *QuerierMock) OrderRowsDeleteCalls() []struct {
 	Ctx context.Context
-	Arg queries.OrderRowsDeleteParams
+	Arg db.OrderRowsDeleteParams
 } {
 	var calls []struct {
 		Ctx context.Context
-		Arg queries.OrderRowsDeleteParams
+		Arg db.OrderRowsDeleteParams
 	}
 	mock.lockOrderRowsDelete.RLock()
 	calls = mock.calls.OrderRowsDelete
@@ -280,13 +280,13 @@ func (mock *QuerierMock) OrderRowsDeleteCalls() []struct {
 }
 
 // OrderRowsDeleteBuild calls OrderRowsDeleteBuildFunc.
-func (mock *QuerierMock) OrderRowsDeleteBuild(ctx context.Context, arg queries.OrderRowsDeleteBuildParams) (int64, error) {
+func (mock *QuerierMock) OrderRowsDeleteBuild(ctx context.Context, arg db.OrderRowsDeleteBuildParams) (int64, error) {
 	if mock.OrderRowsDeleteBuildFunc == nil {
 		panic("QuerierMock.OrderRowsDeleteBuildFunc: method is nil but Querier.OrderRowsDeleteBuild was just called")
 	}
 	callInfo := struct {
 		Ctx context.Context
-		Arg queries.OrderRowsDeleteBuildParams
+		Arg db.OrderRowsDeleteBuildParams
 	}{
 		Ctx: ctx,
 		Arg: arg,
@@ -303,11 +303,11 @@ func (mock *QuerierMock) OrderRowsDeleteBuild(ctx context.Context, arg queries.O
 //	len(mockedQuerier.OrderRowsDeleteBuildCalls())
 func (mock *QuerierMock) OrderRowsDeleteBuildCalls() []struct {
 	Ctx context.Context
-	Arg queries.OrderRowsDeleteBuildParams
+	Arg db.OrderRowsDeleteBuildParams
 } {
 	var calls []struct {
 		Ctx context.Context
-		Arg queries.OrderRowsDeleteBuildParams
+		Arg db.OrderRowsDeleteBuildParams
 	}
 	mock.lockOrderRowsDeleteBuild.RLock()
 	calls = mock.calls.OrderRowsDeleteBuild
@@ -316,13 +316,13 @@ func (mock *QuerierMock) OrderRowsDeleteBuildCalls() []struct {
 }
 
 // OrderRowsUpsert calls OrderRowsUpsertFunc.
-func (mock *QuerierMock) OrderRowsUpsert(ctx context.Context, arg queries.OrderRowsUpsertParams) error {
+func (mock *QuerierMock) OrderRowsUpsert(ctx context.Context, arg db.OrderRowsUpsertParams) error {
 	if mock.OrderRowsUpsertFunc == nil {
 		panic("QuerierMock.OrderRowsUpsertFunc: method is nil but Querier.OrderRowsUpsert was just called")
 	}
 	callInfo := struct {
 		Ctx context.Context
-		Arg queries.OrderRowsUpsertParams
+		Arg db.OrderRowsUpsertParams
 	}{
 		Ctx: ctx,
 		Arg: arg,
@@ -339,11 +339,11 @@ func (mock *QuerierMock) OrderRowsUpsert(ctx context.Context, arg queries.OrderR
 //	len(mockedQuerier.OrderRowsUpsertCalls())
 func (mock *QuerierMock) OrderRowsUpsertCalls() []struct {
 	Ctx context.Context
-	Arg queries.OrderRowsUpsertParams
+	Arg db.OrderRowsUpsertParams
 } {
 	var calls []struct {
 		Ctx context.Context
-		Arg queries.OrderRowsUpsertParams
+		Arg db.OrderRowsUpsertParams
 	}
 	mock.lockOrderRowsUpsert.RLock()
 	calls = mock.calls.OrderRowsUpsert
@@ -352,7 +352,7 @@ func (mock *QuerierMock) OrderRowsUpsertCalls() []struct {
 }
 
 // OrdersList calls OrdersListFunc.
-func (mock *QuerierMock) OrdersList(ctx context.Context) ([]queries.Order, error) {
+func (mock *QuerierMock) OrdersList(ctx context.Context) ([]db.Order, error) {
 	if mock.OrdersListFunc == nil {
 		panic("QuerierMock.OrdersListFunc: method is nil but Querier.OrdersList was just called")
 	}

@@ -20,8 +20,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/perspectives-go/perspectives/examples/orders/db"
 	"github.com/perspectives-go/perspectives/examples/orders/order"
-	"github.com/perspectives-go/perspectives/examples/orders/queries"
 	appschema "github.com/perspectives-go/perspectives/examples/orders/schema"
 	"github.com/perspectives-go/perspectives/internal/pgtest"
 	"github.com/perspectives-go/perspectives/locker"
@@ -112,7 +112,7 @@ func appendAll(t *testing.T, pool *pgxpool.Pool, evs []worker.Event) {
 
 // expectedRows is what the view must show for version v after the events: for each
 // placed order, the fold of its events sorted by ID, and the newest event's ID; by order ID.
-func expectedRows(t *testing.T, v int, evs []worker.Event) []queries.Order {
+func expectedRows(t *testing.T, v int, evs []worker.Event) []db.Order {
 	t.Helper()
 	sorted := slices.Clone(evs)
 	slices.SortFunc(sorted, func(a, b worker.Event) int { return bytes.Compare(a.ID[:], b.ID[:]) })
@@ -123,13 +123,13 @@ func expectedRows(t *testing.T, v int, evs []worker.Event) []queries.Order {
 		require.NoError(t, err)
 		models[ev.StreamID], last[ev.StreamID] = m, ev.ID
 	}
-	rows := []queries.Order{}
+	rows := []db.Order{}
 	for id, m := range models {
 		if m.Status != "" {
-			rows = append(rows, queries.Order{OrderID: id, Customer: m.Customer, Status: m.Status, TotalCents: m.TotalCents, LastEventID: last[id]})
+			rows = append(rows, db.Order{OrderID: id, Customer: m.Customer, Status: m.Status, TotalCents: m.TotalCents, LastEventID: last[id]})
 		}
 	}
-	slices.SortFunc(rows, func(a, b queries.Order) int { return bytes.Compare(a.OrderID[:], b.OrderID[:]) })
+	slices.SortFunc(rows, func(a, b db.Order) int { return bytes.Compare(a.OrderID[:], b.OrderID[:]) })
 	return rows
 }
 
@@ -147,9 +147,9 @@ func waitApplied(t *testing.T, pool *pgxpool.Pool, evs []worker.Event) {
 	}
 }
 
-func view(t *testing.T, pool *pgxpool.Pool) []queries.Order {
+func view(t *testing.T, pool *pgxpool.Pool) []db.Order {
 	t.Helper()
-	rows, err := queries.New(pool).OrdersList(context.Background())
+	rows, err := db.New(pool).OrdersList(context.Background())
 	require.NoError(t, err)
 	return rows
 }
@@ -162,7 +162,7 @@ func count(t testing.TB, pool *pgxpool.Pool, sql string, args ...any) int {
 }
 
 // shippedOrders is the order IDs of the shipped rows, sorted.
-func shippedOrders(rows []queries.Order) []uuid.UUID {
+func shippedOrders(rows []db.Order) []uuid.UUID {
 	var ids []uuid.UUID
 	for _, r := range rows {
 		if r.Status == order.StatusShipped {
@@ -174,7 +174,7 @@ func shippedOrders(rows []queries.Order) []uuid.UUID {
 
 func notified(t *testing.T, pool *pgxpool.Pool) []uuid.UUID {
 	t.Helper()
-	rows, err := queries.New(pool).OrderNotificationsList(context.Background())
+	rows, err := db.New(pool).OrderNotificationsList(context.Background())
 	require.NoError(t, err)
 	var ids []uuid.UUID
 	for _, r := range rows {
@@ -233,14 +233,14 @@ func TestViewFollowsTheModels(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, ok)
 	require.Zero(t, count(t, d.Pool, `SELECT count(*) FROM order_rows WHERE order_id = $1`, alice), "the purged order's row")
-	want = slices.DeleteFunc(want, func(r queries.Order) bool { return r.OrderID == alice })
+	want = slices.DeleteFunc(want, func(r db.Order) bool { return r.OrderID == alice })
 	require.Equal(t, want, view(t, d.Pool))
 	require.Equal(t, len(want), count(t, d.Pool, `SELECT count(*) FROM order_rows`), "one build: every row is in the view")
 }
 
-func rowOf(t *testing.T, rows []queries.Order, id uuid.UUID) queries.Order {
+func rowOf(t *testing.T, rows []db.Order, id uuid.UUID) db.Order {
 	t.Helper()
-	i := slices.IndexFunc(rows, func(r queries.Order) bool { return r.OrderID == id })
+	i := slices.IndexFunc(rows, func(r db.Order) bool { return r.OrderID == id })
 	require.GreaterOrEqual(t, i, 0, "order %s in the view", id)
 	return rows[i]
 }
@@ -289,7 +289,7 @@ func TestNewVersionBuildsBesideTheOldAndTheViewSwitchesAtPromotion(t *testing.T)
 	defer stopSampling()
 	go func() {
 		defer close(done)
-		q := queries.New(d.Pool)
+		q := db.New(d.Pool)
 		for {
 			select {
 			case <-stop:
@@ -298,7 +298,7 @@ func TestNewVersionBuildsBesideTheOldAndTheViewSwitchesAtPromotion(t *testing.T)
 			}
 			var building int
 			err := d.Pool.QueryRow(ctx, `SELECT count(*) FROM order_rows WHERE build_key = $1`, v2Key).Scan(&building)
-			var rows []queries.Order
+			var rows []db.Order
 			if err == nil {
 				rows, err = q.OrdersList(ctx)
 			}
@@ -361,9 +361,9 @@ func TestNewVersionBuildsBesideTheOldAndTheViewSwitchesAtPromotion(t *testing.T)
 }
 
 // describe says how a sample of the view differs from both versions' rows.
-func describe(rows, v1, v2 []queries.Order) string {
-	byID := func(rs []queries.Order) map[uuid.UUID]queries.Order {
-		m := map[uuid.UUID]queries.Order{}
+func describe(rows, v1, v2 []db.Order) string {
+	byID := func(rs []db.Order) map[uuid.UUID]db.Order {
+		m := map[uuid.UUID]db.Order{}
 		for _, r := range rs {
 			m[r.OrderID] = r
 		}

@@ -5,7 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 
-	"github.com/perspectives-go/perspectives/examples/orders/queries"
+	"github.com/perspectives-go/perspectives/examples/orders/db"
 	"github.com/perspectives-go/perspectives/worker"
 )
 
@@ -73,18 +73,18 @@ func Fold(version int, m Model, ev worker.Event) (Model, error) {
 type Perspective struct {
 	worker.Perspective // the JSON fold of Fold
 	version            int
-	queries            func(queries.DBTX) queries.Querier
+	queries            func(db.DBTX) db.Querier
 }
 
 // New is version version (1 or 2) of the perspective, writing with the application's
 // sqlc queries.
 func New(version int) *Perspective {
-	return NewWithQueries(version, func(db queries.DBTX) queries.Querier { return queries.New(db) })
+	return NewWithQueries(version, func(dbtx db.DBTX) db.Querier { return db.New(dbtx) })
 }
 
 // NewWithQueries is New with the application's queries opened on a transaction by open
 // (tests give it a mock).
-func NewWithQueries(version int, open func(queries.DBTX) queries.Querier) *Perspective {
+func NewWithQueries(version int, open func(db.DBTX) db.Querier) *Perspective {
 	return &Perspective{
 		Perspective: worker.JSONPerspective(Name, func(m Model, ev worker.Event) (Model, error) {
 			return Fold(version, m, ev)

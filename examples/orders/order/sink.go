@@ -13,7 +13,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 
-	"github.com/perspectives-go/perspectives/examples/orders/queries"
+	"github.com/perspectives-go/perspectives/examples/orders/db"
 	"github.com/perspectives-go/perspectives/worker"
 )
 
@@ -48,8 +48,8 @@ func (p *Perspective) Write(ctx context.Context, tx pgx.Tx, changes []worker.Cha
 		return bytes.Compare(a.StreamID[:], b.StreamID[:])
 	})
 	build := changes[0].Build.Key // a call holds one build's changes
-	up := queries.OrderRowsUpsertParams{BuildKey: build}
-	del := queries.OrderRowsDeleteParams{BuildKey: build}
+	up := db.OrderRowsUpsertParams{BuildKey: build}
+	del := db.OrderRowsDeleteParams{BuildKey: build}
 	var shipped []uuid.UUID
 	for _, c := range changes {
 		var m Model
@@ -83,7 +83,7 @@ func (p *Perspective) Write(ctx context.Context, tx pgx.Tx, changes []worker.Cha
 		}
 	}
 	if len(shipped) > 0 {
-		if err := q.OrderNotificationsAdd(ctx, queries.OrderNotificationsAddParams{OrderIds: shipped, Kind: NotifyShipped}); err != nil {
+		if err := q.OrderNotificationsAdd(ctx, db.OrderNotificationsAddParams{OrderIds: shipped, Kind: NotifyShipped}); err != nil {
 			return fmt.Errorf("orders sink: queue notifications: %w", err)
 		}
 	}
@@ -105,10 +105,10 @@ func (p *Perspective) Promoted(ctx context.Context, tx pgx.Tx, _ *worker.Build, 
 
 // Retired deletes the rows of a retired build, RetireBatch rows per statement, until none
 // is left.
-func (p *Perspective) Retired(ctx context.Context, db worker.DBTX, b worker.Build) error {
-	q := p.queries(db)
+func (p *Perspective) Retired(ctx context.Context, dbtx worker.DBTX, b worker.Build) error {
+	q := p.queries(dbtx)
 	for {
-		n, err := q.OrderRowsDeleteBuild(ctx, queries.OrderRowsDeleteBuildParams{BuildKey: b.Key, BatchSize: RetireBatch})
+		n, err := q.OrderRowsDeleteBuild(ctx, db.OrderRowsDeleteBuildParams{BuildKey: b.Key, BatchSize: RetireBatch})
 		if err != nil {
 			return fmt.Errorf("orders sink: delete the rows of retired build %s: %w", b.Key, err)
 		}

@@ -13,23 +13,23 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/perspectives-go/perspectives/examples/orders/db"
 	"github.com/perspectives-go/perspectives/examples/orders/mocks"
 	"github.com/perspectives-go/perspectives/examples/orders/order"
-	"github.com/perspectives-go/perspectives/examples/orders/queries"
 	"github.com/perspectives-go/perspectives/worker"
 )
 
 // recording is a mock of the queries whose writes succeed.
 func recording() *mocks.QuerierMock {
 	return &mocks.QuerierMock{
-		OrderRowsUpsertFunc:       func(context.Context, queries.OrderRowsUpsertParams) error { return nil },
-		OrderRowsDeleteFunc:       func(context.Context, queries.OrderRowsDeleteParams) error { return nil },
-		OrderNotificationsAddFunc: func(context.Context, queries.OrderNotificationsAddParams) error { return nil },
+		OrderRowsUpsertFunc:       func(context.Context, db.OrderRowsUpsertParams) error { return nil },
+		OrderRowsDeleteFunc:       func(context.Context, db.OrderRowsDeleteParams) error { return nil },
+		OrderNotificationsAddFunc: func(context.Context, db.OrderNotificationsAddParams) error { return nil },
 	}
 }
 
 func withMock(version int, m *mocks.QuerierMock) *order.Perspective {
-	return order.NewWithQueries(version, func(queries.DBTX) queries.Querier { return m })
+	return order.NewWithQueries(version, func(db.DBTX) db.Querier { return m })
 }
 
 func modelJSON(t *testing.T, m order.Model) json.RawMessage {
@@ -68,7 +68,7 @@ func TestWriteUpsertsDeletesAndNotifiesInOneStatementEach(t *testing.T) {
 	}
 	require.NoError(t, withMock(2, m).Write(context.Background(), nil, changes))
 
-	require.Equal(t, []queries.OrderRowsUpsertParams{{
+	require.Equal(t, []db.OrderRowsUpsertParams{{
 		BuildKey:     "orders@v2.1",
 		OrderIds:     []uuid.UUID{ids[0], ids[2], ids[3]},
 		Customers:    []string{"alice", "carol", "dave"},
@@ -76,8 +76,8 @@ func TestWriteUpsertsDeletesAndNotifiesInOneStatementEach(t *testing.T) {
 		TotalsCents:  []int64{100, 300, 400},
 		LastEventIds: []uuid.UUID{last[0], last[2], last[3]},
 	}}, upserts(m))
-	require.Equal(t, []queries.OrderRowsDeleteParams{{BuildKey: "orders@v2.1", OrderIds: []uuid.UUID{ids[1], ids[4]}}}, deletes(m))
-	require.Equal(t, []queries.OrderNotificationsAddParams{{OrderIds: []uuid.UUID{ids[3]}, Kind: order.NotifyShipped}}, notifications(m))
+	require.Equal(t, []db.OrderRowsDeleteParams{{BuildKey: "orders@v2.1", OrderIds: []uuid.UUID{ids[1], ids[4]}}}, deletes(m))
+	require.Equal(t, []db.OrderNotificationsAddParams{{OrderIds: []uuid.UUID{ids[3]}, Kind: order.NotifyShipped}}, notifications(m))
 }
 
 // A replayed change (a rewind, a catch-up, a rebuild) writes the row and queues no
@@ -100,7 +100,7 @@ func TestWriteOfAReplayedChangeQueuesNoNotification(t *testing.T) {
 		{StreamID: ids[0], Build: buildV2, Model: modelJSON(t, shipped), LastEventID: uuid.New(), Replay: true},
 		{StreamID: ids[1], Build: buildV2, Model: modelJSON(t, shipped), LastEventID: uuid.New()},
 	}))
-	require.Equal(t, []queries.OrderNotificationsAddParams{{OrderIds: []uuid.UUID{ids[1]}, Kind: order.NotifyShipped}}, notifications(m))
+	require.Equal(t, []db.OrderNotificationsAddParams{{OrderIds: []uuid.UUID{ids[1]}, Kind: order.NotifyShipped}}, notifications(m))
 }
 
 // A purge alone deletes and upserts nothing; an empty call sends nothing at all.
@@ -115,7 +115,7 @@ func TestWriteOfPurgesOnlyDeletes(t *testing.T) {
 		{StreamID: ids[1], Build: worker.Build{Key: order.Name}},
 		{StreamID: ids[0], Build: worker.Build{Key: order.Name}},
 	}))
-	require.Equal(t, []queries.OrderRowsDeleteParams{{BuildKey: order.Name, OrderIds: ids}}, deletes(m))
+	require.Equal(t, []db.OrderRowsDeleteParams{{BuildKey: order.Name, OrderIds: ids}}, deletes(m))
 	require.Empty(t, m.OrderRowsUpsertCalls())
 	require.Empty(t, m.OrderNotificationsAddCalls())
 }
@@ -126,7 +126,7 @@ func TestWriteStopsAtAFailingStatement(t *testing.T) {
 	t.Parallel()
 	boom := errors.New("boom")
 	m := recording()
-	m.OrderRowsUpsertFunc = func(context.Context, queries.OrderRowsUpsertParams) error { return boom }
+	m.OrderRowsUpsertFunc = func(context.Context, db.OrderRowsUpsertParams) error { return boom }
 	err := withMock(1, m).Write(context.Background(), nil, []worker.Change{
 		{StreamID: uuid.New(), Build: buildV2, Model: modelJSON(t, order.Model{Customer: "f", Status: order.StatusShipped}), LastEventID: uuid.New()},
 	})
@@ -170,7 +170,7 @@ func TestRetiredDeletesTheBuildsRowsInBoundedBatches(t *testing.T) {
 	t.Parallel()
 	deleted := []int64{order.RetireBatch, order.RetireBatch, 7}
 	m := &mocks.QuerierMock{}
-	m.OrderRowsDeleteBuildFunc = func(context.Context, queries.OrderRowsDeleteBuildParams) (int64, error) {
+	m.OrderRowsDeleteBuildFunc = func(context.Context, db.OrderRowsDeleteBuildParams) (int64, error) {
 		return deleted[len(m.OrderRowsDeleteBuildCalls())-1], nil
 	}
 	retired := worker.Build{Key: order.Name, Perspective: order.Name, Version: 1, N: 1, State: worker.BuildRetired}
@@ -178,10 +178,10 @@ func TestRetiredDeletesTheBuildsRowsInBoundedBatches(t *testing.T) {
 	calls := m.OrderRowsDeleteBuildCalls()
 	require.Len(t, calls, 3)
 	for _, c := range calls {
-		require.Equal(t, queries.OrderRowsDeleteBuildParams{BuildKey: order.Name, BatchSize: order.RetireBatch}, c.Arg)
+		require.Equal(t, db.OrderRowsDeleteBuildParams{BuildKey: order.Name, BatchSize: order.RetireBatch}, c.Arg)
 	}
 
-	m = &mocks.QuerierMock{OrderRowsDeleteBuildFunc: func(context.Context, queries.OrderRowsDeleteBuildParams) (int64, error) {
+	m = &mocks.QuerierMock{OrderRowsDeleteBuildFunc: func(context.Context, db.OrderRowsDeleteBuildParams) (int64, error) {
 		return 0, errors.New("connection reset")
 	}}
 	require.ErrorContains(t, withMock(2, m).Retired(context.Background(), nil, retired), "connection reset")
@@ -255,24 +255,24 @@ func TestFold(t *testing.T) {
 	}
 }
 
-func upserts(m *mocks.QuerierMock) []queries.OrderRowsUpsertParams {
-	var out []queries.OrderRowsUpsertParams
+func upserts(m *mocks.QuerierMock) []db.OrderRowsUpsertParams {
+	var out []db.OrderRowsUpsertParams
 	for _, c := range m.OrderRowsUpsertCalls() {
 		out = append(out, c.Arg)
 	}
 	return out
 }
 
-func deletes(m *mocks.QuerierMock) []queries.OrderRowsDeleteParams {
-	var out []queries.OrderRowsDeleteParams
+func deletes(m *mocks.QuerierMock) []db.OrderRowsDeleteParams {
+	var out []db.OrderRowsDeleteParams
 	for _, c := range m.OrderRowsDeleteCalls() {
 		out = append(out, c.Arg)
 	}
 	return out
 }
 
-func notifications(m *mocks.QuerierMock) []queries.OrderNotificationsAddParams {
-	var out []queries.OrderNotificationsAddParams
+func notifications(m *mocks.QuerierMock) []db.OrderNotificationsAddParams {
+	var out []db.OrderNotificationsAddParams
 	for _, c := range m.OrderNotificationsAddCalls() {
 		out = append(out, c.Arg)
 	}
