@@ -25,6 +25,7 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"io/fs"
 
 	"github.com/golang-migrate/migrate/v4"
 	migratepgx "github.com/golang-migrate/migrate/v4/database/pgx/v5"
@@ -57,9 +58,23 @@ var ErrNeedsDirectConnection = errors.New("migrations need a direct connection t
 // refuses a pool that goes through a pooler (the backend that answers is not the one the
 // connection was opened with) with an error wrapping ErrNeedsDirectConnection, before it
 // writes anything. Give it a pool on a direct URL; the application may then use the pooler.
-func Migrate(ctx context.Context, pool *pgxpool.Pool) (err error) {
-	if pool == nil {
+func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	return MigrateFS(ctx, pool, FS, MigrationsTable)
+}
+
+// MigrateFS is Migrate for another set of golang-migrate migrations (000001_name.up.sql and
+// 000001_name.down.sql at the root of fsys), whose applied version is recorded in table:
+// an application's own tables beside the library's, in the same database. Give it a table
+// of its own, never MigrationsTable. It takes the same lock, needs the same direct
+// connection and returns the same errors as Migrate.
+func MigrateFS(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS, table string) (err error) {
+	switch {
+	case pool == nil:
 		return errors.New("schema: migrate: nil pool")
+	case fsys == nil:
+		return errors.New("schema: migrate: nil migrations")
+	case table == "":
+		return errors.New("schema: migrate: empty migrations table name")
 	}
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("schema: migrate: %w", err)
@@ -67,14 +82,14 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) (err error) {
 	if err := checkDirect(ctx, pool); err != nil {
 		return fmt.Errorf("schema: migrate: %w", err)
 	}
-	src, err := iofs.New(FS, ".")
+	src, err := iofs.New(fsys, ".")
 	if err != nil {
 		return fmt.Errorf("schema: migrate: open migrations: %w", err)
 	}
 	// The driver owns sqlDB from here: closing it (m.Close) closes sqlDB, which hands its
 	// connections back to the pool and leaves the pool itself open.
 	sqlDB := stdlib.OpenDBFromPool(pool)
-	driver, err := migratepgx.WithInstance(sqlDB, &migratepgx.Config{MigrationsTable: MigrationsTable})
+	driver, err := migratepgx.WithInstance(sqlDB, &migratepgx.Config{MigrationsTable: table})
 	if err != nil {
 		_ = sqlDB.Close()
 		_ = src.Close()

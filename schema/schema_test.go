@@ -64,6 +64,17 @@ func TestMigrateRefusesNilPool(t *testing.T) {
 	require.ErrorContains(t, err, "nil pool")
 }
 
+// MigrateFS refuses, before it connects, migrations it cannot apply or record.
+func TestMigrateFSRefusesBadInput(t *testing.T) {
+	ctx := context.Background()
+	err := schema.MigrateFS(ctx, nil, schema.FS, "app_migrations")
+	require.ErrorContains(t, err, "nil pool")
+	err = schema.MigrateFS(ctx, testDB.Pool, nil, "app_migrations")
+	require.ErrorContains(t, err, "nil migrations")
+	err = schema.MigrateFS(ctx, testDB.Pool, schema.FS, "")
+	require.ErrorContains(t, err, "empty migrations table name")
+}
+
 func TestMigrateHonoursCancelledContext(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
