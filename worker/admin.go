@@ -47,7 +47,7 @@ func NewAdmin(pool *pgxpool.Pool, l locker.Locker) (*Admin, error) {
 // Purge is Worker.Purge from outside any worker: the pair is purged in every build of the
 // perspective that is not retired.
 func (a *Admin) Purge(ctx context.Context, streamID uuid.UUID, perspectiveName string) error {
-	return a.eachBuild(ctx, streamID, perspectiveName, "purge", func(k Pair, holder uuid.UUID) error {
+	return a.eachBuild(ctx, streamID, perspectiveName, "purge", "purge it with Worker.Purge, in the application", func(k Pair, holder uuid.UUID) error {
 		return a.store.Purge(ctx, k, holder)
 	})
 }
@@ -59,14 +59,15 @@ func (a *Admin) Purge(ctx context.Context, streamID uuid.UUID, perspectiveName s
 // without a gap, use RebuildPerspective.
 func (a *Admin) Rebuild(ctx context.Context, streamID uuid.UUID, perspectiveName string) (int64, error) {
 	var queued int64
-	err := a.eachBuild(ctx, streamID, perspectiveName, "rebuild", func(k Pair, holder uuid.UUID) error {
-		if err := a.store.Purge(ctx, k, holder); err != nil {
+	err := a.eachBuild(ctx, streamID, perspectiveName, "rebuild",
+		"rebuild the whole perspective (RebuildPerspective: its workers build it beside the active version)", func(k Pair, holder uuid.UUID) error {
+			if err := a.store.Purge(ctx, k, holder); err != nil {
+				return err
+			}
+			n, err := a.store.q.QueueEnqueueStreamFrom(ctx, db.QueueEnqueueStreamFromParams{BuildKey: k.Perspective, StreamID: streamID, FromEventID: uuid.Nil})
+			queued += n
 			return err
-		}
-		n, err := a.store.q.QueueEnqueueStreamFrom(ctx, db.QueueEnqueueStreamFromParams{BuildKey: k.Perspective, StreamID: streamID, FromEventID: uuid.Nil})
-		queued += n
-		return err
-	})
+		})
 	return queued, err
 }
 
@@ -198,8 +199,9 @@ func (a *Admin) Versions(ctx context.Context) (Versions, error) {
 
 // eachBuild runs fn on the pair (streamID, build) of every build of the perspective that is
 // not retired, each under the stream lock (reason purge) when the Admin has a locker; fn gets
-// the holder to fence its write with (uuid.Nil without a locker).
-func (a *Admin) eachBuild(ctx context.Context, streamID uuid.UUID, perspectiveName, op string, fn func(k Pair, holder uuid.UUID) error) error {
+// the holder to fence its write with (uuid.Nil without a locker). It refuses a perspective
+// that writes to a sink, saying what to do instead (refuseSink).
+func (a *Admin) eachBuild(ctx context.Context, streamID uuid.UUID, perspectiveName, op, instead string, fn func(k Pair, holder uuid.UUID) error) error {
 	if err := locker.ValidatePair(streamID, perspectiveName); err != nil {
 		return fmt.Errorf("worker: %s: %w", op, err)
 	}
@@ -209,10 +211,6 @@ func (a *Admin) eachBuild(ctx context.Context, streamID uuid.UUID, perspectiveNa
 	}
 	if len(builds) == 0 {
 		return fmt.Errorf("worker: %s: %w: perspective %q is not registered", op, locker.ErrInvalidArgument, perspectiveName)
-	}
-	instead := "purge it with Worker.Purge, in the application"
-	if op == "rebuild" {
-		instead = "rebuild the whole perspective (RebuildPerspective: its workers build it beside the active version)"
 	}
 	if err := a.refuseSink(ctx, perspectiveName, op, instead); err != nil {
 		return err
