@@ -85,22 +85,10 @@ func runSinkCatchUpVictim() error {
 	})
 }
 
-// viewRows reads the build key's rows of sink_rows as version ledgers.
-func viewRows(t *testing.T, d *pgtest.DB, key string) map[uuid.UUID]vledger {
+// viewRows is the build key's rows of sink_rows, their models as version ledgers.
+func viewRows(t *testing.T, d *pgtest.DB, key string) map[uuid.UUID]sinkRow[vledger] {
 	t.Helper()
-	rows, err := d.Pool.Query(context.Background(), `SELECT stream_id, model FROM sink_rows WHERE build_key = $1`, key)
-	require.NoError(t, err)
-	out := map[uuid.UUID]vledger{}
-	for rows.Next() {
-		var s uuid.UUID
-		var raw []byte
-		require.NoError(t, rows.Scan(&s, &raw))
-		var m vledger
-		require.NoError(t, json.Unmarshal(raw, &m))
-		out[s] = m
-	}
-	require.NoError(t, rows.Err())
-	return out
+	return sinkRowsOf[vledger](t, d, key)
 }
 
 // sinkConverged waits until the rows of the active build are version v folded over each
@@ -126,7 +114,7 @@ func sinkConverged(t *testing.T, d *pgtest.DB, name string, v int, skipped map[u
 		for s, ids := range want {
 			r, ok := rows[s]
 			m, mok := loadVLedger(t, ctx, d, name, s)
-			if !ok || r.V != v || !slices.Equal(r.IDs, ids) || !mok || !slices.Equal(m.IDs, ids) {
+			if !ok || r.model.V != v || !slices.Equal(r.model.IDs, ids) || !mok || !slices.Equal(m.IDs, ids) {
 				bad++
 			}
 		}

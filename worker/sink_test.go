@@ -112,29 +112,35 @@ func sinkDB(t *testing.T) *pgtest.DB {
 	return d
 }
 
-// sinkRow is a stream's row of sink_rows.
-type sinkRow struct {
-	model  ledger
+// sinkRow is a stream's row of sink_rows, its model decoded as an M.
+type sinkRow[M any] struct {
+	model  M
 	last   uuid.UUID
 	replay bool
 }
 
-func sinkRows(t *testing.T, d *pgtest.DB, key string) map[uuid.UUID]sinkRow {
+// sinkRowsOf is the build key's rows of sink_rows, by stream.
+func sinkRowsOf[M any](t *testing.T, d *pgtest.DB, key string) map[uuid.UUID]sinkRow[M] {
 	t.Helper()
 	rows, err := d.Pool.Query(context.Background(), `SELECT stream_id, model, last_event_id, replay FROM sink_rows WHERE build_key = $1`, key)
 	require.NoError(t, err)
-	out := map[uuid.UUID]sinkRow{}
+	out := map[uuid.UUID]sinkRow[M]{}
 	for rows.Next() {
-		var id, last uuid.UUID
+		var id uuid.UUID
 		var raw []byte
-		var r sinkRow
-		require.NoError(t, rows.Scan(&id, &raw, &last, &r.replay))
+		var r sinkRow[M]
+		require.NoError(t, rows.Scan(&id, &raw, &r.last, &r.replay))
 		require.NoError(t, json.Unmarshal(raw, &r.model))
-		r.last = last
 		out[id] = r
 	}
 	require.NoError(t, rows.Err())
 	return out
+}
+
+// sinkRows is sinkRowsOf for the ledger perspective.
+func sinkRows(t *testing.T, d *pgtest.DB, key string) map[uuid.UUID]sinkRow[ledger] {
+	t.Helper()
+	return sinkRowsOf[ledger](t, d, key)
 }
 
 // activeKey is the perspective's active build key.
