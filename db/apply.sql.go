@@ -313,13 +313,15 @@ func (q *Queries) PairsLockForApply(ctx context.Context, arg PairsLockForApplyPa
 const queueEventsForPairs = `-- name: QueueEventsForPairs :many
 WITH q AS (
     SELECT q.perspective_name, q.event_id
-    FROM (SELECT unnest($1::uuid[]) AS stream_id, unnest($2::text[]) AS perspective_name) p
+    FROM (SELECT unnest($1::uuid[]) AS stream_id, unnest($2::text[]) AS perspective_name,
+                 unnest($3::uuid[]) AS after_event_id) p
     CROSS JOIN LATERAL (
         SELECT qe.perspective_name, qe.event_id
         FROM wh_perspective_events qe
         WHERE qe.stream_id = p.stream_id AND qe.perspective_name = p.perspective_name
+          AND qe.event_id > COALESCE(p.after_event_id, '00000000-0000-0000-0000-000000000000')
         ORDER BY qe.event_id
-        LIMIT (SELECT $3::int)
+        LIMIT (SELECT $4::int)
     ) q
 )
 SELECT q.perspective_name, e.event_id, e.stream_id, e.event_type, e.data, e.created_at
@@ -331,6 +333,7 @@ WHERE e.event_id = ANY (ARRAY(SELECT q.event_id FROM q))
 type QueueEventsForPairsParams struct {
 	StreamIds        []uuid.UUID
 	PerspectiveNames []string
+	AfterEventIds    []uuid.UUID
 	PerPairLimit     int32
 }
 
@@ -344,7 +347,9 @@ type QueueEventsForPairsRow struct {
 }
 
 // The queued events of the given pairs: at most per_pair_limit per pair, the lowest event
-// IDs of each, in no particular order.
+// IDs of each above after_event_ids[i] (NULL, or past the array's end: from the lowest),
+// in no particular order. A bound starts the probe at it, past the index entries of the
+// rows applied before it (deleted, but left in the index until a vacuum).
 // Each pair is one probe of the queue's primary key, in event_id order, that stops after
 // per_pair_limit rows. The limit is read through a subquery, so the planner does not know it
 // and costs the probe as stopping early (it assumes a tenth of the rows for such a LIMIT):
@@ -358,7 +363,12 @@ type QueueEventsForPairsRow struct {
 // many probes, enough for PostgreSQL to JIT-compile the statement at every batch. See
 // worker/plans_sql_test.go.
 func (q *Queries) QueueEventsForPairs(ctx context.Context, arg QueueEventsForPairsParams) ([]QueueEventsForPairsRow, error) {
-	rows, err := q.db.Query(ctx, queueEventsForPairs, arg.StreamIds, arg.PerspectiveNames, arg.PerPairLimit)
+	rows, err := q.db.Query(ctx, queueEventsForPairs,
+		arg.StreamIds,
+		arg.PerspectiveNames,
+		arg.AfterEventIds,
+		arg.PerPairLimit,
+	)
 	if err != nil {
 		return nil, err
 	}

@@ -21,7 +21,7 @@ var _ worker.Store = &StoreMock{}
 //
 //		// make and configure a mocked worker.Store
 //		mockedStore := &StoreMock{
-//			ApplyFunc: func(ctx context.Context, pairs []worker.Pair, perPair int, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
+//			ApplyFunc: func(ctx context.Context, req worker.ApplyRequest, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
 //				panic("mock out the Apply method")
 //			},
 //			BootstrapFunc: func(ctx context.Context, p worker.Pair) (bool, error) {
@@ -77,7 +77,7 @@ var _ worker.Store = &StoreMock{}
 //	}
 type StoreMock struct {
 	// ApplyFunc mocks the Apply method.
-	ApplyFunc func(ctx context.Context, pairs []worker.Pair, perPair int, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error)
+	ApplyFunc func(ctx context.Context, req worker.ApplyRequest, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error)
 
 	// BootstrapFunc mocks the Bootstrap method.
 	BootstrapFunc func(ctx context.Context, p worker.Pair) (bool, error)
@@ -130,10 +130,8 @@ type StoreMock struct {
 		Apply []struct {
 			// Ctx is the ctx argument value.
 			Ctx context.Context
-			// Pairs is the pairs argument value.
-			Pairs []worker.Pair
-			// PerPair is the perPair argument value.
-			PerPair int
+			// Req is the req argument value.
+			Req worker.ApplyRequest
 			// Decide is the decide argument value.
 			Decide func([]worker.PairState) []worker.PairWrite
 		}
@@ -288,25 +286,23 @@ type StoreMock struct {
 }
 
 // Apply calls ApplyFunc.
-func (mock *StoreMock) Apply(ctx context.Context, pairs []worker.Pair, perPair int, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
+func (mock *StoreMock) Apply(ctx context.Context, req worker.ApplyRequest, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
 	if mock.ApplyFunc == nil {
 		panic("StoreMock.ApplyFunc: method is nil but Store.Apply was just called")
 	}
 	callInfo := struct {
-		Ctx     context.Context
-		Pairs   []worker.Pair
-		PerPair int
-		Decide  func([]worker.PairState) []worker.PairWrite
+		Ctx    context.Context
+		Req    worker.ApplyRequest
+		Decide func([]worker.PairState) []worker.PairWrite
 	}{
-		Ctx:     ctx,
-		Pairs:   pairs,
-		PerPair: perPair,
-		Decide:  decide,
+		Ctx:    ctx,
+		Req:    req,
+		Decide: decide,
 	}
 	mock.lockApply.Lock()
 	mock.calls.Apply = append(mock.calls.Apply, callInfo)
 	mock.lockApply.Unlock()
-	return mock.ApplyFunc(ctx, pairs, perPair, decide)
+	return mock.ApplyFunc(ctx, req, decide)
 }
 
 // ApplyCalls gets all the calls that were made to Apply.
@@ -314,16 +310,14 @@ func (mock *StoreMock) Apply(ctx context.Context, pairs []worker.Pair, perPair i
 //
 //	len(mockedStore.ApplyCalls())
 func (mock *StoreMock) ApplyCalls() []struct {
-	Ctx     context.Context
-	Pairs   []worker.Pair
-	PerPair int
-	Decide  func([]worker.PairState) []worker.PairWrite
+	Ctx    context.Context
+	Req    worker.ApplyRequest
+	Decide func([]worker.PairState) []worker.PairWrite
 } {
 	var calls []struct {
-		Ctx     context.Context
-		Pairs   []worker.Pair
-		PerPair int
-		Decide  func([]worker.PairState) []worker.PairWrite
+		Ctx    context.Context
+		Req    worker.ApplyRequest
+		Decide func([]worker.PairState) []worker.PairWrite
 	}
 	mock.lockApply.RLock()
 	calls = mock.calls.Apply

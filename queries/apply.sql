@@ -64,7 +64,9 @@ RETURNING stream_id, perspective_name;
 
 -- name: QueueEventsForPairs :many
 -- The queued events of the given pairs: at most per_pair_limit per pair, the lowest event
--- IDs of each, in no particular order.
+-- IDs of each above after_event_ids[i] (NULL, or past the array's end: from the lowest),
+-- in no particular order. A bound starts the probe at it, past the index entries of the
+-- rows applied before it (deleted, but left in the index until a vacuum).
 -- Each pair is one probe of the queue's primary key, in event_id order, that stops after
 -- per_pair_limit rows. The limit is read through a subquery, so the planner does not know it
 -- and costs the probe as stopping early (it assumes a tenth of the rows for such a LIMIT):
@@ -79,11 +81,13 @@ RETURNING stream_id, perspective_name;
 -- worker/plans_sql_test.go.
 WITH q AS (
     SELECT q.perspective_name, q.event_id
-    FROM (SELECT unnest(@stream_ids::uuid[]) AS stream_id, unnest(@perspective_names::text[]) AS perspective_name) p
+    FROM (SELECT unnest(@stream_ids::uuid[]) AS stream_id, unnest(@perspective_names::text[]) AS perspective_name,
+                 unnest(@after_event_ids::uuid[]) AS after_event_id) p
     CROSS JOIN LATERAL (
         SELECT qe.perspective_name, qe.event_id
         FROM wh_perspective_events qe
         WHERE qe.stream_id = p.stream_id AND qe.perspective_name = p.perspective_name
+          AND qe.event_id > COALESCE(p.after_event_id, '00000000-0000-0000-0000-000000000000')
         ORDER BY qe.event_id
         LIMIT (SELECT @per_pair_limit::int)
     ) q

@@ -22,7 +22,7 @@ import (
 // fails as a whole, nothing of it was written: each pair is then applied alone, so that a
 // pair whose failure breaks the transaction has it recorded on itself only.
 func (w *Worker) applyPairs(ctx context.Context, pairs []Pair, r *jobResult) {
-	out, err := w.applyGroup(ctx, pairs)
+	out, err := w.applyGroup(ctx, pairs, r.job.after)
 	if err != nil {
 		if ctx.Err() != nil {
 			return
@@ -49,7 +49,34 @@ func (w *Worker) applyPairs(ctx context.Context, pairs []Pair, r *jobResult) {
 		w.reportApplied(ctx, rep)
 	}
 	r.next = append(r.next, out.next...)
+	if next, ok := w.continuation(r.job, out.reports); ok {
+		r.next = append(r.next, next)
+	}
 	r.busy = append(r.busy, out.busy...)
+}
+
+// maxChain is how many batches in a row a pair keeps its lease for (see continuation).
+const maxChain = 10
+
+// continuation is the apply job that follows j for those of its pairs whose batch was full
+// (BatchSize events applied, none failed), unless they have had maxChain batches in a row:
+// they keep their lease, without a release and a claim in between, and their next batch is
+// read above the last event applied, past the queue rows applied before it. After maxChain
+// batches they are released and claimed again in their turn; that job reads from the
+// lowest queued event, and finds an event queued late meanwhile (below the cursor, so
+// not read by a continuation).
+func (w *Worker) continuation(j job, reports []pairReport) (job, bool) {
+	if j.chain+1 >= maxChain {
+		return job{}, false
+	}
+	next := job{kind: jobApply, chain: j.chain + 1, after: map[Pair]uuid.UUID{}}
+	for _, rep := range reports {
+		if rep.err == nil && rep.applied == w.cfg.BatchSize {
+			next.pairs = append(next.pairs, rep.pair)
+			next.after[rep.pair] = rep.last
+		}
+	}
+	return next, len(next.pairs) > 0
 }
 
 // applyOutcome is what one apply transaction committed and left to do.
@@ -63,6 +90,7 @@ type applyOutcome struct {
 type pairReport struct {
 	pair    Pair
 	applied int
+	last    uuid.UUID     // the last event applied (when applied > 0)
 	err     error         // the failure that stopped it, if any
 	action  FailureAction // what err did to the pair
 }
@@ -73,7 +101,7 @@ type pairReport struct {
 // stream lock; one that needs a rewind or a bootstrap is returned as a follow-up. An event
 // whose Apply fails ends its pair's batch: the events before it are committed, it and the
 // ones after stay queued, and the failure is recorded for a retry with backoff.
-func (w *Worker) applyGroup(ctx context.Context, pairs []Pair) (out applyOutcome, err error) {
+func (w *Worker) applyGroup(ctx context.Context, pairs []Pair, after map[Pair]uuid.UUID) (out applyOutcome, err error) {
 	defer func() {
 		if rec := recover(); rec != nil {
 			w.log.Error("panic while applying a group", slog.Int("pairs", len(pairs)),
@@ -81,7 +109,7 @@ func (w *Worker) applyGroup(ctx context.Context, pairs []Pair) (out applyOutcome
 			err = fmt.Errorf("panic: %v", rec)
 		}
 	}()
-	busy, err := w.store.Apply(ctx, pairs, w.cfg.BatchSize, func(states []PairState) []PairWrite {
+	busy, err := w.store.Apply(ctx, ApplyRequest{Pairs: pairs, PerPair: w.cfg.BatchSize, After: after}, func(states []PairState) []PairWrite {
 		out = applyOutcome{}
 		return w.decide(ctx, states, &out)
 	})
@@ -126,7 +154,7 @@ func (w *Worker) decide(ctx context.Context, states []PairState, out *applyOutco
 			wr.Failure = w.failure(b, st, f.err)
 		}
 		writes = append(writes, wr)
-		out.reports = append(out.reports, pairReport{pair: st.Pair, applied: len(f.applied), err: f.err, action: wr.Failure.Action})
+		out.reports = append(out.reports, pairReport{pair: st.Pair, applied: len(f.applied), last: wr.LastEventID, err: f.err, action: wr.Failure.Action})
 	}
 	return writes
 }
@@ -167,15 +195,15 @@ func (w *Worker) reportApplied(ctx context.Context, rep pairReport) {
 	}
 }
 
-func (s *pgStore) Apply(ctx context.Context, pairs []Pair, perPair int, decide func([]PairState) []PairWrite) ([]Pair, error) {
+func (s *pgStore) Apply(ctx context.Context, req ApplyRequest, decide func([]PairState) []PairWrite) ([]Pair, error) {
 	var busy []Pair
 	err := s.inTx(ctx, func(tx pgx.Tx, q *db.Queries) error {
-		states, held, err := lockPairs(ctx, q, pairs)
+		states, held, err := lockPairs(ctx, q, req.Pairs)
 		busy = held
 		if err != nil || len(states) == 0 {
 			return err
 		}
-		if err := readPairs(ctx, q, states, perPair); err != nil {
+		if err := readPairs(ctx, q, states, req.PerPair, req.After); err != nil {
 			return err
 		}
 		return s.writePairs(ctx, tx, q, decide(states), nil, live)
@@ -264,15 +292,21 @@ func lockPairs(ctx context.Context, q *db.Queries, pairs []Pair) ([]PairState, [
 }
 
 // readPairs reads, after the row locks, the queued events of states (at most perPair each,
-// in ID order) and the models of those that have events and a cursor position.
-func readPairs(ctx context.Context, q *db.Queries, states []PairState, perPair int) error {
+// in ID order: above after[p] for a pair whose cursor is still there) and the models of
+// those that have events and a cursor position.
+func readPairs(ctx context.Context, q *db.Queries, states []PairState, perPair int, after map[Pair]uuid.UUID) error {
 	byPair := make(map[Pair]*PairState, len(states))
+	above := make([]uuid.UUID, len(states))
 	for i := range states {
-		byPair[states[i].Pair] = &states[i]
+		st := &states[i]
+		byPair[st.Pair] = st
+		if a, ok := after[st.Pair]; ok && st.LastEventID == (uuid.NullUUID{UUID: a, Valid: true}) {
+			above[i] = a
+		}
 	}
 	streams, names := pairArrays(pairsOf(states))
 	rows, err := q.QueueEventsForPairs(ctx, db.QueueEventsForPairsParams{
-		StreamIds: streams, PerspectiveNames: names, PerPairLimit: int32(perPair),
+		StreamIds: streams, PerspectiveNames: names, AfterEventIds: above, PerPairLimit: int32(perPair),
 	})
 	if err != nil {
 		return fmt.Errorf("read queue: %w", err)
@@ -285,9 +319,6 @@ func readPairs(ctx context.Context, q *db.Queries, states []PairState, perPair i
 		st.Events = append(st.Events, eventOf(db.WhEventStore{
 			EventID: r.EventID, StreamID: r.StreamID, EventType: r.EventType, Data: r.Data, CreatedAt: r.CreatedAt,
 		}))
-	}
-	for i := range states {
-		slices.SortFunc(states[i].Events, func(a, b Event) int { return compareIDs(a.ID, b.ID) })
 	}
 	var withModel []Pair
 	for i := range states {
@@ -404,9 +435,18 @@ func (s *pgStore) writePairs(ctx context.Context, tx pgx.Tx, q *db.Queries, writ
 
 // ApplyStore is what the normal path asks of the database.
 type ApplyStore interface {
-	// Apply runs one transaction over pairs: it locks their cursor rows (skipping, and
+	// Apply runs one transaction over req.Pairs: it locks their cursor rows (skipping, and
 	// returning as busy, those another transaction holds), reads each locked pair's state
-	// (at most perPair queued events, and its model), passes the states to decide and
+	// (at most req.PerPair queued events, and its model), passes the states to decide and
 	// writes what decide returns. An error rolls everything back.
-	Apply(ctx context.Context, pairs []Pair, perPair int, decide func([]PairState) []PairWrite) (busy []Pair, err error)
+	Apply(ctx context.Context, req ApplyRequest, decide func([]PairState) []PairWrite) (busy []Pair, err error)
+}
+
+// ApplyRequest asks Store.Apply for one transaction of the normal path.
+type ApplyRequest struct {
+	Pairs   []Pair
+	PerPair int // at most this many queued events of each pair, the lowest IDs
+	// After holds pairs whose events up to an ID are applied (a job following the pair's
+	// full batch): while the cursor is still at that ID, only events above it are read.
+	After map[Pair]uuid.UUID
 }

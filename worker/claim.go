@@ -91,18 +91,7 @@ const busyWait = 100 * time.Millisecond
 // fresh context bounded by releaseTimeout, so that a stop does not leave the leases to lapse;
 // when it fails they do lapse, and the pairs are due again after LockTimeout.
 func (w *Worker) release(ctx context.Context, r jobResult) {
-	kept := map[Pair]bool{}
-	for _, next := range r.next {
-		for _, p := range next.pairs {
-			kept[p] = true
-		}
-	}
-	req := ReleaseRequest{Instance: w.cfg.InstanceID, Later: map[Pair]time.Duration{}}
-	for _, p := range r.job.pairs {
-		if !kept[p] {
-			req.Pairs = append(req.Pairs, p)
-		}
-	}
+	req := ReleaseRequest{Instance: w.cfg.InstanceID, Pairs: r.released(), Later: map[Pair]time.Duration{}}
 	if len(req.Pairs) == 0 {
 		return
 	}
@@ -118,6 +107,23 @@ func (w *Worker) release(ctx context.Context, r jobResult) {
 		w.log.Warn("releasing the pairs' leases failed; they are due again when the leases lapse",
 			slog.Int("pairs", len(req.Pairs)), slog.Duration("lease", w.cfg.LockOptions.LockTimeout), slog.Any("error", err))
 	}
+}
+
+// released is the pairs of r's job that no follow-up keeps: the job releases their leases.
+func (r jobResult) released() []Pair {
+	kept := map[Pair]bool{}
+	for _, next := range r.next {
+		for _, p := range next.pairs {
+			kept[p] = true
+		}
+	}
+	var out []Pair
+	for _, p := range r.job.pairs {
+		if !kept[p] {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // maxClaimBackoff caps the wait after claims that fail (below MaxRetryBackoff, meant for

@@ -383,6 +383,32 @@ func TestGroupSQLQueueEventsForPairsLowestIDsPerPair(t *testing.T) {
 		{long, name}:  sortedIDs(longEvs[:3]),
 		{short, name}: sortedIDs(shortEvs),
 	}, got)
+
+	// With a bound, a pair's events above it: long's after its second event; short's bound
+	// is its last event (none above it); the nil UUID and a missing bound read from the
+	// lowest.
+	bounded := func(after []uuid.UUID, streams ...uuid.UUID) map[uuid.UUID][]uuid.UUID {
+		names := make([]string, len(streams))
+		for i := range names {
+			names[i] = name
+		}
+		rows, err := pgq.New(testDB.Pool).QueueEventsForPairs(ctx, db.QueueEventsForPairsParams{
+			StreamIds: streams, PerspectiveNames: names, AfterEventIds: after, PerPairLimit: 2,
+		})
+		require.NoError(t, err)
+		got := map[uuid.UUID][]uuid.UUID{}
+		for _, r := range rows {
+			got[r.StreamID] = append(got[r.StreamID], r.EventID)
+		}
+		for s := range got {
+			slices.SortFunc(got[s], func(a, b uuid.UUID) int { return bytes.Compare(a[:], b[:]) })
+		}
+		return got
+	}
+	require.Equal(t, map[uuid.UUID][]uuid.UUID{long: sortedIDs(longEvs[2:4])},
+		bounded([]uuid.UUID{longEvs[1].ID, shortEvs[1].ID}, long, short))
+	require.Equal(t, map[uuid.UUID][]uuid.UUID{long: sortedIDs(longEvs[:2]), short: sortedIDs(shortEvs)},
+		bounded([]uuid.UUID{uuid.Nil}, long, short))
 }
 
 // ModelsGet returns a row for each asked pair that has a model, and none for the others.

@@ -10,6 +10,8 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"time"
+
+	"github.com/google/uuid"
 )
 
 // jobKind is what a job does.
@@ -35,6 +37,10 @@ type job struct {
 	pairs     []Pair    // apply, rewind, bootstrap
 	key       string    // catch-up, promote: the build; cleanup: the perspective
 	notBefore time.Time // a follow-up waits for a slot until then (a paced catch-up)
+	// chain and after: an apply following its pairs' full batches (see continuation): how
+	// many batches in a row came before it, and each pair's last event applied
+	chain int
+	after map[Pair]uuid.UUID
 	// cutOffFails: pairs whose work was cut off by a lost connection cutOffLimit times in a row
 	// while the database answered claims. A connection error is then recorded as their
 	// failure (with backoff) rather than left for the next claim: something about the pair
@@ -59,7 +65,7 @@ type buildJob struct {
 // jobResult is what a job reports to the loop when it ends.
 type jobResult struct {
 	job       job
-	next      []job  // follow-ups (a rewind, a bootstrap, an apply after a bootstrap)
+	next      []job  // follow-ups (a rewind, a bootstrap, an apply after a bootstrap or a full batch)
 	busy      []Pair // held by another transaction or goroutine: due again after busyWait
 	contended []Pair // the stream lock was refused: another instance holds it
 	cutOff    []Pair // work cut off by a lost connection and left queued (not failed)

@@ -357,7 +357,7 @@ func TestPGStoreApplyStatesSnapshotsLockHolderAndNoRetiredBuild(t *testing.T) {
 		t.Helper()
 		got := map[worker.Pair]worker.PairState{}
 		calls := 0
-		_, err := store.Apply(ctx, pairs, 10, func(states []worker.PairState) []worker.PairWrite {
+		_, err := store.Apply(ctx, worker.ApplyRequest{Pairs: pairs, PerPair: 10}, func(states []worker.PairState) []worker.PairWrite {
 			calls++
 			for _, st := range states {
 				got[st.Pair] = st
@@ -858,7 +858,7 @@ func TestPGStoreApplyRecordsFailuresAndRollsBackTheWholeGroup(t *testing.T) {
 	// A failure beside an applied pair.
 	ok, failing, _, ids := setup()
 	from := psClock(t, ctx, testDB)
-	busy, err := store.Apply(ctx, []worker.Pair{ok, failing}, 10, func(states []worker.PairState) []worker.PairWrite {
+	busy, err := store.Apply(ctx, worker.ApplyRequest{Pairs: []worker.Pair{ok, failing}, PerPair: 10}, func(states []worker.PairState) []worker.PairWrite {
 		require.Len(t, states, 2)
 		return []worker.PairWrite{applyWrite(ok, ids[ok][:2]), {Pair: failing, Failure: worker.Failure{Cause: "boom", Action: worker.FailureRetry}}}
 	})
@@ -889,7 +889,7 @@ func TestPGStoreApplyRecordsFailuresAndRollsBackTheWholeGroup(t *testing.T) {
 		before[p] = psRead(t, ctx, testDB, p)
 	}
 	gone := uuid.Must(uuid.NewV7()) // never queued
-	_, err = store.Apply(ctx, []worker.Pair{ok, failing, bad}, 10, func(states []worker.PairState) []worker.PairWrite {
+	_, err = store.Apply(ctx, worker.ApplyRequest{Pairs: []worker.Pair{ok, failing, bad}, PerPair: 10}, func(states []worker.PairState) []worker.PairWrite {
 		require.Len(t, states, 3)
 		return []worker.PairWrite{
 			applyWrite(ok, ids[ok][:2]),

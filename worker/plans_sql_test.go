@@ -727,20 +727,33 @@ func TestPlansSQLAHotPairReadsTheStoreByKey(t *testing.T) {
 		SELECT stream_id, $1, event_id FROM wh_event_store`, planBuildA)
 	planExec(t, ctx, conn, "ANALYZE")
 	planExec(t, ctx, conn, "SET jit = on")
-	s := planStatement{
-		name: "QueueEventsForPairs (a hot pair alone, analyzed)",
-		call: planRecord(t, func(q *db.Queries) error {
-			_, err := q.QueueEventsForPairs(ctx, db.QueueEventsForPairsParams{StreamIds: []uuid.UUID{hot}, PerspectiveNames: []string{planBuildA}, PerPairLimit: 100})
+	var mid uuid.UUID
+	require.NoError(t, conn.QueryRow(ctx, `SELECT event_id FROM wh_perspective_events ORDER BY event_id OFFSET 100000 LIMIT 1`).Scan(&mid))
+	read := func(after []uuid.UUID) planCall {
+		return planRecord(t, func(q *db.Queries) error {
+			_, err := q.QueueEventsForPairs(ctx, db.QueueEventsForPairsParams{
+				StreamIds: []uuid.UUID{hot}, PerspectiveNames: []string{planBuildA}, AfterEventIds: after, PerPairLimit: 100,
+			})
 			return err
-		}),
+		})
+	}
+	for _, s := range []planStatement{{
+		name: "QueueEventsForPairs (a hot pair alone, analyzed)", call: read([]uuid.UUID{uuid.Nil}),
 		queue: planQueuePKey, cond: []string{"(stream_id = ", "(perspective_name = "}, limit: true,
 		other:  map[string][]string{"wh_event_store": {"wh_event_store_pkey"}},
 		probed: []string{"wh_event_store"},
-	}
-	planCheck(t, ctx, conn, s)
-	for _, mode := range []string{"force_generic_plan", "force_custom_plan"} {
-		text, err := planExplainAs(ctx, conn, "TEXT", mode, s.call)
-		require.NoError(t, err)
-		require.NotContains(t, text, "JIT:", "%s (%s) is JIT-compiled at every batch:\n%s", s.name, mode, text)
+	}, {
+		// A job that follows its pair's full batch: the probe starts at its bound.
+		name: "QueueEventsForPairs (a hot pair alone, analyzed, above a bound)", call: read([]uuid.UUID{mid}),
+		queue: planQueuePKey, cond: []string{"(stream_id = ", "(perspective_name = ", "(event_id > "}, limit: true,
+		other:  map[string][]string{"wh_event_store": {"wh_event_store_pkey"}},
+		probed: []string{"wh_event_store"},
+	}} {
+		planCheck(t, ctx, conn, s)
+		for _, mode := range []string{"force_generic_plan", "force_custom_plan"} {
+			text, err := planExplainAs(ctx, conn, "TEXT", mode, s.call)
+			require.NoError(t, err)
+			require.NotContains(t, text, "JIT:", "%s (%s) is JIT-compiled at every batch:\n%s", s.name, mode, text)
+		}
 	}
 }

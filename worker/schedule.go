@@ -242,9 +242,10 @@ func (w *Worker) loop(loopCtx, opsCtx context.Context) {
 			if r.refresh {
 				maintained = time.Time{} // the builds changed: look at them again at once
 			}
-			// A finished pair job released its pairs (due again if rows are left), a catch-up
-			// page passed streams whose pairs waited for it, or the builds changed: claim.
-			poll = poll || len(r.job.pairs) > 0 || r.job.kind == jobCatchUp || r.refresh
+			// A finished pair job released pairs (due again if rows are left; not those its
+			// follow-ups keep), a catch-up page passed streams whose pairs waited for it, or
+			// the builds changed: claim.
+			poll = poll || len(r.released()) > 0 || r.job.kind == jobCatchUp || r.refresh
 		case <-w.wake:
 			poll = true
 		case <-timer.C:

@@ -136,7 +136,8 @@ func newUFix(t *testing.T, withLocker bool, cfg func(c *worker.Config)) *uFix {
 }
 
 // apply is the StoreMock's Apply: decide over the states of the pairs asked for.
-func (f *uFix) apply(ctx context.Context, pairs []worker.Pair, _ int, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
+func (f *uFix) apply(ctx context.Context, req worker.ApplyRequest, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
+	pairs := req.Pairs
 	if err := ctx.Err(); err != nil {
 		return nil, err // a transaction cannot begin on an ended context
 	}
@@ -226,7 +227,7 @@ func (f *uFix) noWrite(p worker.Pair, msg string) {
 func (f *uFix) applyCalls() [][]worker.Pair {
 	var out [][]worker.Pair
 	for _, c := range f.store.ApplyCalls() {
-		out = append(out, c.Pairs)
+		out = append(out, c.Req.Pairs)
 	}
 	return out
 }
@@ -446,8 +447,8 @@ func TestUnitApplyFoldsQueuedEventsOntoTheModel(t *testing.T) {
 
 	calls := f.store.ApplyCalls()
 	require.Len(t, calls, 1, "one transaction for the group")
-	assert.Equal(t, []worker.Pair{fresh, cont}, calls[0].Pairs)
-	assert.Equal(t, 7, calls[0].PerPair, "at most BatchSize queued events per pair")
+	assert.Equal(t, []worker.Pair{fresh, cont}, calls[0].Req.Pairs)
+	assert.Equal(t, 7, calls[0].Req.PerPair, "at most BatchSize queued events per pair")
 
 	wr := f.write(fresh)
 	uFolded(t, wr, freshEvs, 0, 3)
@@ -467,6 +468,52 @@ func TestUnitApplyFoldsQueuedEventsOntoTheModel(t *testing.T) {
 	assert.Empty(t, f.store.MarkFailedCalls())
 	f.noLockTaken()
 	f.settled()
+}
+
+// A pair whose batch was full (BatchSize events applied) keeps its lease for its next
+// batch, read above the last event applied, for up to 10 batches in a row; then, or after a
+// batch that was not full, its lease is released once (and it is claimed again in its turn).
+func TestUnitApplyFullBatchesKeepTheLease(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name                     string
+		queued, batches, applied int
+	}{
+		{"drained in four batches", 350, 4, 350},
+		{"three full batches and an empty one", 300, 4, 300},
+		{"ten batches in a row at most", 1500, 10, 1000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := newUFix(t, false, func(c *worker.Config) { c.BatchSize = 100; c.Snapshots.Disabled = true })
+			p := uPair(t)
+			evs := uEvents(t, p.Stream, tc.queued)
+			applied := 0
+			f.store.ApplyFunc = func(_ context.Context, req worker.ApplyRequest, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
+				st := uState(t, p, evs, applied)
+				st.Events = st.Events[:min(req.PerPair, len(st.Events))]
+				for _, wr := range decide([]worker.PairState{st}) {
+					applied += len(wr.Applied)
+				}
+				return nil, nil
+			}
+
+			f.w.ProcessPair(context.Background(), p.Stream, p.Perspective)
+
+			assert.Equal(t, tc.applied, applied)
+			calls := f.store.ApplyCalls()
+			require.Len(t, calls, tc.batches, "one transaction per batch")
+			assert.Empty(t, calls[0].Req.After, "the claimed job reads from the lowest queued event")
+			for i, c := range calls[1:] {
+				assert.Equal(t, map[worker.Pair]uuid.UUID{p: evs[100*(i+1)-1].ID}, c.Req.After,
+					"batch %d is read above the last event of the one before", i+2)
+			}
+			releases := f.store.ReleaseCalls()
+			require.Len(t, releases, 1, "the lease is kept between the batches and released after the last")
+			assert.Equal(t, []worker.Pair{p}, releases[0].Req.Pairs)
+			f.settled()
+		})
+	}
 }
 
 // A snapshot is due each time EveryNEvents events have been applied since the last one,
@@ -1084,7 +1131,7 @@ func TestUnitApplyIgnoresPerspectivesItDoesNotRun(t *testing.T) {
 		unknown := worker.Pair{Stream: utNewID(t), Perspective: "other"}
 		evs := uEvents(t, known.Stream, 1)
 		unknownSt := uState(t, unknown, uEvents(t, unknown.Stream, 1), 0)
-		f.store.ApplyFunc = func(_ context.Context, _ []worker.Pair, _ int, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
+		f.store.ApplyFunc = func(_ context.Context, _ worker.ApplyRequest, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
 			writes := decide([]worker.PairState{unknownSt, uState(t, known, evs, 0)})
 			f.mu.Lock()
 			f.writes = append(f.writes, writes)

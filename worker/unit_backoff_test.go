@@ -155,7 +155,7 @@ func TestUnitLoopBacksOffFromAPairWhoseFailureCannotBeRecorded(t *testing.T) {
 			leased, due = false, time.Now().Add(req.Later[p])
 			return nil
 		}
-		store.ApplyFunc = func(context.Context, []worker.Pair, int, func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
+		store.ApplyFunc = func(context.Context, worker.ApplyRequest, func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
 			mu.Lock()
 			defer mu.Unlock()
 			if failing {

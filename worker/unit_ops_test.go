@@ -229,13 +229,13 @@ func TestUnitPurgeWaitsForTheApplyOfItsPair(t *testing.T) {
 		var order []string
 		note := func(s string) { mu.Lock(); order = append(order, s); mu.Unlock() }
 		entered, gate := make(chan struct{}), make(chan struct{})
-		f.store.ApplyFunc = func(ctx context.Context, pairs []worker.Pair, perPair int, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
-			if pairs[0] == p {
+		f.store.ApplyFunc = func(ctx context.Context, req worker.ApplyRequest, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
+			if req.Pairs[0] == p {
 				close(entered)
 				<-gate // a slow apply
 				defer note("apply ended")
 			}
-			return f.apply(ctx, pairs, perPair, decide)
+			return f.apply(ctx, req, decide)
 		}
 		f.store.PurgeFunc = func(context.Context, worker.Pair, uuid.UUID) error { note("purge"); return nil }
 

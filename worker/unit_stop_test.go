@@ -49,7 +49,7 @@ func newStopFixture(t *testing.T, stubborn bool) *stopFixture {
 		}
 		return worker.Claimed{Pairs: []worker.Pair{f.pair}}, nil
 	}
-	f.store.ApplyFunc = func(ctx context.Context, pairs []worker.Pair, perPair int, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
+	f.store.ApplyFunc = func(ctx context.Context, req worker.ApplyRequest, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
 		// The event is at the cursor: a rewind.
 		writes := decide([]worker.PairState{{Pair: f.pair, LastEventID: uuid.NullUUID{UUID: ev.ID, Valid: true},
 			SinceSnapshot: 1, Snapshots: []uuid.UUID{ev.ID}, Events: []worker.Event{ev}, Model: json.RawMessage(`{"seq":[1]}`), ModelAt: ev.ID}})
@@ -223,7 +223,7 @@ func TestUnitStopLetsTheClaimUnderWayFinish(t *testing.T) {
 			}
 			return worker.Claimed{Pairs: []worker.Pair{p}}, nil
 		}
-		store.ApplyFunc = func(ctx context.Context, pairs []worker.Pair, perPair int, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
+		store.ApplyFunc = func(ctx context.Context, req worker.ApplyRequest, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
 			writes := decide([]worker.PairState{{Pair: p, Events: []worker.Event{ev}, Model: json.RawMessage(`{"seq":[]}`)}})
 			assert.Len(t, writes, 1) // not require: a job goroutine
 			return nil, ctx.Err()
@@ -312,7 +312,7 @@ func TestUnitJobsReleaseTheirPairsAfterTheirFollowUps(t *testing.T) {
 			}
 			return worker.Claimed{Pairs: []worker.Pair{late, done, busy}}, nil
 		}
-		store.ApplyFunc = func(ctx context.Context, pairs []worker.Pair, perPair int, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
+		store.ApplyFunc = func(ctx context.Context, req worker.ApplyRequest, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
 			decide([]worker.PairState{
 				{Pair: late, LastEventID: uuid.NullUUID{UUID: ev.ID, Valid: true}, Events: []worker.Event{ev},
 					Model: json.RawMessage(`{"seq":[1]}`), ModelAt: ev.ID, Snapshots: []uuid.UUID{ev.ID}},
