@@ -725,3 +725,59 @@ func appendHeld(t *testing.T, ctx context.Context, gated *gatedPerspective, ev w
 	}
 	return release
 }
+
+// A hot stream is applied BatchSize events per transaction, and a pair whose batch was full
+// keeps the lease of its claim for its next batch: the third batch runs under the lease the
+// first was claimed with. An event queued late while such a chain runs (older than the
+// cursor, so below where a continuation reads) is found when the pair is claimed again, and
+// rewound: the model ends as the fold of every event in ID order.
+func TestAHotPairKeepsItsLeaseAcrossBatchesAndALateEventIsRewound(t *testing.T) {
+	t.Parallel()
+	ctx := waitCtx(t)
+	name := uniqueName("hotchain")
+	gated := newGated(name)
+	stream := uuid.New()
+	ids := newIDs(t, 1001)
+	all := events(stream, ids)
+	lease := func() (due time.Time, by uuid.UUID) {
+		t.Helper()
+		require.NoError(t, testDB.Pool.QueryRow(ctx, `SELECT due_at, leased_by FROM wh_perspective_pairs
+			WHERE stream_id = $1 AND perspective_name = $2`, stream, name).Scan(&due, &by))
+		return due, by
+	}
+	inFirst, releaseFirst := gated.arm(ids[51]) // in the first batch (ids[1] … ids[100])
+	defer releaseFirst()
+	w := startWorker(t, worker.Config{Perspectives: []worker.Perspective{gated}})
+	waitCaughtUp(t, ctx, name) // the events go through the queue, not the catch-up
+	require.NoError(t, worker.Append(ctx, testDB.Pool, all[1:]...)) // 1,000 events; ids[0] comes late
+	waitEntered(t, inFirst, "the first batch")
+	firstDue, firstBy := lease()
+	require.Equal(t, w.InstanceID(), firstBy, "leased by the worker applying it")
+
+	inThird, releaseThird := gated.arm(ids[251]) // in the third (ids[201] … ids[300])
+	defer releaseThird()
+	releaseFirst()
+	waitEntered(t, inThird, "the third batch")
+	thirdDue, thirdBy := lease()
+	require.Equal(t, firstBy, thirdBy)
+	require.True(t, firstDue.Equal(thirdDue), "the lease of the first claim (to %v) is kept, not claimed again (to %v)", firstDue, thirdDue)
+
+	require.NoError(t, worker.Append(ctx, testDB.Pool, all[0])) // late: older than the cursor
+	releaseThird()
+	require.NoError(t, worker.WaitFor(ctx, testDB.Pool, name, stream, ids[0]))
+	require.NoError(t, worker.WaitFor(ctx, testDB.Pool, name, stream, ids[1000]))
+	m, ok := loadLedger(t, ctx, name, stream)
+	require.True(t, ok)
+	require.Equal(t, expectedLedger(t, all), m, "every event once, in ID order")
+	require.Empty(t, queued(t, ctx, name, stream))
+}
+
+// waitEntered waits for a gated Apply to be reached.
+func waitEntered(t *testing.T, entered <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-entered:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("%s was not applied", what)
+	}
+}
