@@ -748,7 +748,7 @@ func TestAHotPairKeepsItsLeaseAcrossBatchesAndALateEventIsRewound(t *testing.T) 
 	inFirst, releaseFirst := gated.arm(ids[51]) // in the first batch (ids[1] … ids[100])
 	defer releaseFirst()
 	w := startWorker(t, worker.Config{Perspectives: []worker.Perspective{gated}})
-	waitCaughtUp(t, ctx, name) // the events go through the queue, not the catch-up
+	waitCaughtUp(t, ctx, name)                                      // the events go through the queue, not the catch-up
 	require.NoError(t, worker.Append(ctx, testDB.Pool, all[1:]...)) // 1,000 events; ids[0] comes late
 	waitEntered(t, inFirst, "the first batch")
 	firstDue, firstBy := lease()
