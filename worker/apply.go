@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"slices"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
@@ -59,17 +60,17 @@ func (w *Worker) applyPairs(ctx context.Context, pairs []Pair, r *jobResult) {
 const maxChain = 10
 
 // continuation is the apply job that follows j for those of its pairs whose batch was full
-// (BatchSize events applied, none failed), unless they have had maxChain batches in a row:
-// they keep their lease, without a release and a claim in between, and their next batch is
-// read above the last event applied, past the queue rows applied before it. After maxChain
-// batches they are released and claimed again in their turn; that job reads from the
-// lowest queued event, and finds an event queued late meanwhile (below the cursor, so
-// not read by a continuation).
+// (BatchSize events applied, none failed), unless they have had maxChain batches in a row
+// or half their lease has passed: they keep their lease, without a release and a claim in
+// between, and their next batch is read above the last event applied, past the queue rows
+// applied before it. Then they are released and claimed again in their turn; that job
+// reads from the lowest queued event, and finds an event queued late meanwhile (below the
+// cursor, so not read by a continuation).
 func (w *Worker) continuation(j job, reports []pairReport) (job, bool) {
-	if j.chain+1 >= maxChain {
+	if j.chain+1 >= maxChain || (!j.claimed.IsZero() && time.Since(j.claimed) >= w.cfg.LockOptions.LockTimeout/2) {
 		return job{}, false
 	}
-	next := job{kind: jobApply, chain: j.chain + 1, after: map[Pair]uuid.UUID{}}
+	next := job{kind: jobApply, chain: j.chain + 1, claimed: j.claimed, after: map[Pair]uuid.UUID{}}
 	for _, rep := range reports {
 		if rep.err == nil && rep.applied == w.cfg.BatchSize {
 			next.pairs = append(next.pairs, rep.pair)

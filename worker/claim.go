@@ -43,6 +43,7 @@ func (w *Worker) noteReachable(ctx context.Context, unreachable bool, err error)
 // whether to claim again at once (the claim returned its limit), and the claim's error.
 func (w *Worker) claimAndStart(ctx context.Context, s *schedule, free int, start func(job)) (bool, error) {
 	limit := free * w.cfg.GroupSize
+	sent := time.Now()
 	claimed, err := w.store.Claim(ctx, ClaimRequest{
 		Instance:     w.cfg.InstanceID,
 		Perspectives: w.builds().keys,
@@ -58,7 +59,7 @@ func (w *Worker) claimAndStart(ctx context.Context, s *schedule, free int, start
 	// by the apply coordinator and releases it due again after busyWait, so it is never left
 	// leased by a job that does not run it.
 	for _, group := range splitGroups(claimed.Pairs, free) {
-		j := job{kind: jobApply, pairs: group}
+		j := job{kind: jobApply, pairs: group, claimed: sent}
 		s.started(&j)
 		start(j)
 	}

@@ -89,6 +89,11 @@ func (w *Worker) RunApply(ctx context.Context, pairs ...Pair) JobReport {
 	return report(w.runJob(ctx, job{kind: jobApply, pairs: pairs}))
 }
 
+// RunClaimedApply runs the normal path for pairs as one job of a claim sent at claimed.
+func (w *Worker) RunClaimedApply(ctx context.Context, claimed time.Time, pairs ...Pair) JobReport {
+	return report(w.runJob(ctx, job{kind: jobApply, pairs: pairs, claimed: claimed}))
+}
+
 // RunRewind runs a rewind of p as one job.
 func (w *Worker) RunRewind(ctx context.Context, p Pair) JobReport {
 	return report(w.runJob(ctx, job{kind: jobRewind, pairs: []Pair{p}}))

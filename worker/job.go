@@ -37,10 +37,13 @@ type job struct {
 	pairs     []Pair    // apply, rewind, bootstrap
 	key       string    // catch-up, promote: the build; cleanup: the perspective
 	notBefore time.Time // a follow-up waits for a slot until then (a paced catch-up)
-	// chain and after: an apply following its pairs' full batches (see continuation): how
-	// many batches in a row came before it, and each pair's last event applied
-	chain int
-	after map[Pair]uuid.UUID
+	// claimed: when the claim that leased an apply's pairs was sent (the zero time: not
+	// from a claim). chain and after: an apply following its pairs' full batches (see
+	// continuation): how many batches in a row came before it, and each pair's last event
+	// applied.
+	claimed time.Time
+	chain   int
+	after   map[Pair]uuid.UUID
 	// cutOffFails: pairs whose work was cut off by a lost connection cutOffLimit times in a row
 	// while the database answered claims. A connection error is then recorded as their
 	// failure (with backoff) rather than left for the next claim: something about the pair

@@ -21,6 +21,7 @@ import (
 	"sync"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -511,6 +512,40 @@ func TestUnitApplyFullBatchesKeepTheLease(t *testing.T) {
 			releases := f.store.ReleaseCalls()
 			require.Len(t, releases, 1, "the lease is kept between the batches and released after the last")
 			assert.Equal(t, []worker.Pair{p}, releases[0].Req.Pairs)
+			f.settled()
+		})
+	}
+}
+
+// A full batch keeps the lease for the next only while less than half of it (LockTimeout)
+// has passed since the claim: a chain never outlives the lease it runs under.
+func TestUnitApplyFullBatchKeepsTheLeaseForHalfOfIt(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name string
+		ago  time.Duration
+		kept bool
+	}{
+		{"claimed a second ago", time.Second, true},
+		{"claimed 16 s ago, the lease 30 s", 16 * time.Second, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := newUFix(t, false, func(c *worker.Config) { c.BatchSize = 100; c.Snapshots.Disabled = true })
+			p := uPair(t)
+			f.set(uState(t, p, uEvents(t, p.Stream, 100), 0)) // a full batch
+
+			rep := f.w.RunClaimedApply(context.Background(), time.Now().Add(-tc.ago), p)
+
+			require.Len(t, f.store.ApplyCalls(), 1)
+			if tc.kept {
+				assert.Equal(t, uJobs("apply", p), rep.Next, "the next batch follows under the lease")
+				assert.Empty(t, f.store.ReleaseCalls())
+			} else {
+				assert.Empty(t, rep.Next, "released, to be claimed again")
+				require.Len(t, f.store.ReleaseCalls(), 1)
+				assert.Equal(t, []worker.Pair{p}, f.store.ReleaseCalls()[0].Req.Pairs)
+			}
 			f.settled()
 		})
 	}
