@@ -49,7 +49,10 @@ func (w *Worker) applyPairs(ctx context.Context, pairs []Pair, r *jobResult) {
 	for _, rep := range out.reports {
 		w.reportApplied(ctx, rep)
 	}
-	r.next = append(r.next, out.next...)
+	for _, next := range out.next {
+		next.claimed = r.job.claimed // under the same lease
+		r.next = append(r.next, next)
+	}
 	if next, ok := w.continuation(r.job, out.reports); ok {
 		r.next = append(r.next, next)
 	}

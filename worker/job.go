@@ -160,7 +160,7 @@ func (w *Worker) run(ctx context.Context, j job) jobResult {
 			w.fail(ctx, p, err, &r)
 			break
 		}
-		r.next = append(r.next, job{kind: jobApply, pairs: []Pair{p}})
+		r.next = append(r.next, job{kind: jobApply, pairs: []Pair{p}, claimed: j.claimed})
 	}
 	return r
 }
