@@ -270,8 +270,8 @@ type Querier interface {
 	// workers are told. Returns the rows queued.
 	QueueEnqueueStreamFrom(ctx context.Context, arg QueueEnqueueStreamFromParams) (int64, error)
 	// The queued events of the given pairs: at most per_pair_limit per pair, the lowest event
-	// IDs of each above after_event_ids[i] (NULL, or past the array's end: from the lowest),
-	// in no particular order. A bound starts the probe at it, past the index entries of the
+	// IDs of each above after_event_ids[i] (the nil UUID, NULL, or past the array's end: from
+	// the lowest), in no particular order. A bound starts the probe at it, past the index entries of the
 	// rows applied before it (deleted, but left in the index until a vacuum).
 	// Each pair is one probe of the queue's primary key, in event_id order, that stops after
 	// per_pair_limit rows. The limit is read through a subquery, so the planner does not know it

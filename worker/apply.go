@@ -50,11 +50,16 @@ func (w *Worker) applyPairs(ctx context.Context, pairs []Pair, r *jobResult) {
 		w.reportApplied(ctx, rep)
 	}
 	for _, next := range out.next {
-		next.claimed = r.job.claimed // under the same lease
+		next.claimed, next.chain = r.job.claimed, r.job.chain // under the same lease
 		r.next = append(r.next, next)
 	}
-	if next, ok := w.continuation(r.job, out.reports); ok {
-		r.next = append(r.next, next)
+	for _, rep := range out.reports {
+		if rep.err == nil && rep.applied == w.cfg.BatchSize {
+			if r.full == nil {
+				r.full = map[Pair]uuid.UUID{}
+			}
+			r.full[rep.pair] = rep.last
+		}
 	}
 	r.busy = append(r.busy, out.busy...)
 }
@@ -62,25 +67,24 @@ func (w *Worker) applyPairs(ctx context.Context, pairs []Pair, r *jobResult) {
 // maxChain is how many batches in a row a pair keeps its lease for (see continuation).
 const maxChain = 10
 
-// continuation is the apply job that follows j for those of its pairs whose batch was full
-// (BatchSize events applied, none failed), unless they have had maxChain batches in a row
-// or half their lease has passed: they keep their lease, without a release and a claim in
-// between, and their next batch is read above the last event applied, past the queue rows
-// applied before it. Then they are released and claimed again in their turn; that job
-// reads from the lowest queued event, and finds an event queued late meanwhile (below the
-// cursor, so not read by a continuation).
-func (w *Worker) continuation(j job, reports []pairReport) (job, bool) {
-	if j.chain+1 >= maxChain || (!j.claimed.IsZero() && time.Since(j.claimed) >= w.cfg.LockOptions.LockTimeout/2) {
+// continuation is the apply job that follows j for full, its pairs whose batch was full
+// (BatchSize events applied, none failed) and their last event applied, unless they have
+// had maxChain batches in a row or half their lease has passed: they keep their lease,
+// without a release and a claim in between, and their next batch is read above the last
+// event applied, past the queue rows applied before it. Then they are released and claimed
+// again in their turn; that job reads from the lowest queued event, and finds an event
+// queued late meanwhile (below the cursor, so not read by a continuation).
+func (w *Worker) continuation(j job, full map[Pair]uuid.UUID) (job, bool) {
+	if len(full) == 0 || j.chain+1 >= maxChain ||
+		(!j.claimed.IsZero() && time.Since(j.claimed) >= w.cfg.LockOptions.LockTimeout/2) {
 		return job{}, false
 	}
-	next := job{kind: jobApply, chain: j.chain + 1, claimed: j.claimed, after: map[Pair]uuid.UUID{}}
-	for _, rep := range reports {
-		if rep.err == nil && rep.applied == w.cfg.BatchSize {
-			next.pairs = append(next.pairs, rep.pair)
-			next.after[rep.pair] = rep.last
-		}
+	next := job{kind: jobApply, chain: j.chain + 1, claimed: j.claimed, after: full}
+	for p := range full {
+		next.pairs = append(next.pairs, p)
 	}
-	return next, len(next.pairs) > 0
+	slices.SortFunc(next.pairs, comparePairs) // a group's pairs, and so its row locks, in one order
+	return next, true
 }
 
 // applyOutcome is what one apply transaction committed and left to do.

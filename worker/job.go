@@ -73,6 +73,9 @@ type jobResult struct {
 	contended []Pair // the stream lock was refused: another instance holds it
 	cutOff    []Pair // work cut off by a lost connection and left queued (not failed)
 	refresh   bool   // the builds changed (a catch-up ended, a build was promoted)
+	// full: an apply's pairs whose batch was full, and their last event applied (see
+	// continuation)
+	full map[Pair]uuid.UUID
 
 	// unrecorded: pairs whose failure could not be recorded (Store.MarkFailed failed): due
 	// again only after a backoff (schedule.held counts them)
@@ -141,6 +144,9 @@ func (w *Worker) run(ctx context.Context, j job) jobResult {
 	switch j.kind {
 	case jobApply:
 		w.applyPairs(ctx, mine, &r)
+		if next, ok := w.continuation(j, r.full); ok {
+			r.next = append(r.next, next)
+		}
 	case jobRewind:
 		p := mine[0]
 		var contended bool
@@ -160,7 +166,7 @@ func (w *Worker) run(ctx context.Context, j job) jobResult {
 			w.fail(ctx, p, err, &r)
 			break
 		}
-		r.next = append(r.next, job{kind: jobApply, pairs: []Pair{p}, claimed: j.claimed})
+		r.next = append(r.next, job{kind: jobApply, pairs: []Pair{p}, claimed: j.claimed, chain: j.chain})
 	}
 	return r
 }

@@ -313,6 +313,38 @@ func psSortedStreams(n int) []uuid.UUID {
 	return out
 }
 
+// Apply reads a pair's queued events above req.After's ID while its cursor is at that ID (a
+// job following a full batch: a late event below it waits for the next claim's job), and
+// from its lowest queued event when there is no bound or the cursor is elsewhere.
+func TestPGStoreApplyReadsAboveTheBoundWhileTheCursorIsThere(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := isolatedDB(t)
+	store := psStore(d)
+	p := worker.Pair{Stream: uuid.New(), Perspective: uniqueName("ps_after")}
+	ids := psIDs(psEvents(t, ctx, d, p.Stream, 5))
+	psCursor(t, ctx, d, p, ids[2], 3, 3)
+	psModel(t, ctx, d, p, `{}`, ids[2])
+	psQueue(t, ctx, d, p, ids[1], ids[3], ids[4]) // ids[1] is late: below the cursor
+	read := func(after map[worker.Pair]uuid.UUID) []uuid.UUID {
+		t.Helper()
+		var got []uuid.UUID
+		_, err := store.Apply(ctx, worker.ApplyRequest{Pairs: []worker.Pair{p}, PerPair: 10, After: after},
+			func(states []worker.PairState) []worker.PairWrite {
+				require.Len(t, states, 1)
+				got = psIDs(states[0].Events)
+				return nil
+			})
+		require.NoError(t, err)
+		return got
+	}
+	all := []uuid.UUID{ids[1], ids[3], ids[4]}
+	require.Equal(t, all, read(nil), "no bound: from the lowest, the late event first")
+	require.Equal(t, ids[3:], read(map[worker.Pair]uuid.UUID{p: ids[2]}), "the cursor at the bound: above it")
+	require.Equal(t, all, read(map[worker.Pair]uuid.UUID{p: ids[3]}), "the cursor not at the bound (moved back, reset): from the lowest")
+	require.Equal(t, all, read(map[worker.Pair]uuid.UUID{p: ids[0]}), "the cursor past the bound: from the lowest")
+}
+
 // Apply passes decide each locked pair's state: snapshot positions newest first, the
 // holder of an unexpired stream lock only (an expired one is no holder), queued events and
 // model; a retired build's pairs are neither passed nor locked.

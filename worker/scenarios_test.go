@@ -729,8 +729,9 @@ func appendHeld(t *testing.T, ctx context.Context, gated *gatedPerspective, ev w
 // A hot stream is applied BatchSize events per transaction, and a pair whose batch was full
 // keeps the lease of its claim for its next batch: the third batch runs under the lease the
 // first was claimed with. An event queued late while such a chain runs (older than the
-// cursor, so below where a continuation reads) is found when the pair is claimed again, and
-// rewound: the model ends as the fold of every event in ID order.
+// cursor, so below where a continuation reads) stays queued while the chain goes on, is
+// found when the pair is claimed again, and rewound: the model ends as the fold of every
+// event in ID order.
 func TestAHotPairKeepsItsLeaseAcrossBatchesAndALateEventIsRewound(t *testing.T) {
 	t.Parallel()
 	ctx := waitCtx(t)
@@ -763,7 +764,17 @@ func TestAHotPairKeepsItsLeaseAcrossBatchesAndALateEventIsRewound(t *testing.T) 
 	require.True(t, firstDue.Equal(thirdDue), "the lease of the first claim (to %v) is kept, not claimed again (to %v)", firstDue, thirdDue)
 
 	require.NoError(t, worker.Append(ctx, testDB.Pool, all[0])) // late: older than the cursor
+	inFifth, releaseFifth := gated.arm(ids[451])                // in the fifth (ids[401] … ids[500])
+	defer releaseFifth()
 	releaseThird()
+	waitEntered(t, inFifth, "the fifth batch")
+	// The fourth batch was read above the cursor, past the late event: applied, not rewound.
+	var at uuid.UUID
+	require.NoError(t, testDB.Pool.QueryRow(ctx, `SELECT last_event_id FROM wh_perspective_cursors
+		WHERE stream_id = $1 AND perspective_name = $2`, stream, name).Scan(&at))
+	require.Equal(t, ids[400], at, "the fourth batch committed on the normal path")
+	require.Contains(t, queued(t, ctx, name, stream), ids[0], "the late event waits for the next claim")
+	releaseFifth()
 	require.NoError(t, worker.WaitFor(ctx, testDB.Pool, name, stream, ids[0]))
 	require.NoError(t, worker.WaitFor(ctx, testDB.Pool, name, stream, ids[1000]))
 	m, ok := loadLedger(t, ctx, name, stream)

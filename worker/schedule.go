@@ -135,6 +135,21 @@ func (s *schedule) noteContention(p Pair, now time.Time) {
 	s.contended[p] = c
 }
 
+// releasePending ends, in one statement, the leases that the pair jobs still waiting for a
+// slot kept (a rewind, a bootstrap, a next batch) when the loop stops, so that another
+// instance can take their pairs at once rather than when the leases lapse.
+func (w *Worker) releasePending(ctx context.Context, s *schedule) {
+	var pairs []Pair
+	for _, j := range s.pending {
+		pairs = append(pairs, j.pairs...)
+	}
+	slices.SortFunc(pairs, comparePairs)
+	pairs = slices.Compact(pairs)
+	if len(pairs) > 0 {
+		w.release(ctx, jobResult{job: job{pairs: pairs}})
+	}
+}
+
 // popPending returns the first follow-up waiting for a slot that is due at now.
 func (s *schedule) popPending(now time.Time) (job, bool) {
 	for i, j := range s.pending {
@@ -218,6 +233,7 @@ func (w *Worker) loop(loopCtx, opsCtx context.Context) {
 				}
 			}
 		} else if running == 0 {
+			w.releasePending(opsCtx, s)
 			return
 		}
 		wait := w.cfg.PollInterval

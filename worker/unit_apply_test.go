@@ -551,6 +551,29 @@ func TestUnitApplyFullBatchKeepsTheLeaseForHalfOfIt(t *testing.T) {
 	}
 }
 
+// After a group transaction that failed, those of its pairs (applied one at a time) whose
+// batches were full follow as one group again, not as a job each.
+func TestUnitApplyFullBatchesAfterTheFallbackFollowAsOneGroup(t *testing.T) {
+	t.Parallel()
+	f := newUFix(t, false, func(c *worker.Config) { c.BatchSize = 3; c.Snapshots.Disabled = true })
+	a, b, c := uPair(t), uPair(t), uPair(t)
+	f.set(uState(t, a, uEvents(t, a.Stream, 3), 0), uState(t, b, uEvents(t, b.Stream, 2), 0), uState(t, c, uEvents(t, c.Stream, 3), 0))
+	f.applyErr = func(pairs []worker.Pair) error {
+		if len(pairs) > 1 {
+			return errors.New("the group's write failed")
+		}
+		return nil
+	}
+
+	rep := f.w.RunApply(context.Background(), a, b, c)
+
+	assert.Equal(t, [][]worker.Pair{{a, b, c}, {a}, {b}, {c}}, f.applyCalls())
+	full := []worker.Pair{a, c}
+	slices.SortFunc(full, func(x, y worker.Pair) int { return bytes.Compare(x.Stream[:], y.Stream[:]) })
+	assert.Equal(t, []worker.JobSpec{{Kind: "apply", Pairs: full}}, rep.Next, "a and c, whose batches were full, follow in one group")
+	f.settled()
+}
+
 // A snapshot is due each time EveryNEvents events have been applied since the last one,
 // counting those applied in earlier batches (SinceSnapshot).
 func TestUnitApplySnapshotEveryNEventsAcrossBatches(t *testing.T) {

@@ -400,3 +400,37 @@ func TestUnitLoopClaimsWhenTheNextPairBecomesDue(t *testing.T) {
 		require.Equal(t, []time.Duration{0, 3 * time.Second}, claims, "at start, then when the pair is due; the poll is a minute away")
 	})
 }
+
+// Stop while a pair's full batch is applied: the batch commits, and the lease its next batch
+// would have kept is released before Stop returns, so that another instance can take the
+// pair at once rather than after the lease lapses.
+func TestUnitStopReleasesTheLeaseAFollowUpKept(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := worker.Pair{Stream: uuid.New(), Perspective: utBuilds()[0].Key}
+		evs := make([]worker.Event, worker.DefaultBatchSize)
+		for i := range evs {
+			evs[i] = worker.Event{ID: uuid.Must(uuid.NewV7()), StreamID: p.Stream, Type: "n", Data: json.RawMessage(`{"n":1}`)}
+		}
+		applying, release := make(chan struct{}), make(chan struct{})
+		var n atomic.Int32
+		store := utLoopStore()
+		store.ClaimFunc = func(ctx context.Context, req worker.ClaimRequest) (worker.Claimed, error) {
+			if n.Add(1) > 1 {
+				return worker.Claimed{}, nil
+			}
+			return worker.Claimed{Pairs: []worker.Pair{p}}, nil
+		}
+		store.ApplyFunc = func(ctx context.Context, req worker.ApplyRequest, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
+			close(applying)
+			<-release
+			writes := decide([]worker.PairState{{Pair: p, Events: evs}})
+			assert.Len(t, writes, 1) // not require: a job goroutine
+			return nil, nil
+		}
+		require.NoError(t, utStopWhileBlocked(t, store, applying, release))
+		assert.Len(t, store.ApplyCalls(), 1, "the next batch is not started after Stop")
+		releases := store.ReleaseCalls()
+		require.Len(t, releases, 1, "the lease kept for the next batch is released")
+		assert.Equal(t, []worker.Pair{p}, releases[0].Req.Pairs)
+	})
+}

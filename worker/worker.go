@@ -190,7 +190,9 @@ func (w *Worker) Start(ctx context.Context) error {
 // progress finish until ctx ends; then it cancels them and waits up to 5 seconds more for
 // them to end. Each operation releases its own stream lock when it ends (with a fresh
 // short context); Stop never releases a lock whose operation is still running: such a lock
-// lapses after LockTimeout. Then it stops the background services under ctx: a catch-up
+// lapses after LockTimeout. The leases on pairs that a finished job left to a follow-up (a
+// rewind, a bootstrap, a next batch) not started are released. Then it stops the
+// background services under ctx: a catch-up
 // page read ahead is let finish until ctx ends, then cancelled; the instance's last
 // heartbeat and the deletion of its row run under ctx (bounded by 2 and 5 seconds: with ctx
 // already ended, the row is left to lapse after three heartbeat intervals). So Stop returns
