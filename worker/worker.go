@@ -191,11 +191,11 @@ func (w *Worker) Start(ctx context.Context) error {
 // them to end. Each operation releases its own stream lock when it ends (with a fresh
 // short context); Stop never releases a lock whose operation is still running: such a lock
 // lapses after LockTimeout. The leases on pairs that a finished job left to a follow-up (a
-// rewind, a bootstrap, a next batch) not started are released. Then it stops the
-// background services under ctx: a catch-up
-// page read ahead is let finish until ctx ends, then cancelled; the instance's last
-// heartbeat and the deletion of its row run under ctx (bounded by 2 and 5 seconds: with ctx
-// already ended, the row is left to lapse after three heartbeat intervals). So Stop returns
+// rewind, a bootstrap, a next batch) not started are released. Then it stops the background
+// services under ctx: a catch-up page read ahead is let finish until ctx ends, then
+// cancelled; the instance's last heartbeat and the deletion of its row run under ctx
+// (bounded by 2 and 5 seconds: with ctx already ended, the row is left to lapse after three
+// heartbeat intervals). So Stop returns
 // by ctx's deadline plus at most those 5 seconds and one bounded statement, with no
 // goroutine left running. It returns ctx's error when ctx ended first, joined with the error of
 // unregistering its queue gauges if that fails. It is idempotent.
