@@ -156,22 +156,25 @@ func plural(n int64, one, many string) string {
 // millis is a time in milliseconds, as the overview shows a sink's time per commit ("-":
 // none).
 func millis(ms float64) string {
-	switch {
-	case ms <= 0:
+	if ms <= 0 {
 		return "-"
-	case ms < 10:
-		return strconv.FormatFloat(ms, 'f', 1, 64) + " ms"
 	}
-	return count(int64(ms+0.5)) + " ms"
+	return measure(ms, " ms")
 }
 
 // rate is a throughput in events per second, as the overview shows it.
 func rate(perSecond float64) string {
-	switch {
-	case perSecond <= 0:
+	if perSecond <= 0 {
 		return "0/s"
-	case perSecond < 10:
-		return strconv.FormatFloat(perSecond, 'f', 1, 64) + "/s"
 	}
-	return count(int64(perSecond+0.5)) + "/s"
+	return measure(perSecond, "/s")
+}
+
+// measure is a positive figure with its unit: one decimal below 10, else rounded to a whole
+// number with thousands separators.
+func measure(x float64, unit string) string {
+	if x < 10 {
+		return strconv.FormatFloat(x, 'f', 1, 64) + unit
+	}
+	return count(int64(x+0.5)) + unit
 }
