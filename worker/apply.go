@@ -46,14 +46,12 @@ func (w *Worker) applyPairs(ctx context.Context, pairs []Pair, r *jobResult) {
 		}
 		return
 	}
-	for _, rep := range out.reports {
-		w.reportApplied(ctx, rep)
-	}
 	for _, next := range out.next {
 		next.claimed, next.chain = r.job.claimed, r.job.chain // under the same lease
 		r.next = append(r.next, next)
 	}
 	for _, rep := range out.reports {
+		w.reportApplied(ctx, rep)
 		if rep.err == nil && rep.applied == w.cfg.BatchSize {
 			if r.full == nil {
 				r.full = map[Pair]uuid.UUID{}
