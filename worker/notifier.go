@@ -118,7 +118,8 @@ func subscribe(pool *pgxpool.Pool, topic string, connect func(context.Context) (
 	}
 	n := notifiers.m[pool]
 	if n == nil {
-		n = &notifier{pool: pool, subs: map[string]map[*subscription]bool{}, listening: map[string]bool{}, kick: make(chan struct{}, 1)}
+		// connect is the notifier's before its goroutine starts, which reads it to dial.
+		n = &notifier{pool: pool, connect: connect, subs: map[string]map[*subscription]bool{}, listening: map[string]bool{}, kick: make(chan struct{}, 1)}
 		notifiers.m[pool] = n
 		_ = n.svc.Start(context.Background()) // a fresh service: it starts
 		n.svc.Go(n.run)
