@@ -520,11 +520,21 @@ func TestExpiryUsesDatabaseClockAndLockTimeout(t *testing.T) {
 	const fractional = 2500 * time.Millisecond
 	lf := newLocker(t, locker.Options{LockTimeout: fractional, KeepAliveInterval: time.Second})
 	other := uuid.New()
+	// The expiry is the acquiring transaction's now() plus the timeout: between the database
+	// clock's readings before and after the call, plus 2.5 s (a timeout rounded to whole
+	// seconds falls outside unless the call took half a second or more).
+	dbClock := func() (ts time.Time) {
+		require.NoError(t, testDB.Pool.QueryRow(ctx, `SELECT clock_timestamp()`).Scan(&ts))
+		return ts
+	}
+	before := dbClock()
 	ok, err = lf.TryAcquire(ctx, other, perspective, inst, locker.ReasonRewind)
 	require.NoError(t, err)
 	require.True(t, ok)
-	left := secondsLeft(t, other, perspective)
-	require.InDelta(t, fractional.Seconds(), left, 0.3)
+	after := dbClock()
+	expiry := *readLock(t, other, perspective).Expiry
+	require.False(t, expiry.Before(before.Add(fractional)), "expiry %s before the call's start %s + %s", expiry, before, fractional)
+	require.False(t, expiry.After(after.Add(fractional)), "expiry %s after the call's end %s + %s", expiry, after, fractional)
 }
 
 func TestGet(t *testing.T) {

@@ -111,8 +111,14 @@ func TestLeaderOnlyOneOfTwoInstancesRunsTheMaintenance(t *testing.T) {
 			PollInterval: 20 * time.Millisecond, Logger: quietLogger(), ListenConnect: directListen()}
 	}
 	a := startWorkerWith(t, tracedPool(t, testDB, trA), cfg())
+	// Start's first attempt is bounded (KeepAliveInterval); under load A may take the leases
+	// at its next one: B starts once A holds them.
+	eventually(t, 10*time.Second, "the first to start holds the leases", func() bool {
+		return leaseHolder(t, ctx, testDB.Pool, "cleanup:"+name) == a.InstanceID() &&
+			leaseHolder(t, ctx, testDB.Pool, "promotion:"+name+"@v1") == a.InstanceID()
+	})
 	b := startWorkerWith(t, tracedPool(t, testDB, trB), cfg())
-	require.Equal(t, a.InstanceID(), leaseHolder(t, ctx, testDB.Pool, "cleanup:"+name), "the first to start holds it")
+	require.Equal(t, a.InstanceID(), leaseHolder(t, ctx, testDB.Pool, "cleanup:"+name), "the first to start keeps them")
 	require.Equal(t, a.InstanceID(), leaseHolder(t, ctx, testDB.Pool, "promotion:"+name+"@v1"))
 	trA.reset()
 	trB.reset()
@@ -156,8 +162,11 @@ func TestLeaderHandoverOnStopIsImmediate(t *testing.T) {
 	a, err := worker.New(testDB.Pool, cfg)
 	require.NoError(t, err)
 	require.NoError(t, a.Start(ctx))
-	b := startWorkerWith(t, tracedPool(t, testDB, trB), cfg)
 	lease := "cleanup:" + name
+	eventually(t, 10*time.Second, "the first to start holds the lease", func() bool {
+		return leaseHolder(t, ctx, testDB.Pool, lease) == a.InstanceID()
+	})
+	b := startWorkerWith(t, tracedPool(t, testDB, trB), cfg)
 	require.Equal(t, a.InstanceID(), leaseHolder(t, ctx, testDB.Pool, lease))
 	var expires time.Time
 	require.NoError(t, testDB.Pool.QueryRow(ctx, `SELECT expires_at FROM wh_leader WHERE name = $1`, lease).Scan(&expires))

@@ -159,8 +159,9 @@ func appliedSince(t *testing.T, counter func() int64, from int64, within time.Du
 }
 
 // startFaultWorkers starts two instances applying a ledger perspective name on pool, with
-// the Postgres locker (opts), snapshots every 5 events and metrics into m; stopped when the
-// test ends.
+// the Postgres locker on opts (which the workers take for their claims' leases too: a lease
+// whose release an outage cut lapses after opts.LockTimeout), snapshots every 5 events and
+// metrics into m; stopped when the test ends.
 func startFaultWorkers(t *testing.T, pool *pgxpool.Pool, name string, m *metricsReader, opts locker.Options) {
 	t.Helper()
 	for range 2 {
@@ -195,7 +196,9 @@ func TestReliabilityServerRestartUnderLoad(t *testing.T) {
 	name := uniqueName("restart")
 	m := newMetrics(t)
 	applied := func() int64 { return m.sum("perspectives.events.applied") }
-	startFaultWorkers(t, pool, name, m, locker.Options{})
+	// Leases of 5 s: the pairs in flight at a restart, whose releases failed, are due again
+	// well within the final check.
+	startFaultWorkers(t, pool, name, m, locker.Options{LockTimeout: 5 * time.Second, KeepAliveInterval: time.Second})
 
 	stop := make(chan struct{})
 	load, wg := runFaultLoad(ctx, pool, 4, 10, stop)
