@@ -46,8 +46,11 @@ func newPGStore(pool *pgxpool.Pool, retryBase, retryMax time.Duration) *pgStore 
 // the worker's Start, and offers its ListenConnect to the pool's notifier, so that the
 // process's one LISTEN session is that connection whoever subscribes first.
 func (s *pgStore) startBackground(ctx context.Context) error {
+	if err := s.readAheads.Start(ctx); err != nil {
+		return err
+	}
 	offerListenConnect(s.pool, s.listenConnect, s)
-	return s.readAheads.Start(ctx)
+	return nil
 }
 
 // stopBackground stops the read-aheads, as the service's Stop does, and withdraws the

@@ -154,6 +154,12 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("worker: start: %w", err)
 	}
+	if bs, ok := w.store.(backgroundStore); ok {
+		// Before the heartbeat and the elector: a failure here leaves nothing running.
+		if err := bs.startBackground(ctx); err != nil {
+			return errors.Join(fmt.Errorf("worker: start: %w", err), gauges.Unregister())
+		}
+	}
 	w.gauges = gauges
 	if rec, ok := w.store.(instanceRecorder); ok {
 		w.beats = startHeartbeat(ctx, rec, newInstanceRecord(w.cfg.InstanceID, w.beatEvery, w.running()), w.perspectiveCounts, w.log)
@@ -166,11 +172,6 @@ func (w *Worker) Start(ctx context.Context) error {
 	opsCtx, cancelOps := context.WithCancel(base)
 	loopCtx, stopLoop := context.WithCancel(opsCtx)
 	w.stopLoop, w.cancelOps = stopLoop, cancelOps
-	if bs, ok := w.store.(backgroundStore); ok {
-		if err := bs.startBackground(ctx); err != nil {
-			return fmt.Errorf("worker: start: %w", err)
-		}
-	}
 	w.done = make(chan struct{})
 	w.started = true
 	var wg sync.WaitGroup
