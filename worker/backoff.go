@@ -73,7 +73,7 @@ func (s *schedule) unrecorded(r jobResult, now time.Time) {
 		return
 	}
 	for p, h := range s.held {
-		if !s.inflight[p] && now.Sub(h.last) > s.heldFor {
+		if s.inflight[p] == 0 && now.Sub(h.last) > s.heldFor {
 			delete(s.held, p)
 		}
 	}
@@ -85,7 +85,7 @@ func (s *schedule) unrecorded(r jobResult, now time.Time) {
 	}
 	for _, p := range r.job.pairs {
 		h, ok := s.held[p]
-		if !ok || failed[p] || unfinished[p] || s.inflight[p] {
+		if !ok || failed[p] || unfinished[p] || s.inflight[p] > 0 {
 			continue
 		}
 		delete(s.held, p)

@@ -6,6 +6,7 @@ package worker
 import (
 	"context"
 	"log/slog"
+	"maps"
 	"slices"
 	"time"
 
@@ -54,6 +55,7 @@ func (w *Worker) claimAndStart(ctx context.Context, s *schedule, free int, start
 		return false, err
 	}
 	s.nextDue = claimed.NextDue
+	s.leasedAgain(claimed.Pairs)
 	// A pair may still be in a job here whose report the loop has not taken yet (the job
 	// released it first), or whose lease lapsed (a slow Apply): its new job finds it held
 	// by the apply coordinator and releases it due again after busyWait, so it is never left
@@ -89,12 +91,14 @@ const busyWait = 100 * time.Millisecond
 // release ends the leases of r's pairs that no follow-up keeps: each is due again at its
 // oldest queued event (its row goes when nothing is queued), a busy one after busyWait, one
 // whose failure could not be recorded after its backoff (unrecordedWait). It runs under a
-// fresh context bounded by releaseTimeout, so that a stop does not leave the leases to lapse;
-// when it fails they do lapse, and the pairs are due again after LockTimeout.
-func (w *Worker) release(ctx context.Context, r jobResult) {
+// fresh context bounded by releaseTimeout, so that a stop does not leave the leases to lapse.
+// When it fails (the database restarts) it returns the release as owed: the loop sends it
+// again (retryReleases) while the leases certainly last, else they lapse and the pairs are
+// due again after LockTimeout.
+func (w *Worker) release(ctx context.Context, r jobResult) *owedRelease {
 	req := ReleaseRequest{Instance: w.cfg.InstanceID, Pairs: r.released(), Later: map[Pair]time.Duration{}}
 	if len(req.Pairs) == 0 {
-		return
+		return nil
 	}
 	for _, p := range r.busy {
 		req.Later[p] = busyWait
@@ -102,12 +106,74 @@ func (w *Worker) release(ctx context.Context, r jobResult) {
 	for _, p := range r.unrecorded {
 		req.Later[p] = w.unrecordedWait(r.job.unrecorded[p] + 1)
 	}
+	err := w.sendRelease(ctx, req)
+	if err == nil {
+		return nil
+	}
+	owed := &owedRelease{req: req, by: r.job.claimed.Add(w.cfg.LockOptions.LockTimeout / 2)}
+	msg := "releasing the pairs' leases failed; sent again before the next claims while half the lease is left, else the pairs are due again when the leases lapse"
+	if r.job.claimed.IsZero() || !time.Now().Before(owed.by) {
+		owed, msg = nil, "releasing the pairs' leases failed; they are due again when the leases lapse"
+	}
+	w.log.Warn(msg, slog.Int("pairs", len(req.Pairs)), slog.Duration("lease", w.cfg.LockOptions.LockTimeout), slog.Any("error", err))
+	return owed
+}
+
+// sendRelease runs req under a fresh context bounded by releaseTimeout.
+func (w *Worker) sendRelease(ctx context.Context, req ReleaseRequest) error {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
-	if err := w.store.Release(rctx, req); err != nil {
-		w.log.Warn("releasing the pairs' leases failed; they are due again when the leases lapse",
-			slog.Int("pairs", len(req.Pairs)), slog.Duration("lease", w.cfg.LockOptions.LockTimeout), slog.Any("error", err))
+	return w.store.Release(rctx, req)
+}
+
+// owedRelease is a release that failed, and until when its leases certainly last: half the
+// lease after the claim was sent (a lease runs LockTimeout from the claim's statement). Until
+// then no instance can claim its pairs, so sending it again ends this instance's leases of
+// that job and no other's.
+type owedRelease struct {
+	req ReleaseRequest
+	by  time.Time
+}
+
+// leasedAgain drops pairs from the owed releases: a release that failed may yet have
+// committed, and the pair be claimed again here; sent again, it would end the new lease.
+func (s *schedule) leasedAgain(pairs []Pair) {
+	if len(s.owed) == 0 || len(pairs) == 0 {
+		return
 	}
+	leased := make(map[Pair]bool, len(pairs))
+	for _, p := range pairs {
+		leased[p] = true
+	}
+	for i := range s.owed {
+		s.owed[i].req.Pairs = slices.DeleteFunc(slices.Clone(s.owed[i].req.Pairs), func(p Pair) bool { return leased[p] })
+	}
+	s.owed = slices.DeleteFunc(s.owed, func(o owedRelease) bool { return len(o.req.Pairs) == 0 })
+}
+
+// retryReleases sends again, in one statement, the owed releases whose leases still last
+// at now (the others lapse) with the leases of more (released at once), and reports whether
+// it released pairs, and its error. When it fails the owed releases stay owed.
+func (w *Worker) retryReleases(ctx context.Context, s *schedule, now time.Time, more ...Pair) (bool, error) {
+	s.owed = slices.DeleteFunc(s.owed, func(o owedRelease) bool { return !now.Before(o.by) })
+	req := ReleaseRequest{Instance: w.cfg.InstanceID, Pairs: slices.Clone(more), Later: map[Pair]time.Duration{}}
+	for _, o := range s.owed {
+		req.Pairs = append(req.Pairs, o.req.Pairs...)
+		maps.Copy(req.Later, o.req.Later)
+	}
+	if len(req.Pairs) == 0 {
+		return false, nil
+	}
+	slices.SortFunc(req.Pairs, comparePairs)
+	req.Pairs = slices.Compact(req.Pairs)
+	if err := w.sendRelease(ctx, req); err != nil {
+		return false, err
+	}
+	if len(s.owed) > 0 {
+		w.log.Info("released the leases whose release had failed", slog.Int("pairs", len(req.Pairs)-len(more)))
+	}
+	s.owed = nil
+	return true, nil
 }
 
 // released is the pairs of r's job that no follow-up keeps: the job releases their leases.

@@ -22,7 +22,7 @@ type contention struct {
 
 // schedule is the loop's state about pairs. Only the loop goroutine uses it.
 type schedule struct {
-	inflight  map[Pair]bool     // in a running or waiting job here
+	inflight  map[Pair]int      // in how many running or waiting jobs here (two: claimed again before a job's report)
 	pending   []job             // follow-ups waiting for a free slot (served before new claims)
 	buildJobs map[buildJob]bool // build jobs waiting or running
 	contended map[Pair]contention
@@ -31,6 +31,7 @@ type schedule struct {
 	// heldFor is how long after its last such failure a pair that no job here ran since is
 	// forgotten (twice MaxRetryBackoff, the longest it waits: it went elsewhere).
 	heldFor time.Duration
+	owed    []owedRelease // releases that failed, sent again before the next claims (retryReleases)
 	nextDue time.Time     // when the first pair not due at the last claim becomes due (zero: none)
 	window  time.Duration // LockTimeout: contention longer than this is warned of
 	log     *slog.Logger
@@ -38,7 +39,7 @@ type schedule struct {
 }
 
 func newSchedule(lockTimeout time.Duration, log *slog.Logger, logPair func(Pair, ...any) []any) *schedule {
-	return &schedule{inflight: map[Pair]bool{}, buildJobs: map[buildJob]bool{}, contended: map[Pair]contention{},
+	return &schedule{inflight: map[Pair]int{}, buildJobs: map[buildJob]bool{}, contended: map[Pair]contention{},
 		cutOff: map[Pair]int{}, held: map[Pair]unrecordedSpell{}, window: lockTimeout, log: log, logPair: logPair}
 }
 
@@ -56,7 +57,7 @@ func (s *schedule) queueBuildJob(j job) {
 // row (job.cutOffFails).
 func (s *schedule) started(j *job) {
 	for _, p := range j.pairs {
-		s.inflight[p] = true
+		s.inflight[p]++
 		if s.cutOff[p] >= cutOffLimit {
 			if j.cutOffFails == nil {
 				j.cutOffFails = map[Pair]bool{}
@@ -80,7 +81,9 @@ func (s *schedule) finish(r jobResult, now time.Time) {
 		cut[p] = true
 	}
 	for _, p := range r.job.pairs {
-		delete(s.inflight, p)
+		if s.inflight[p]--; s.inflight[p] <= 0 {
+			delete(s.inflight, p)
+		}
 		if cut[p] {
 			s.cutOff[p]++
 		} else {
@@ -89,6 +92,15 @@ func (s *schedule) finish(r jobResult, now time.Time) {
 	}
 	if len(r.job.pairs) == 0 {
 		delete(s.buildJobs, buildJob{kind: r.job.kind, key: r.job.key})
+	}
+	if r.owed != nil {
+		// A pair in a job here still was claimed again before this report: the failed
+		// release had committed, and sent again it would end the new lease (see leasedAgain).
+		o := *r.owed
+		o.req.Pairs = slices.DeleteFunc(slices.Clone(o.req.Pairs), func(p Pair) bool { return s.inflight[p] > 0 })
+		if len(o.req.Pairs) > 0 {
+			s.owed = append(s.owed, o)
+		}
 	}
 	for _, next := range r.next {
 		if len(next.pairs) == 0 {
@@ -136,17 +148,17 @@ func (s *schedule) noteContention(p Pair, now time.Time) {
 }
 
 // releasePending ends, in one statement, the leases that the pair jobs still waiting for a
-// slot kept (a rewind, a bootstrap, a next batch) when the loop stops, so that another
-// instance can take their pairs at once rather than when the leases lapse.
+// slot kept (a rewind, a bootstrap, a next batch) when the loop stops, and those of the owed
+// releases, so that another instance can take their pairs at once rather than when the
+// leases lapse.
 func (w *Worker) releasePending(ctx context.Context, s *schedule) {
 	var pairs []Pair
 	for _, j := range s.pending {
 		pairs = append(pairs, j.pairs...)
 	}
-	slices.SortFunc(pairs, comparePairs)
-	pairs = slices.Compact(pairs)
-	if len(pairs) > 0 {
-		w.release(ctx, jobResult{job: job{pairs: pairs}})
+	if _, err := w.retryReleases(ctx, s, time.Now(), pairs...); err != nil {
+		w.log.Warn("releasing the pairs' leases failed; they are due again when the leases lapse",
+			slog.Duration("lease", w.cfg.LockOptions.LockTimeout), slog.Any("error", err))
 	}
 }
 
@@ -228,6 +240,15 @@ func (w *Worker) loop(loopCtx, opsCtx context.Context) {
 				poll, err = w.claimAndStart(opsCtx, s, w.cfg.Concurrency-running, start)
 				unreachable = w.noteReachable(opsCtx, unreachable, err)
 				w.noteClaimFailure(opsCtx, &claims, err)
+				if err == nil && len(s.owed) > 0 {
+					// The database answers: the pairs whose release an outage cut off are due.
+					released, err := w.retryReleases(opsCtx, s, time.Now())
+					if err != nil {
+						w.log.Warn("releasing the leases whose release had failed failed again; sent again after the next claim while half the lease is left",
+							slog.Any("error", err))
+					}
+					poll = poll || released
+				}
 				if poll {
 					continue // the claim returned its limit and slots are still free
 				}

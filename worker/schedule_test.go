@@ -68,7 +68,7 @@ func TestScheduleFollowUpsKeepTheirPairsInFlight(t *testing.T) {
 	group := job{kind: jobApply, pairs: []Pair{a, b, c}}
 	s.started(&group)
 	s.finish(jobResult{job: group, next: []job{rewindOf(a)}, busy: []Pair{c}}, time.Now())
-	require.Equal(t, map[Pair]bool{a: true}, s.inflight, "a waits for its rewind; b and c are done")
+	require.Equal(t, map[Pair]int{a: 1}, s.inflight, "a waits for its rewind; b and c are done")
 	j, ok := s.popPending(time.Now())
 	require.True(t, ok)
 	require.Equal(t, rewindOf(a), j)

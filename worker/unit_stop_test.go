@@ -6,8 +6,12 @@ package worker_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
+	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -169,10 +173,9 @@ func TestUnitStopNeverReleasesTheLockOfARunningOperation(t *testing.T) {
 	})
 }
 
-// utStopWhileBlocked starts a polling worker on store, waits until one of its store calls
-// blocks (blocked closed), calls Stop, checks that Stop waits for that call, then lets the
-// call return (closes release) and returns Stop's error. Inside a synctest bubble.
-func utStopWhileBlocked(t *testing.T, store *mocks.StoreMock, blocked <-chan struct{}, release chan struct{}) error {
+// utStartPollOnly starts a worker of the unit perspective on store, polling only (no
+// LISTEN), with its log kept quiet; the test stops it.
+func utStartPollOnly(t *testing.T, store *mocks.StoreMock) *worker.Worker {
 	t.Helper()
 	w, err := worker.NewWithStore(store, worker.Config{
 		Perspectives: []worker.Perspective{utPerspective(utName, nil)},
@@ -181,6 +184,15 @@ func utStopWhileBlocked(t *testing.T, store *mocks.StoreMock, blocked <-chan str
 	})
 	require.NoError(t, err)
 	require.NoError(t, w.Start(context.Background()))
+	return w
+}
+
+// utStopWhileBlocked starts a polling worker on store, waits until one of its store calls
+// blocks (blocked closed), calls Stop, checks that Stop waits for that call, then lets the
+// call return (closes release) and returns Stop's error. Inside a synctest bubble.
+func utStopWhileBlocked(t *testing.T, store *mocks.StoreMock, blocked <-chan struct{}, release chan struct{}) error {
+	t.Helper()
+	w := utStartPollOnly(t, store)
 	<-blocked
 	stopped := make(chan error, 1)
 	go func() { stopped <- w.Stop(context.Background()) }()
@@ -433,4 +445,145 @@ func TestUnitStopReleasesTheLeaseAFollowUpKept(t *testing.T) {
 		require.Len(t, releases, 1, "the lease kept for the next batch is released")
 		assert.Equal(t, []worker.Pair{p}, releases[0].Req.Pairs)
 	})
+}
+
+// A job whose release an outage cut off: the release is sent again once a claim shows the
+// database answering, while half the lease is left (the lease is certainly this instance's
+// still), and the loop claims again at once, since the pair may be due. An outage longer
+// than that leaves the lease to lapse: the release is not sent again.
+func TestUnitAReleaseAnOutageCutOffIsSentAgainOnceTheDatabaseAnswers(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		outage time.Duration
+		again  bool
+	}{
+		{"outage of 3s", 3 * time.Second, true},
+		{"outage past half the lease", 20 * time.Second, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				p := worker.Pair{Stream: uuid.New(), Perspective: utBuilds()[0].Key}
+				ev := worker.Event{ID: uuid.Must(uuid.NewV7()), StreamID: p.Stream, Type: "n", Data: json.RawMessage(`{"n":1}`)}
+				refused := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+				var down atomic.Bool
+				var mu sync.Mutex
+				var calls []string // the store's calls in order: "claim", "claim-failed", "release", "release-failed"
+				note := func(s string) { mu.Lock(); calls = append(calls, s); mu.Unlock() }
+				var claimed atomic.Bool
+				store := utLoopStore()
+				store.ClaimFunc = func(ctx context.Context, req worker.ClaimRequest) (worker.Claimed, error) {
+					if down.Load() {
+						note("claim-failed")
+						return worker.Claimed{}, refused
+					}
+					note("claim")
+					if claimed.Swap(true) {
+						return worker.Claimed{}, nil
+					}
+					return worker.Claimed{Pairs: []worker.Pair{p}}, nil
+				}
+				store.ApplyFunc = func(ctx context.Context, req worker.ApplyRequest, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
+					// not require: a job goroutine
+					assert.Len(t, decide([]worker.PairState{{Pair: p, Events: []worker.Event{ev}}}), 1)
+					down.Store(true) // the server goes once the commit is acknowledged
+					return nil, nil
+				}
+				store.ReleaseFunc = func(ctx context.Context, req worker.ReleaseRequest) error {
+					if down.Load() {
+						note("release-failed")
+						return refused
+					}
+					note("release")
+					return nil
+				}
+				w := utStartPollOnly(t, store)
+				defer func() { require.NoError(t, w.Stop(context.Background())) }()
+				synctest.Wait()
+				time.Sleep(tc.outage)
+				down.Store(false)
+				time.Sleep(time.Second) // the loop claims every 100ms while the database is away
+				synctest.Wait()
+
+				mu.Lock()
+				defer mu.Unlock()
+				require.Equal(t, []string{"claim", "release-failed"}, calls[:2], "the job's release failed")
+				rest := slices.DeleteFunc(slices.Clone(calls[2:]), func(s string) bool { return s == "claim-failed" })
+				if !tc.again {
+					assert.Equal(t, []string{"claim"}, rest[:1], "claims resume")
+					assert.NotContains(t, rest, "release", "a lease past its half is left to lapse")
+					return
+				}
+				require.GreaterOrEqual(t, len(rest), 3, "claims resume: %v", rest)
+				assert.Equal(t, []string{"claim", "release", "claim"}, rest[:3],
+					"the first claim that answers is followed by the release sent again, then by a claim at once")
+				releases := store.ReleaseCalls()
+				require.Len(t, releases, 2)
+				assert.Equal(t, []worker.Pair{p}, releases[1].Req.Pairs)
+				assert.Equal(t, w.InstanceID(), releases[1].Req.Instance)
+			})
+		})
+	}
+}
+
+// A release that failed may yet have committed: when a claim leases the pair here again, the
+// release owed for the job before is not sent again, which would end the new job's lease
+// while it runs. The claim comes before the loop takes the first job's report (the failed
+// release returns only once the pair is claimed again), or after it: the claim the report
+// makes the loop send (the applies end between two polls, so no timer's claim comes first).
+func TestUnitAnOwedReleaseOfAPairClaimedAgainIsNotSent(t *testing.T) {
+	for _, beforeReport := range []bool{true, false} {
+		t.Run(fmt.Sprintf("claimed again before the report: %v", beforeReport), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				p := worker.Pair{Stream: uuid.New(), Perspective: utBuilds()[0].Key}
+				ev := worker.Event{ID: uuid.Must(uuid.NewV7()), StreamID: p.Stream, Type: "n", Data: json.RawMessage(`{"n":1}`)}
+				var mu sync.Mutex
+				var calls []string
+				note := func(s string) { mu.Lock(); calls = append(calls, s); mu.Unlock() }
+				var applies, releases atomic.Int32
+				var claimedFirst, claimedAgain atomic.Bool
+				again := make(chan struct{})
+				store := utLoopStore()
+				store.ClaimFunc = func(ctx context.Context, req worker.ClaimRequest) (worker.Claimed, error) {
+					first := !claimedFirst.Swap(true)
+					// p claimed again: the failed release had committed
+					later := !first && releases.Load() == 1 && !claimedAgain.Swap(true)
+					if first || later {
+						note("claim p")
+						if later && beforeReport {
+							close(again)
+						}
+						return worker.Claimed{Pairs: []worker.Pair{p}}, nil
+					}
+					return worker.Claimed{}, nil
+				}
+				store.ApplyFunc = func(ctx context.Context, req worker.ApplyRequest, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
+					n := applies.Add(1)
+					note(fmt.Sprintf("apply %d", n))
+					// not require: a job goroutine
+					assert.Len(t, decide([]worker.PairState{{Pair: p, Events: []worker.Event{ev}}}), 1)
+					time.Sleep(1500 * time.Millisecond) // between two polls (PollInterval 1s)
+					note(fmt.Sprintf("apply %d committed", n))
+					return nil, nil
+				}
+				store.ReleaseFunc = func(ctx context.Context, req worker.ReleaseRequest) error {
+					if releases.Add(1) == 1 {
+						note("release failed")
+						if beforeReport {
+							<-again
+						}
+						return &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET} // committed, the reply lost
+					}
+					note("release")
+					return nil
+				}
+				w := utStartPollOnly(t, store)
+				time.Sleep(5 * time.Second)
+				require.NoError(t, w.Stop(context.Background()))
+				mu.Lock()
+				defer mu.Unlock()
+				assert.Equal(t, []string{"claim p", "apply 1", "apply 1 committed", "release failed", "claim p", "apply 2", "apply 2 committed", "release"}, calls,
+					"the second job's lease is released once, by that job, after its commit")
+			})
+		})
+	}
 }
