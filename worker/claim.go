@@ -6,7 +6,6 @@ package worker
 import (
 	"context"
 	"log/slog"
-	"maps"
 	"slices"
 	"time"
 
@@ -92,9 +91,9 @@ const busyWait = 100 * time.Millisecond
 // oldest queued event (its row goes when nothing is queued), a busy one after busyWait, one
 // whose failure could not be recorded after its backoff (unrecordedWait). It runs under a
 // fresh context bounded by releaseTimeout, so that a stop does not leave the leases to lapse.
-// When it fails (the database restarts) it returns the release as owed: the loop sends it
-// again (retryReleases) while the leases certainly last, else they lapse and the pairs are
-// due again after LockTimeout.
+// When a lost connection fails it (a restart, a failover) it returns the release as owed: the
+// loop sends it again (retryReleases) until half the lease has passed, else the leases lapse
+// and the pairs are due again after LockTimeout.
 func (w *Worker) release(ctx context.Context, r jobResult) *owedRelease {
 	req := ReleaseRequest{Instance: w.cfg.InstanceID, Pairs: r.released(), Later: map[Pair]time.Duration{}}
 	if len(req.Pairs) == 0 {
@@ -111,8 +110,8 @@ func (w *Worker) release(ctx context.Context, r jobResult) *owedRelease {
 		return nil
 	}
 	owed := &owedRelease{req: req, by: r.job.claimed.Add(w.cfg.LockOptions.LockTimeout / 2)}
-	msg := "releasing the pairs' leases failed; sent again before the next claims while half the lease is left, else the pairs are due again when the leases lapse"
-	if r.job.claimed.IsZero() || !time.Now().Before(owed.by) {
+	msg := "releasing the pairs' leases failed; sent again after the next claim while half the lease is left, else the pairs are due again when the leases lapse"
+	if !isConnectionError(err) || r.job.claimed.IsZero() || !time.Now().Before(owed.by) {
 		owed, msg = nil, "releasing the pairs' leases failed; they are due again when the leases lapse"
 	}
 	w.log.Warn(msg, slog.Int("pairs", len(req.Pairs)), slog.Duration("lease", w.cfg.LockOptions.LockTimeout), slog.Any("error", err))
@@ -126,10 +125,12 @@ func (w *Worker) sendRelease(ctx context.Context, req ReleaseRequest) error {
 	return w.store.Release(rctx, req)
 }
 
-// owedRelease is a release that failed, and until when its leases certainly last: half the
-// lease after the claim was sent (a lease runs LockTimeout from the claim's statement). Until
-// then no instance can claim its pairs, so sending it again ends this instance's leases of
-// that job and no other's.
+// owedRelease is a release that a lost connection failed, and until when it is sent again:
+// half the lease after the claim was sent (a lease runs LockTimeout from the claim's
+// statement); after that the leases are left to lapse. Sent again, it ends only this
+// instance's leases (wh_pairs_release is fenced by leased_by), and the loop leaves out the
+// pairs it has leased again since (the release may have committed: leasedAgain, and finish
+// for a claim before the job's report), so it ends no lease of a job that runs.
 type owedRelease struct {
 	req ReleaseRequest
 	by  time.Time
@@ -159,7 +160,11 @@ func (w *Worker) retryReleases(ctx context.Context, s *schedule, now time.Time, 
 	req := ReleaseRequest{Instance: w.cfg.InstanceID, Pairs: slices.Clone(more), Later: map[Pair]time.Duration{}}
 	for _, o := range s.owed {
 		req.Pairs = append(req.Pairs, o.req.Pairs...)
-		maps.Copy(req.Later, o.req.Later)
+		for _, p := range o.req.Pairs { // not the waits of pairs left out since
+			if d, ok := o.req.Later[p]; ok {
+				req.Later[p] = d
+			}
+		}
 	}
 	if len(req.Pairs) == 0 {
 		return false, nil

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -450,21 +451,24 @@ func TestUnitStopReleasesTheLeaseAFollowUpKept(t *testing.T) {
 // A job whose release an outage cut off: the release is sent again once a claim shows the
 // database answering, while half the lease is left (the lease is certainly this instance's
 // still), and the loop claims again at once, since the pair may be due. An outage longer
-// than that leaves the lease to lapse: the release is not sent again.
+// than that leaves the lease to lapse: the release is not sent again; nor is one that
+// failed otherwise than by a lost connection (it would fail again).
 func TestUnitAReleaseAnOutageCutOffIsSentAgainOnceTheDatabaseAnswers(t *testing.T) {
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
 	for _, tc := range []struct {
-		name   string
-		outage time.Duration
-		again  bool
+		name       string
+		outage     time.Duration
+		releaseErr error
+		again      bool
 	}{
-		{"outage of 3s", 3 * time.Second, true},
-		{"outage past half the lease", 20 * time.Second, false},
+		{"outage of 3s", 3050 * time.Millisecond, refused, true}, // off the 100ms grid of its claims
+		{"outage past half the lease", 20 * time.Second, refused, false},
+		{"release refused by the database", 3050 * time.Millisecond, &pgconn.PgError{Code: "XX000", Message: "internal error"}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				p := worker.Pair{Stream: uuid.New(), Perspective: utBuilds()[0].Key}
 				ev := worker.Event{ID: uuid.Must(uuid.NewV7()), StreamID: p.Stream, Type: "n", Data: json.RawMessage(`{"n":1}`)}
-				refused := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
 				var down atomic.Bool
 				var mu sync.Mutex
 				var calls []string // the store's calls in order: "claim", "claim-failed", "release", "release-failed"
@@ -491,7 +495,7 @@ func TestUnitAReleaseAnOutageCutOffIsSentAgainOnceTheDatabaseAnswers(t *testing.
 				store.ReleaseFunc = func(ctx context.Context, req worker.ReleaseRequest) error {
 					if down.Load() {
 						note("release-failed")
-						return refused
+						return tc.releaseErr
 					}
 					note("release")
 					return nil
@@ -501,7 +505,9 @@ func TestUnitAReleaseAnOutageCutOffIsSentAgainOnceTheDatabaseAnswers(t *testing.
 				synctest.Wait()
 				time.Sleep(tc.outage)
 				down.Store(false)
-				time.Sleep(time.Second) // the loop claims every 100ms while the database is away
+				// The loop claims every 100ms while the database is away; the poll after the
+				// first claim that answers would come a PollInterval (1s) later.
+				time.Sleep(500 * time.Millisecond)
 				synctest.Wait()
 
 				mu.Lock()
@@ -523,6 +529,50 @@ func TestUnitAReleaseAnOutageCutOffIsSentAgainOnceTheDatabaseAnswers(t *testing.
 			})
 		})
 	}
+}
+
+// Stop sends the owed release (with the wait it was given: the pair was busy) in its one
+// release statement at the end of the loop, when the database answers again before a claim
+// could send it: the pair is not left to wait for its lease to lapse.
+func TestUnitStopSendsAnOwedRelease(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := worker.Pair{Stream: uuid.New(), Perspective: utBuilds()[0].Key}
+		refused := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+		var down, claimed atomic.Bool
+		store := utLoopStore()
+		store.ClaimFunc = func(ctx context.Context, req worker.ClaimRequest) (worker.Claimed, error) {
+			if down.Load() {
+				return worker.Claimed{}, refused
+			}
+			if claimed.Swap(true) {
+				return worker.Claimed{}, nil
+			}
+			return worker.Claimed{Pairs: []worker.Pair{p}}, nil
+		}
+		store.ApplyFunc = func(ctx context.Context, req worker.ApplyRequest, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
+			down.Store(true) // the server goes as the transaction finds p held by another
+			return []worker.Pair{p}, nil
+		}
+		store.ReleaseFunc = func(ctx context.Context, req worker.ReleaseRequest) error {
+			if down.Load() {
+				return refused
+			}
+			return nil
+		}
+		w := utStartPollOnly(t, store)
+		time.Sleep(2050 * time.Millisecond) // off the 100ms grid of the claims during the outage
+		down.Store(false)
+		claims := len(store.ClaimCalls())
+		require.NoError(t, w.Stop(context.Background()))
+		assert.Len(t, store.ClaimCalls(), claims, "no claim between the database's return and Stop")
+		releases := store.ReleaseCalls()
+		require.Len(t, releases, 2, "the release the outage failed, and Stop's")
+		for i, r := range releases {
+			assert.Equal(t, []worker.Pair{p}, r.Req.Pairs, "release %d", i)
+			assert.Equal(t, map[worker.Pair]time.Duration{p: 100 * time.Millisecond}, r.Req.Later,
+				"release %d: the busy pair is due after busyWait", i)
+		}
+	})
 }
 
 // A release that failed may yet have committed: when a claim leases the pair here again, the
