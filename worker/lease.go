@@ -71,7 +71,12 @@ func (l *lease) keepAlive(ctx context.Context) context.Context {
 }
 
 // release stops the keepalive and releases the lock with a fresh short context, so that it
-// happens even when the operation's context was cancelled (shutdown, lost lock). It is
+// happens even when the operation's context was cancelled (shutdown, lost lock). A release
+// that a lost connection fails (a restart, a failover) is sent again every
+// reconnectInterval within that context's releaseTimeout, so that another instance need not
+// wait for the lock to lapse. The operation still holds the pair here meanwhile (its
+// coordinator lock and claim), so no other operation of this instance can hold the lock;
+// another instance's lock is never released (Release is fenced by the holder). It is
 // idempotent.
 func (l *lease) release() {
 	l.once.Do(func() {
@@ -83,11 +88,31 @@ func (l *lease) release() {
 		rctx, cancel := context.WithTimeout(mctx, releaseTimeout)
 		defer cancel()
 		attrs := w.metricPair(l.k, attrReason.String(string(l.reason)))
-		if err := w.locker.Release(rctx, l.k.Stream, l.k.Perspective, w.cfg.InstanceID); err != nil {
+		err := w.locker.Release(rctx, l.k.Stream, l.k.Perspective, w.cfg.InstanceID)
+		for err != nil && isConnectionError(err) && sleepCtx(rctx, reconnectInterval) {
+			err = w.locker.Release(rctx, l.k.Stream, l.k.Perspective, w.cfg.InstanceID)
+		}
+		if err != nil {
 			w.log.Warn("stream lock release failed; it will expire", w.logPair(l.k, slog.Any("error", err))...)
 		} else {
 			w.tel.lockReleased.Add(mctx, 1, attrs)
 		}
 		w.tel.lockHold.Record(mctx, time.Since(l.since).Seconds(), attrs)
 	})
+}
+
+// sleepCtx waits d and reports true, unless ctx ends first, or ends by then (its deadline
+// is no later than d from now): false, at once in that case.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= d {
+		return false
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }

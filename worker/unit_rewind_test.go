@@ -9,7 +9,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
+	"strings"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -449,6 +452,49 @@ func TestUnitRewindLostLockCancelsIt(t *testing.T) {
 				f.failed(sc.p, worker.ErrLockLost.Error())
 				f.releasedOnce(sc.p)
 				f.settled()
+			})
+		})
+	}
+}
+
+// A stream lock's release that a lost connection fails is sent again every 100ms within the
+// release's 5s bound, so that another instance need not wait for the lock to lapse: released
+// once the database answers; still failing at the bound, left to lapse (warned). A release
+// refused otherwise is not sent again.
+func TestUnitRewindLockReleaseRetriedWhileTheDatabaseIsAway(t *testing.T) {
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+	for _, tc := range []struct {
+		name     string
+		failures int   // releases that fail before one succeeds
+		err      error // their error
+		calls    int   // Release calls
+		lapses   bool  // warned: the lock is left to lapse
+	}{
+		{"the database answers after 3 tries", 3, refused, 4, false},
+		{"away past the bound", 1000, refused, 50, true}, // at 0, 100ms, …, 4.9s
+		{"refused by the database", 1000, errors.New("permission denied for table wh_perspective_cursors"), 1, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f := newUFix(t, true, nil)
+				sc := f.late()
+				var n int
+				var at []time.Duration
+				start := time.Now()
+				f.locker.ReleaseFunc = func(context.Context, uuid.UUID, string, uuid.UUID) error {
+					at = append(at, time.Since(start))
+					if n++; n <= tc.failures {
+						return fmt.Errorf("release: %w", tc.err)
+					}
+					return nil
+				}
+				f.w.RunRewind(context.Background(), sc.p)
+				require.Equal(t, tc.calls, len(f.locker.ReleaseCalls()), "Release calls")
+				for i := 1; i < len(at); i++ {
+					assert.Equal(t, 100*time.Millisecond, at[i]-at[i-1], "release %d: 100ms after the one before", i+1)
+				}
+				assert.Equal(t, tc.lapses, strings.Contains(f.logs.String(), "stream lock release failed; it will expire"), "warned")
+				assert.Len(t, f.store.RewindCommitCalls(), 1, "the rewind committed first")
 			})
 		})
 	}
