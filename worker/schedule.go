@@ -31,7 +31,7 @@ type schedule struct {
 	// heldFor is how long after its last such failure a pair that no job here ran since is
 	// forgotten (twice MaxRetryBackoff, the longest it waits: it went elsewhere).
 	heldFor time.Duration
-	owed    []owedRelease // releases that failed, sent again before the next claims (retryReleases)
+	owed    []owedRelease // releases a lost connection failed, sent again after the next claim that succeeds (retryReleases)
 	nextDue time.Time     // when the first pair not due at the last claim becomes due (zero: none)
 	window  time.Duration // LockTimeout: contention longer than this is warned of
 	log     *slog.Logger
@@ -94,7 +94,7 @@ func (s *schedule) finish(r jobResult, now time.Time) {
 		delete(s.buildJobs, buildJob{kind: r.job.kind, key: r.job.key})
 	}
 	if r.owed != nil {
-		// A pair in a job here still was claimed again before this report: the failed
+		// A pair that is still in a job here was claimed again before this report: the failed
 		// release had committed, and sent again it would end the new lease (see leasedAgain).
 		o := *r.owed
 		o.req.Pairs = slices.DeleteFunc(slices.Clone(o.req.Pairs), func(p Pair) bool { return s.inflight[p] > 0 })
