@@ -64,6 +64,39 @@ func (q *Queries) PairsClaim(ctx context.Context, arg PairsClaimParams) ([]WhPer
 	return items, nil
 }
 
+const pairsLeasedBy = `-- name: PairsLeasedBy :many
+SELECT stream_id, perspective_name FROM wh_perspective_pairs WHERE leased_by = $1::uuid
+ORDER BY stream_id, perspective_name
+`
+
+type PairsLeasedByRow struct {
+	StreamID        uuid.UUID
+	PerspectiveName string
+}
+
+// The pairs whose due rows the instance leases. After a claim that failed with a lost
+// connection: the claim may have committed, leasing pairs the instance never learnt of. A
+// scan of the due rows (no index leads on leased_by, which every claim and release writes).
+func (q *Queries) PairsLeasedBy(ctx context.Context, instanceID uuid.UUID) ([]PairsLeasedByRow, error) {
+	rows, err := q.db.Query(ctx, pairsLeasedBy, instanceID)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []PairsLeasedByRow{}
+	for rows.Next() {
+		var i PairsLeasedByRow
+		if err := rows.Scan(&i.StreamID, &i.PerspectiveName); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const pairsRelease = `-- name: PairsRelease :exec
 SELECT wh_pairs_release($1::uuid, $2::uuid[], $3::text[], $4::float8[])
 `

@@ -39,6 +39,9 @@ var _ worker.Store = &StoreMock{}
 //			CleanupFunc: func(ctx context.Context, perspectives []string, grace time.Duration, batch int, fence worker.LeaderLease) (bool, error) {
 //				panic("mock out the Cleanup method")
 //			},
+//			LeasedFunc: func(ctx context.Context, instance uuid.UUID) ([]worker.Pair, error) {
+//				panic("mock out the Leased method")
+//			},
 //			ListenFunc: func(ctx context.Context, notify func()) error {
 //				panic("mock out the Listen method")
 //			},
@@ -93,6 +96,9 @@ type StoreMock struct {
 
 	// CleanupFunc mocks the Cleanup method.
 	CleanupFunc func(ctx context.Context, perspectives []string, grace time.Duration, batch int, fence worker.LeaderLease) (bool, error)
+
+	// LeasedFunc mocks the Leased method.
+	LeasedFunc func(ctx context.Context, instance uuid.UUID) ([]worker.Pair, error)
 
 	// ListenFunc mocks the Listen method.
 	ListenFunc func(ctx context.Context, notify func()) error
@@ -177,6 +183,13 @@ type StoreMock struct {
 			Batch int
 			// Fence is the fence argument value.
 			Fence worker.LeaderLease
+		}
+		// Leased holds details about calls to the Leased method.
+		Leased []struct {
+			// Ctx is the ctx argument value.
+			Ctx context.Context
+			// Instance is the instance argument value.
+			Instance uuid.UUID
 		}
 		// Listen holds details about calls to the Listen method.
 		Listen []struct {
@@ -273,6 +286,7 @@ type StoreMock struct {
 	lockCatchUp      sync.RWMutex
 	lockClaim        sync.RWMutex
 	lockCleanup      sync.RWMutex
+	lockLeased       sync.RWMutex
 	lockListen       sync.RWMutex
 	lockMarkFailed   sync.RWMutex
 	lockPromote      sync.RWMutex
@@ -518,6 +532,42 @@ func (mock *StoreMock) CleanupCalls() []struct {
 	mock.lockCleanup.RLock()
 	calls = mock.calls.Cleanup
 	mock.lockCleanup.RUnlock()
+	return calls
+}
+
+// Leased calls LeasedFunc.
+func (mock *StoreMock) Leased(ctx context.Context, instance uuid.UUID) ([]worker.Pair, error) {
+	if mock.LeasedFunc == nil {
+		panic("StoreMock.LeasedFunc: method is nil but Store.Leased was just called")
+	}
+	callInfo := struct {
+		Ctx      context.Context
+		Instance uuid.UUID
+	}{
+		Ctx:      ctx,
+		Instance: instance,
+	}
+	mock.lockLeased.Lock()
+	mock.calls.Leased = append(mock.calls.Leased, callInfo)
+	mock.lockLeased.Unlock()
+	return mock.LeasedFunc(ctx, instance)
+}
+
+// LeasedCalls gets all the calls that were made to Leased.
+// Check the length with:
+//
+//	len(mockedStore.LeasedCalls())
+func (mock *StoreMock) LeasedCalls() []struct {
+	Ctx      context.Context
+	Instance uuid.UUID
+} {
+	var calls []struct {
+		Ctx      context.Context
+		Instance uuid.UUID
+	}
+	mock.lockLeased.RLock()
+	calls = mock.calls.Leased
+	mock.lockLeased.RUnlock()
 	return calls
 }
 

@@ -17,3 +17,10 @@ SELECT * FROM wh_claim_pairs(@instance_id::uuid, @build_keys::text[], @max_pairs
 -- Ends the caller's leases on the given pairs after their job (see wh_pairs_release):
 -- delays[i] negative: due at its oldest queued event; else that many seconds from now.
 SELECT wh_pairs_release(@instance_id::uuid, @stream_ids::uuid[], @perspective_names::text[], @delays::float8[]);
+
+-- name: PairsLeasedBy :many
+-- The pairs whose due rows the instance leases. After a claim that failed with a lost
+-- connection: the claim may have committed, leasing pairs the instance never learnt of. A
+-- scan of the due rows (no index leads on leased_by, which every claim and release writes).
+SELECT stream_id, perspective_name FROM wh_perspective_pairs WHERE leased_by = @instance_id::uuid
+ORDER BY stream_id, perspective_name;

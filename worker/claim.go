@@ -51,6 +51,9 @@ func (w *Worker) claimAndStart(ctx context.Context, s *schedule, free int, start
 		Lease:        w.cfg.LockOptions.LockTimeout,
 	})
 	if err != nil {
+		if isConnectionError(err) && s.unknownSince.IsZero() {
+			s.unknownSince = sent
+		}
 		return false, err
 	}
 	s.nextDue = claimed.NextDue
@@ -64,7 +67,30 @@ func (w *Worker) claimAndStart(ctx context.Context, s *schedule, free int, start
 		s.started(&j)
 		start(j)
 	}
+	if !s.unknownSince.IsZero() {
+		w.owedUnknown(ctx, s)
+	}
 	return len(claimed.Pairs) >= limit, nil
+}
+
+// owedUnknown makes owed the leases of claims that failed with a lost connection since
+// s.unknownSince yet committed: the pairs this instance leases that no job here holds (every
+// pair a job here runs or waits for is in s.inflight; only claims lease). Their leases run
+// LockTimeout at least from the first such claim's sending; when the read fails it is tried
+// after the next claim.
+func (w *Worker) owedUnknown(ctx context.Context, s *schedule) {
+	leased, err := w.store.Leased(ctx, w.cfg.InstanceID)
+	if err != nil {
+		w.log.Warn("reading the pairs this instance leases failed; read again after the next claim", slog.Any("error", err))
+		return
+	}
+	by := s.unknownSince.Add(w.cfg.LockOptions.LockTimeout / 2)
+	s.unknownSince = time.Time{}
+	unknown := slices.DeleteFunc(leased, func(p Pair) bool { return s.inflight[p] > 0 })
+	if len(unknown) > 0 && time.Now().Before(by) {
+		w.log.Info("a claim cut off by a lost connection had leased pairs; releasing them", slog.Int("pairs", len(unknown)))
+		s.owed = append(s.owed, owedRelease{req: ReleaseRequest{Instance: w.cfg.InstanceID, Pairs: unknown}, by: by})
+	}
 }
 
 // splitGroups divides pairs into at most n groups of nearly equal size, in order.
@@ -297,6 +323,18 @@ func (s *pgStore) Release(ctx context.Context, req ReleaseRequest) error {
 	})
 }
 
+func (s *pgStore) Leased(ctx context.Context, instance uuid.UUID) ([]Pair, error) {
+	rows, err := s.q.PairsLeasedBy(ctx, instance)
+	if err != nil {
+		return nil, err
+	}
+	pairs := make([]Pair, len(rows))
+	for i, r := range rows {
+		pairs[i] = Pair{Stream: r.StreamID, Perspective: r.PerspectiveName}
+	}
+	return pairs, nil
+}
+
 // ClaimStore is what the claim asks of the database: lease due pairs, and end the leases.
 type ClaimStore interface {
 	// Claim leases up to req.Limit due pairs, oldest due first (one statement: see
@@ -308,4 +346,6 @@ type ClaimStore interface {
 	// req.Later[p] from now when given. It never leaves a queued event without a due row,
 	// even while an Append to the pair is in flight (see wh_pairs_release).
 	Release(ctx context.Context, req ReleaseRequest) error
+	// Leased returns the pairs whose due rows instance leases (see PairsLeasedBy).
+	Leased(ctx context.Context, instance uuid.UUID) ([]Pair, error)
 }

@@ -92,6 +92,42 @@ func TestClaimSQLLeasesTheOldestDuePairsOnce(t *testing.T) {
 	require.Empty(t, third)
 }
 
+// Leased returns the pairs whose due rows an instance leases, and no other's: after its
+// release, none.
+func TestClaimSQLLeasedReturnsTheInstancesLeasesOnly(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := gsRegister(t, ctx, "cs_leased")
+	streams := gsStreamsDescending(3)
+	for _, s := range streams {
+		gsAppend(t, ctx, s, 1)
+	}
+	gsSeal(t, ctx, []string{name}, streams...)
+	me, other := uuid.New(), uuid.New()
+	mine, _ := csClaim(t, ctx, testDB.Pool, me, 2, name)
+	require.Len(t, mine, 2)
+	theirs, _ := csClaim(t, ctx, testDB.Pool, other, 10, name)
+	require.Len(t, theirs, 1)
+	store := worker.NewPGStore(testDB.Pool, time.Second, time.Second)
+	asPairs := func(ps []gsPair) []worker.Pair {
+		var out []worker.Pair
+		for _, p := range ps {
+			out = append(out, worker.Pair{Stream: p.Stream, Perspective: p.Name})
+		}
+		return out
+	}
+	leased, err := store.Leased(ctx, me)
+	require.NoError(t, err)
+	require.ElementsMatch(t, asPairs(mine), leased, "its own leases")
+	leased, err = store.Leased(ctx, other)
+	require.NoError(t, err)
+	require.ElementsMatch(t, asPairs(theirs), leased)
+	csRelease(t, ctx, me, nil, mine...)
+	leased, err = store.Leased(ctx, me)
+	require.NoError(t, err)
+	require.Empty(t, leased, "none once released")
+}
+
 // A claim skips pairs under an unexpired stream lock (anyone's), pairs backing off, parked
 // pairs, pairs of builds it was not asked for and pairs whose build's catch-up has not passed
 // their stream; it reports when the backoff ends (not the parked pair: never).

@@ -32,10 +32,13 @@ type schedule struct {
 	// forgotten (twice MaxRetryBackoff, the longest it waits: it went elsewhere).
 	heldFor time.Duration
 	owed    []owedRelease // releases a lost connection failed, sent again after the next claim that succeeds (retryReleases)
-	nextDue time.Time     // when the first pair not due at the last claim becomes due (zero: none)
-	window  time.Duration // LockTimeout: contention longer than this is warned of
-	log     *slog.Logger
-	logPair func(Pair, ...any) []any // how a pair is named in the log
+	// unknownSince: when the first claim that failed with a lost connection since the last
+	// look at this instance's leases was sent (zero: none); see owedUnknown
+	unknownSince time.Time
+	nextDue      time.Time     // when the first pair not due at the last claim becomes due (zero: none)
+	window       time.Duration // LockTimeout: contention longer than this is warned of
+	log          *slog.Logger
+	logPair      func(Pair, ...any) []any // how a pair is named in the log
 }
 
 func newSchedule(lockTimeout time.Duration, log *slog.Logger, logPair func(Pair, ...any) []any) *schedule {

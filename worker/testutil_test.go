@@ -107,6 +107,7 @@ func utLoopStore() *mocks.StoreMock {
 	return &mocks.StoreMock{
 		RegisterFunc: func(context.Context, string, int) ([]worker.Build, error) { return utBuilds(), nil },
 		ReleaseFunc:  func(context.Context, worker.ReleaseRequest) error { return nil },
+		LeasedFunc:   func(context.Context, uuid.UUID) ([]worker.Pair, error) { return nil, nil },
 		BuildsFunc:   func(context.Context, []string) ([]worker.Build, error) { return utBuilds(), nil },
 		StatusFunc:   func(context.Context) ([]worker.BuildStatus, error) { return nil, nil },
 		CleanupFunc: func(context.Context, []string, time.Duration, int, worker.LeaderLease) (bool, error) {

@@ -81,6 +81,7 @@ func newUFix(t *testing.T, withLocker bool, cfg func(c *worker.Config)) *uFix {
 	f.store = &mocks.StoreMock{
 		ApplyFunc:   f.apply,
 		ReleaseFunc: func(context.Context, worker.ReleaseRequest) error { return nil },
+		LeasedFunc:  func(context.Context, uuid.UUID) ([]worker.Pair, error) { return nil, nil },
 		MarkFailedFunc: func(context.Context, worker.Pair, worker.Failure, func(int) worker.FailureAction) (worker.FailureAction, error) {
 			return worker.FailureRetry, nil
 		},

@@ -800,6 +800,7 @@ func newUBLoop(t *testing.T, version int, builds []worker.Build, cfg func(c *wor
 			return f.current(), nil
 		},
 		StatusFunc: func(context.Context) ([]worker.BuildStatus, error) { return nil, nil },
+		LeasedFunc: func(context.Context, uuid.UUID) ([]worker.Pair, error) { return nil, nil },
 		CleanupFunc: func(context.Context, []string, time.Duration, int, worker.LeaderLease) (bool, error) {
 			return false, nil
 		},

@@ -637,3 +637,64 @@ func TestUnitAnOwedReleaseOfAPairClaimedAgainIsNotSent(t *testing.T) {
 		})
 	}
 }
+
+// A claim that failed with a lost connection may have committed, leasing pairs this instance
+// never learnt of: after the next claim that succeeds, the loop reads the pairs it leases
+// and releases those no job here holds (q, not p, whose job runs), while half the lease is
+// left from the failed claim's sending; past that, they are left to lapse.
+func TestUnitPairsAClaimCutOffLeasedAreReleased(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		outage  time.Duration
+		release bool
+	}{
+		{"outage of 2s", 2050 * time.Millisecond, true},
+		{"outage past half the lease", 20 * time.Second, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				p := worker.Pair{Stream: uuid.New(), Perspective: utBuilds()[0].Key}
+				q := worker.Pair{Stream: uuid.New(), Perspective: utBuilds()[0].Key}
+				refused := &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}
+				var up, claimedP atomic.Bool
+				applying, done := make(chan struct{}), make(chan struct{})
+				store := utLoopStore()
+				store.ClaimFunc = func(ctx context.Context, req worker.ClaimRequest) (worker.Claimed, error) {
+					switch {
+					case !up.Load():
+						return worker.Claimed{}, refused // the first one committed: q is leased here
+					case !claimedP.Swap(true):
+						return worker.Claimed{Pairs: []worker.Pair{p}}, nil
+					}
+					return worker.Claimed{}, nil
+				}
+				store.ApplyFunc = func(ctx context.Context, req worker.ApplyRequest, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
+					close(applying)
+					<-done
+					return nil, nil
+				}
+				store.LeasedFunc = func(context.Context, uuid.UUID) ([]worker.Pair, error) {
+					return []worker.Pair{p, q}, nil
+				}
+				w := utStartPollOnly(t, store)
+				time.Sleep(tc.outage)
+				up.Store(true)
+				<-applying
+				synctest.Wait()
+				leased := len(store.LeasedCalls())
+				var released [][]worker.Pair
+				for _, c := range store.ReleaseCalls() {
+					released = append(released, c.Req.Pairs)
+				}
+				close(done)
+				require.NoError(t, w.Stop(context.Background()))
+				assert.Equal(t, 1, leased, "the leases read once, after the claim that succeeded")
+				if tc.release {
+					assert.Equal(t, [][]worker.Pair{{q}}, released, "q released while p's job runs; p is not")
+				} else {
+					assert.Empty(t, released, "past half the lease q is left to lapse")
+				}
+			})
+		})
+	}
+}
