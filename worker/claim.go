@@ -73,22 +73,33 @@ func (w *Worker) claimAndStart(ctx context.Context, s *schedule, free int, start
 	return len(claimed.Pairs) >= limit, nil
 }
 
-// owedUnknown makes owed the leases of claims that failed with a lost connection since
-// s.unknownSince yet committed: the pairs this instance leases that no job here holds (every
-// pair a job here runs or waits for is in s.inflight; only claims lease). Their leases run
-// LockTimeout at least from the first such claim's sending; when the read fails it is tried
+// owedUnknown makes owed the leases that claims which failed with a lost connection since
+// s.unknownSince may yet have made: the pairs this instance leases that no job here holds
+// (every pair a job here runs or waits for is in s.inflight) and that do not back off after a
+// failure that could not be recorded (s.held: their lease keeps them waiting). Releasing them
+// is safe because wh_pairs_release is fenced by leased_by and no job here holds them; it is
+// sent until half the lease from the first such claim's sending, when those claims' leases
+// still last. Past that, nothing is read: the leases lapse. When the read fails it is tried
 // after the next claim.
 func (w *Worker) owedUnknown(ctx context.Context, s *schedule) {
+	by := s.unknownSince.Add(w.cfg.LockOptions.LockTimeout / 2)
+	if !time.Now().Before(by) {
+		s.unknownSince = time.Time{}
+		return
+	}
 	leased, err := w.store.Leased(ctx, w.cfg.InstanceID)
 	if err != nil {
 		w.log.Warn("reading the pairs this instance leases failed; read again after the next claim", slog.Any("error", err))
 		return
 	}
-	by := s.unknownSince.Add(w.cfg.LockOptions.LockTimeout / 2)
 	s.unknownSince = time.Time{}
-	unknown := slices.DeleteFunc(leased, func(p Pair) bool { return s.inflight[p] > 0 })
-	if len(unknown) > 0 && time.Now().Before(by) {
-		w.log.Info("a claim cut off by a lost connection had leased pairs; releasing them", slog.Int("pairs", len(unknown)))
+	unknown := slices.DeleteFunc(leased, func(p Pair) bool {
+		_, held := s.held[p]
+		return s.inflight[p] > 0 || held
+	})
+	if len(unknown) > 0 {
+		w.log.Info("this instance leases pairs no job here holds (a claim or a release cut off by a lost connection); releasing them",
+			slog.Int("pairs", len(unknown)))
 		s.owed = append(s.owed, owedRelease{req: ReleaseRequest{Instance: w.cfg.InstanceID, Pairs: unknown}, by: by})
 	}
 }
