@@ -57,7 +57,6 @@ func (w *Worker) claimAndStart(ctx context.Context, s *schedule, free int, start
 		return false, err
 	}
 	s.nextDue = claimed.NextDue
-	s.leasedAgain(claimed.Pairs)
 	// A pair may still be in a job here whose report the loop has not taken yet (the job
 	// released it first), or whose lease lapsed (a slow Apply): its new job finds it held
 	// by the apply coordinator and releases it due again after busyWait, so it is never left
@@ -165,26 +164,20 @@ func (w *Worker) sendRelease(ctx context.Context, req ReleaseRequest) error {
 // owedRelease is a release that a lost connection failed, and until when it is sent again:
 // half the lease after the claim was sent (a lease runs LockTimeout from the claim's
 // statement); after that the leases are left to lapse. Sent again, it ends only this
-// instance's leases (wh_pairs_release is fenced by leased_by), and the loop leaves out the
-// pairs it has leased again since (the release may have committed: leasedAgain, and finish
-// for a claim before the job's report), so it ends no lease of a job that runs.
+// instance's leases (wh_pairs_release is fenced by leased_by), and the pairs a job here
+// holds are left out (dropHeld), so it ends no lease of a job that runs.
 type owedRelease struct {
 	req ReleaseRequest
 	by  time.Time
 }
 
-// leasedAgain drops pairs from the owed releases: a release that failed may yet have
-// committed, and the pair be claimed again here; sent again, it would end the new lease.
-func (s *schedule) leasedAgain(pairs []Pair) {
-	if len(s.owed) == 0 || len(pairs) == 0 {
-		return
-	}
-	leased := make(map[Pair]bool, len(pairs))
-	for _, p := range pairs {
-		leased[p] = true
-	}
+// dropHeld drops from the owed releases the pairs a job here holds: the failed release may
+// have committed and the pair been claimed here again (before or after the report of the job
+// that owed it); sent again, it would end the new lease, which that job releases. It runs
+// when a job's owed release arrives (finish) and before owed releases are sent.
+func (s *schedule) dropHeld() {
 	for i := range s.owed {
-		s.owed[i].req.Pairs = slices.DeleteFunc(slices.Clone(s.owed[i].req.Pairs), func(p Pair) bool { return leased[p] })
+		s.owed[i].req.Pairs = slices.DeleteFunc(slices.Clone(s.owed[i].req.Pairs), func(p Pair) bool { return s.inflight[p] > 0 })
 	}
 	s.owed = slices.DeleteFunc(s.owed, func(o owedRelease) bool { return len(o.req.Pairs) == 0 })
 }
@@ -193,6 +186,7 @@ func (s *schedule) leasedAgain(pairs []Pair) {
 // at now (the others lapse) with the leases of more (released at once), and reports whether
 // it released pairs, and its error. When it fails the owed releases stay owed.
 func (w *Worker) retryReleases(ctx context.Context, s *schedule, now time.Time, more ...Pair) (bool, error) {
+	s.dropHeld()
 	s.owed = slices.DeleteFunc(s.owed, func(o owedRelease) bool { return !now.Before(o.by) })
 	req := ReleaseRequest{Instance: w.cfg.InstanceID, Pairs: slices.Clone(more), Later: map[Pair]time.Duration{}}
 	for _, o := range s.owed {

@@ -97,13 +97,8 @@ func (s *schedule) finish(r jobResult, now time.Time) {
 		delete(s.buildJobs, buildJob{kind: r.job.kind, key: r.job.key})
 	}
 	if r.owed != nil {
-		// A pair that is still in a job here was claimed again before this report: the failed
-		// release had committed, and sent again it would end the new lease (see leasedAgain).
-		o := *r.owed
-		o.req.Pairs = slices.DeleteFunc(slices.Clone(o.req.Pairs), func(p Pair) bool { return s.inflight[p] > 0 })
-		if len(o.req.Pairs) > 0 {
-			s.owed = append(s.owed, o)
-		}
+		s.owed = append(s.owed, *r.owed)
+		s.dropHeld()
 	}
 	for _, next := range r.next {
 		if len(next.pairs) == 0 {
