@@ -51,8 +51,8 @@ func (w *Worker) claimAndStart(ctx context.Context, s *schedule, free int, start
 		Lease:        w.cfg.LockOptions.LockTimeout,
 	})
 	if err != nil {
-		if isConnectionError(err) && s.unknownSince.IsZero() {
-			s.unknownSince = sent
+		if isConnectionError(err) && !neverSent(err) && s.unknownSince.IsZero() {
+			s.unknownSince = sent // the claim may have committed (see owedUnknown)
 		}
 		return false, err
 	}

@@ -52,3 +52,10 @@ func isConnectionError(err error) bool {
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
 		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
+
+// neverSent reports whether err came before its statement reached a server: no connection
+// could be made, or pgx knows that nothing was sent. Such a statement cannot have committed.
+func neverSent(err error) bool {
+	var connectErr *pgconn.ConnectError
+	return errors.As(err, &connectErr) || pgconn.SafeToRetry(err)
+}

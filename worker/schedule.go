@@ -32,8 +32,9 @@ type schedule struct {
 	// forgotten (twice MaxRetryBackoff, the longest it waits: it went elsewhere).
 	heldFor time.Duration
 	owed    []owedRelease // releases a lost connection failed, sent again after the next claim that succeeds (retryReleases)
-	// unknownSince: when the first claim that failed with a lost connection since the last
-	// look at this instance's leases was sent (zero: none); see owedUnknown
+	// unknownSince: when the first claim that failed with a lost connection, after it may
+	// have reached a server, since the last look at this instance's leases was sent (zero:
+	// none); see owedUnknown
 	unknownSince time.Time
 	nextDue      time.Time     // when the first pair not due at the last claim becomes due (zero: none)
 	window       time.Duration // LockTimeout: contention longer than this is warned of

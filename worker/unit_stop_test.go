@@ -644,26 +644,31 @@ func TestUnitAnOwedReleaseOfAPairClaimedAgainIsNotSent(t *testing.T) {
 // and releases those no job here holds (q, not p, whose job runs), while half the lease is
 // left from the failed claim's sending; past that, it reads nothing and they lapse.
 func TestUnitPairsAClaimCutOffLeasedAreReleased(t *testing.T) {
+	// A claim that could not connect never reached a server: nothing to read after it.
+	_, connectErr := pgconn.Connect(context.Background(), "postgres://127.0.0.1:1/none?connect_timeout=5")
+	var ce *pgconn.ConnectError
+	require.ErrorAs(t, connectErr, &ce)
 	for _, tc := range []struct {
 		name    string
 		outage  time.Duration
+		err     error
 		release bool
 	}{
-		{"outage of 2s", 2050 * time.Millisecond, true},
-		{"outage past half the lease", 20 * time.Second, false},
+		{"outage of 2s", 2050 * time.Millisecond, &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}, true},
+		{"outage past half the lease", 20 * time.Second, &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}, false},
+		{"outage of 2s, claims never sent", 2050 * time.Millisecond, connectErr, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				p := worker.Pair{Stream: uuid.New(), Perspective: utBuilds()[0].Key}
 				q := worker.Pair{Stream: uuid.New(), Perspective: utBuilds()[0].Key}
-				refused := &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}
 				var up, claimedP atomic.Bool
 				applying, done := make(chan struct{}), make(chan struct{})
 				store := utLoopStore()
 				store.ClaimFunc = func(ctx context.Context, req worker.ClaimRequest) (worker.Claimed, error) {
 					switch {
 					case !up.Load():
-						return worker.Claimed{}, refused // the first one committed: q is leased here
+						return worker.Claimed{}, tc.err // an OpError: the first one committed, q is leased here
 					case !claimedP.Swap(true):
 						return worker.Claimed{Pairs: []worker.Pair{p}}, nil
 					}
@@ -690,14 +695,14 @@ func TestUnitPairsAClaimCutOffLeasedAreReleased(t *testing.T) {
 				close(done)
 				require.NoError(t, w.Stop(context.Background()))
 				if !tc.release {
-					assert.Zero(t, leased, "past half the lease nothing is read: the leases lapse")
+					assert.Zero(t, leased, "past half the lease, or after claims never sent, nothing is read")
 				} else {
 					assert.Equal(t, 1, leased, "the leases read once, after the claim that succeeded")
 				}
 				if tc.release {
 					assert.Equal(t, [][]worker.Pair{{q}}, released, "q released while p's job runs; p is not")
 				} else {
-					assert.Empty(t, released, "past half the lease q is left to lapse")
+					assert.Empty(t, released, "nothing read, nothing released")
 				}
 			})
 		})
