@@ -39,6 +39,14 @@ func (w *Worker) acquire(ctx context.Context, k Pair, reason locker.Reason) (*le
 		res.Acquired, err = w.locker.TryAcquire(ctx, k.Stream, k.Perspective, w.cfg.InstanceID, reason)
 	}
 	if err != nil {
+		if isConnectionError(err) && !neverSent(err) {
+			// The acquire may have committed as the connection went: its lock, if any, is
+			// released rather than left to lapse (see lease.release for why that is safe).
+			if rerr := w.releaseLock(ctx, k); rerr != nil {
+				w.log.Warn("stream lock acquire cut off, and its release failed; a lock it took will expire",
+					w.logPair(k, slog.Any("error", rerr))...)
+			}
+		}
 		return nil, err
 	}
 	attrs := w.metricPair(k, attrReason.String(string(reason)))
@@ -85,20 +93,26 @@ func (l *lease) release() {
 			l.ka.stop()
 		}
 		mctx := context.WithoutCancel(l.ctx)
-		rctx, cancel := context.WithTimeout(mctx, releaseTimeout)
-		defer cancel()
 		attrs := w.metricPair(l.k, attrReason.String(string(l.reason)))
-		err := w.locker.Release(rctx, l.k.Stream, l.k.Perspective, w.cfg.InstanceID)
-		for err != nil && isConnectionError(err) && sleepCtx(rctx, reconnectInterval) {
-			err = w.locker.Release(rctx, l.k.Stream, l.k.Perspective, w.cfg.InstanceID)
-		}
-		if err != nil {
+		if err := w.releaseLock(mctx, l.k); err != nil {
 			w.log.Warn("stream lock release failed; it will expire", w.logPair(l.k, slog.Any("error", err))...)
 		} else {
 			w.tel.lockReleased.Add(mctx, 1, attrs)
 		}
 		w.tel.lockHold.Record(mctx, time.Since(l.since).Seconds(), attrs)
 	})
+}
+
+// releaseLock releases this instance's stream lock on k under a fresh context bounded by
+// releaseTimeout, sent again every reconnectInterval while a lost connection fails it.
+func (w *Worker) releaseLock(ctx context.Context, k Pair) error {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	err := w.locker.Release(rctx, k.Stream, k.Perspective, w.cfg.InstanceID)
+	for err != nil && isConnectionError(err) && sleepCtx(rctx, reconnectInterval) {
+		err = w.locker.Release(rctx, k.Stream, k.Perspective, w.cfg.InstanceID)
+	}
+	return err
 }
 
 // sleepCtx waits d and reports true, unless ctx ends first, or ends by then (its deadline

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -461,6 +462,43 @@ func TestUnitRewindLostLockCancelsIt(t *testing.T) {
 // release's 5s bound, so that another instance need not wait for the lock to lapse: released
 // once the database answers; still failing at the bound, left to lapse (warned). A release
 // refused otherwise is not sent again.
+// TestUnitRewindLockAcquireCutOffIsReleased: an acquire that a lost connection cut off may
+// have committed, so its lock is released (not left to lapse); one that never reached a
+// server, or that the database refused, is not.
+func TestUnitRewindLockAcquireCutOffIsReleased(t *testing.T) {
+	_, connectErr := pgconn.Connect(context.Background(), "postgres://127.0.0.1:1/none?connect_timeout=5")
+	var ce *pgconn.ConnectError
+	require.ErrorAs(t, connectErr, &ce)
+	for _, tc := range []struct {
+		name     string
+		err      error
+		releases int
+	}{
+		{"cut off after it was sent", &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}, 1},
+		{"no connection could be made", connectErr, 0},
+		{"refused by the database", errors.New("permission denied for table wh_perspective_cursors"), 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				f := newUFix(t, true, nil)
+				sc := f.late()
+				f.locker.TryAcquireFunc = func(context.Context, uuid.UUID, string, uuid.UUID, locker.Reason) (bool, error) {
+					return false, fmt.Errorf("acquire: %w", tc.err)
+				}
+				f.w.RunRewind(context.Background(), sc.p)
+				require.Len(t, f.locker.TryAcquireCalls(), 1)
+				releases := f.locker.ReleaseCalls()
+				require.Len(t, releases, tc.releases, "Release calls")
+				for _, c := range releases {
+					assert.Equal(t, sc.p, worker.Pair{Stream: c.StreamID, Perspective: c.PerspectiveName})
+					assert.Equal(t, f.instance, c.InstanceID, "fenced by this instance")
+				}
+				assert.Empty(t, f.store.RewindCommitCalls(), "nothing replayed without the lock")
+			})
+		})
+	}
+}
+
 func TestUnitRewindLockReleaseRetriedWhileTheDatabaseIsAway(t *testing.T) {
 	refused := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
 	for _, tc := range []struct {
