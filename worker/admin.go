@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/perspectives-go/perspectives/db"
@@ -55,17 +56,27 @@ func (a *Admin) Purge(ctx context.Context, streamID uuid.UUID, perspectiveName s
 // Rebuild rebuilds one stream: it purges (streamID, perspectiveName) in every build of the
 // perspective that is not retired and queues every stored event of the stream for it again,
 // so that running workers rebuild the model from the start (readers meanwhile see no model
-// for that stream). It returns the number of events queued. To rebuild a whole perspective
-// without a gap, use RebuildPerspective.
+// for that stream). Each build's purge and queueing commit together. It returns the number
+// of events queued. To rebuild a whole perspective without a gap, use RebuildPerspective.
 func (a *Admin) Rebuild(ctx context.Context, streamID uuid.UUID, perspectiveName string) (int64, error) {
 	var queued int64
 	err := a.eachBuild(ctx, streamID, perspectiveName, "rebuild",
 		"rebuild the whole perspective (RebuildPerspective: its workers build it beside the active version)", func(k Pair, holder uuid.UUID) error {
-			if err := a.store.Purge(ctx, k, holder); err != nil {
-				return err
+			var n int64
+			err := a.store.inTx(ctx, func(tx pgx.Tx, q *db.Queries) error {
+				if err := a.store.purgeIn(ctx, tx, q, k, holder); err != nil {
+					return err
+				}
+				var err error
+				n, err = q.QueueEnqueueStreamFrom(ctx, db.QueueEnqueueStreamFromParams{BuildKey: k.Perspective, StreamID: streamID, FromEventID: uuid.Nil})
+				if err != nil {
+					return fmt.Errorf("queue the stream: %w", err)
+				}
+				return nil
+			})
+			if err == nil {
+				queued += n
 			}
-			n, err := a.store.q.QueueEnqueueStreamFrom(ctx, db.QueueEnqueueStreamFromParams{BuildKey: k.Perspective, StreamID: streamID, FromEventID: uuid.Nil})
-			queued += n
 			return err
 		})
 	return queued, err

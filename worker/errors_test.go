@@ -88,3 +88,50 @@ func TestAdminReturnsAReleaseThatFails(t *testing.T) {
 	require.True(t, held, "the lock the release left")
 	assert.Equal(t, locker.ReasonPurge, l.Reason)
 }
+
+// An Admin rebuild whose queueing fails leaves the pair as it was: its purge and its
+// queueing commit together.
+func TestAdminRebuildThatCannotQueueLeavesThePairAsItWas(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := isolatedDB(t)
+	name := uniqueName("admin_rebuild")
+	_, err := psStore(d).Register(ctx, name, 1)
+	require.NoError(t, err)
+	key := worker.BuildKey(name, 1, 1)
+	stream := uuid.New()
+	ids := newIDs(t, 2)
+	require.NoError(t, worker.Append(ctx, d.Pool, events(stream, ids)...))
+	// As if applied: the model at the last event, nothing queued.
+	gsExec(t, ctx, d.Pool, `DELETE FROM wh_perspective_events WHERE stream_id = $1`, stream)
+	gsExec(t, ctx, d.Pool, `DELETE FROM wh_perspective_pairs WHERE stream_id = $1`, stream)
+	gsExec(t, ctx, d.Pool, `UPDATE wh_perspective_cursors SET last_event_id = $3 WHERE stream_id = $1 AND perspective_name = $2`, stream, key, ids[1])
+	gsExec(t, ctx, d.Pool, `INSERT INTO wh_perspective_models (stream_id, perspective_name, model, last_event_id) VALUES ($1, $2, '{"n": 2}', $3)`, stream, key, ids[1])
+	gsExec(t, ctx, d.Pool, `CREATE FUNCTION refuse_queue() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN RAISE EXCEPTION 'queue refused'; END $$`)
+	gsExec(t, ctx, d.Pool, `CREATE TRIGGER refuse_queue BEFORE INSERT ON wh_perspective_events FOR EACH ROW EXECUTE FUNCTION refuse_queue()`)
+	admin, err := worker.NewAdmin(d.Pool, nil)
+	require.NoError(t, err)
+
+	n, err := admin.Rebuild(ctx, stream, name)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "worker: rebuild: "+name+" version 1: queue the stream: ")
+	assert.Contains(t, err.Error(), "queue refused")
+	assert.Zero(t, n, "nothing queued")
+	model, found, err := worker.LoadModel(ctx, d.Pool, name, stream)
+	require.NoError(t, err)
+	require.True(t, found, "the model is still there: the purge rolled back with the queueing")
+	assert.JSONEq(t, `{"n": 2}`, string(model))
+	var last uuid.UUID
+	require.NoError(t, d.Pool.QueryRow(ctx, `SELECT last_event_id FROM wh_perspective_cursors WHERE stream_id = $1 AND perspective_name = $2`,
+		stream, key).Scan(&last))
+	assert.Equal(t, ids[1], last, "the cursor is where it was")
+
+	gsExec(t, ctx, d.Pool, `DROP TRIGGER refuse_queue ON wh_perspective_events`)
+	n, err = admin.Rebuild(ctx, stream, name)
+	require.NoError(t, err)
+	assert.EqualValues(t, 2, n, "once the queue accepts rows, both events are queued")
+	_, found, err = worker.LoadModel(ctx, d.Pool, name, stream)
+	require.NoError(t, err)
+	assert.False(t, found, "and the model purged")
+}

@@ -90,33 +90,36 @@ func (w *Worker) purge(ctx context.Context, k Pair) (err error) {
 }
 
 func (s *pgStore) Purge(ctx context.Context, p Pair, holder uuid.UUID) error {
-	return s.inTx(ctx, func(tx pgx.Tx, q *db.Queries) error {
-		if _, err := q.CursorsEnsure(ctx, db.CursorsEnsureParams{StreamIds: []uuid.UUID{p.Stream}, PerspectiveNames: []string{p.Perspective}}); err != nil {
-			return fmt.Errorf("create cursor: %w", err)
-		}
-		cur, err := q.CursorLock(ctx, db.CursorLockParams{StreamID: p.Stream, PerspectiveName: p.Perspective})
-		if err != nil {
-			return fmt.Errorf("lock cursor: %w", err)
-		}
-		if holder != uuid.Nil && cur.LockHolder != holder {
-			return ErrLockLost
-		}
-		if _, err := q.ModelDelete(ctx, db.ModelDeleteParams{StreamID: p.Stream, PerspectiveName: p.Perspective}); err != nil {
-			return fmt.Errorf("delete model: %w", err)
-		}
-		if _, err := q.SnapshotsDeleteFrom(ctx, db.SnapshotsDeleteFromParams{
-			StreamID: p.Stream, PerspectiveName: p.Perspective, FromEventID: uuid.Nil,
-		}); err != nil {
-			return fmt.Errorf("delete snapshots: %w", err)
-		}
-		if err := q.CursorReset(ctx, db.CursorResetParams{StreamID: p.Stream, PerspectiveName: p.Perspective}); err != nil {
-			return err
-		}
-		if s.sinks == nil {
-			return nil
-		}
-		return s.sinks.write(ctx, tx, []pairChange{{Pair: p}})
-	})
+	return s.inTx(ctx, func(tx pgx.Tx, q *db.Queries) error { return s.purgeIn(ctx, tx, q, p, holder) })
+}
+
+// purgeIn is Purge in the transaction tx (q runs in it).
+func (s *pgStore) purgeIn(ctx context.Context, tx pgx.Tx, q *db.Queries, p Pair, holder uuid.UUID) error {
+	if _, err := q.CursorsEnsure(ctx, db.CursorsEnsureParams{StreamIds: []uuid.UUID{p.Stream}, PerspectiveNames: []string{p.Perspective}}); err != nil {
+		return fmt.Errorf("create cursor: %w", err)
+	}
+	cur, err := q.CursorLock(ctx, db.CursorLockParams{StreamID: p.Stream, PerspectiveName: p.Perspective})
+	if err != nil {
+		return fmt.Errorf("lock cursor: %w", err)
+	}
+	if holder != uuid.Nil && cur.LockHolder != holder {
+		return ErrLockLost
+	}
+	if _, err := q.ModelDelete(ctx, db.ModelDeleteParams{StreamID: p.Stream, PerspectiveName: p.Perspective}); err != nil {
+		return fmt.Errorf("delete model: %w", err)
+	}
+	if _, err := q.SnapshotsDeleteFrom(ctx, db.SnapshotsDeleteFromParams{
+		StreamID: p.Stream, PerspectiveName: p.Perspective, FromEventID: uuid.Nil,
+	}); err != nil {
+		return fmt.Errorf("delete snapshots: %w", err)
+	}
+	if err := q.CursorReset(ctx, db.CursorResetParams{StreamID: p.Stream, PerspectiveName: p.Perspective}); err != nil {
+		return err
+	}
+	if s.sinks == nil {
+		return nil
+	}
+	return s.sinks.write(ctx, tx, []pairChange{{Pair: p}})
 }
 
 // PurgeStore is what a purge asks of the database.
