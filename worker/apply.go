@@ -409,10 +409,8 @@ func (s *pgStore) writePairs(ctx context.Context, tx pgx.Tx, q *db.Queries, writ
 			addFailure(&failed, wr.Pair, wr.Failure)
 		}
 	}
-	if len(changes) > 0 && s.sinks != nil {
-		if err := s.sinks.write(ctx, tx, changes); err != nil {
-			return err
-		}
+	if err := s.w.writeSinks(ctx, tx, changes); err != nil {
+		return err
 	}
 	if len(commit.StreamIds) > 0 {
 		deleted, err := q.PairsApplyCommit(ctx, commit)

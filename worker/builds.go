@@ -255,10 +255,10 @@ func (s *pgStore) Register(ctx context.Context, perspective string, version int)
 	builds, _, err := s.addBuild(ctx, perspective, func(builds []Build) (*Build, error) {
 		return planRegistration(perspective, version, builds), nil
 	})
-	if err != nil || s.sinks == nil {
+	if err != nil || s.w == nil {
 		return builds, err
 	}
-	err = s.q.PerspectiveSinkSet(ctx, db.PerspectiveSinkSetParams{PerspectiveName: perspective, Sink: s.sinks.has(perspective)})
+	err = s.q.PerspectiveSinkSet(ctx, db.PerspectiveSinkSetParams{PerspectiveName: perspective, Sink: s.w.hasSink(perspective)})
 	return builds, err
 }
 
@@ -307,10 +307,10 @@ func (s *pgStore) addBuild(ctx context.Context, perspective string, plan func([]
 		}); err != nil {
 			return err
 		}
-		if b.State == BuildActive && s.sinks != nil {
+		if b.State == BuildActive {
 			// A perspective's first build is active from its registration: its sink's
 			// promotion, from none, is this transaction.
-			if err := s.sinks.promoted(ctx, tx, nil, *b); err != nil {
+			if err := s.w.promoteSinks(ctx, tx, nil, *b); err != nil {
 				return err
 			}
 		}

@@ -66,10 +66,8 @@ func (s *pgStore) Cleanup(ctx context.Context, perspectives []string, grace time
 	}
 	// The build's own rows are gone: its sink's rows next (Retired, on the pool, in as many
 	// transactions as it likes), then the build is marked cleaned.
-	if s.sinks != nil {
-		if err := s.sinks.retired(ctx, s.pool, b); err != nil {
-			return false, err // tried again at the next look at the builds
-		}
+	if err := s.w.retireSinks(ctx, s.pool, b); err != nil {
+		return false, err // tried again at the next look at the builds
 	}
 	err = s.inTx(ctx, func(_ pgx.Tx, q *db.Queries) error {
 		if err := leaderHold(ctx, q, fence); err != nil {

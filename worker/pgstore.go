@@ -31,7 +31,7 @@ type pgStore struct {
 
 	skippedBy string // who the failure policy's skips are recorded as skipped by
 
-	sinks sinkHooks // the perspectives' sinks (nil: an Admin's store)
+	w *Worker // whose perspectives' sinks its transactions call (nil: an Admin's store, which runs none)
 
 	log *slog.Logger // nil: logs nothing (an Admin's store)
 }

@@ -108,18 +108,16 @@ func (s *pgStore) Promote(ctx context.Context, perspective, key string, force bo
 		if err := q.BuildSetState(ctx, db.BuildSetStateParams{State: BuildActive, BuildKey: cand.Key}); err != nil {
 			return err
 		}
-		if s.sinks != nil {
-			to := *cand
-			to.State = BuildActive
-			var from *Build
-			if active != nil {
-				retired := *active
-				retired.State = BuildRetired
-				from = &retired
-			}
-			if err := s.sinks.promoted(ctx, tx, from, to); err != nil {
-				return err
-			}
+		to := *cand
+		to.State = BuildActive
+		var from *Build
+		if active != nil {
+			retired := *active
+			retired.State = BuildRetired
+			from = &retired
+		}
+		if err := s.w.promoteSinks(ctx, tx, from, to); err != nil {
+			return err
 		}
 		promoted = true
 		return nil

@@ -116,10 +116,7 @@ func (s *pgStore) purgeIn(ctx context.Context, tx pgx.Tx, q *db.Queries, p Pair,
 	if err := q.CursorReset(ctx, db.CursorResetParams{StreamID: p.Stream, PerspectiveName: p.Perspective}); err != nil {
 		return err
 	}
-	if s.sinks == nil {
-		return nil
-	}
-	return s.sinks.write(ctx, tx, []pairChange{{Pair: p}})
+	return s.w.writeSinks(ctx, tx, []pairChange{{Pair: p}})
 }
 
 // PurgeStore is what a purge asks of the database.

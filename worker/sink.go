@@ -73,28 +73,17 @@ type pairChange struct {
 	Replay      bool // see Change.Replay
 }
 
-// sinkHooks are the calls a Store's transactions make into the perspectives' sinks: a
-// worker's (workerSinks). An Admin's store has none: it runs no perspective.
-type sinkHooks interface {
-	// write runs in every transaction that commits models, before it commits.
-	write(ctx context.Context, tx pgx.Tx, changes []pairChange) error
-	// promoted runs in the promotion transaction, after the flip.
-	promoted(ctx context.Context, tx pgx.Tx, from *Build, to Build) error
-	// retired runs once a retired build's own rows are deleted, before it is marked cleaned.
-	retired(ctx context.Context, db DBTX, b Build) error
-	// has says whether the perspective writes to a sink (recorded at its registration).
-	has(perspective string) bool
-}
+// The calls a Store's transactions make into the perspectives' sinks are methods of the
+// worker whose store it is (pgStore.w). An Admin's store has none (w is nil: it runs no
+// perspective), and the methods do nothing on a nil worker.
 
-// workerSinks are a worker's sinkHooks.
-type workerSinks struct{ w *Worker }
-
-func (s workerSinks) write(ctx context.Context, tx pgx.Tx, changes []pairChange) error {
-	return s.w.writeSinks(ctx, tx, changes)
-}
-
-func (s workerSinks) promoted(ctx context.Context, tx pgx.Tx, from *Build, to Build) error {
-	if p, ok := s.w.persp[to.Perspective].(Promoter); ok {
+// promoteSinks runs the Promoter of to's perspective, if it has one, in the promotion
+// transaction tx, after the flip.
+func (w *Worker) promoteSinks(ctx context.Context, tx pgx.Tx, from *Build, to Build) error {
+	if w == nil {
+		return nil
+	}
+	if p, ok := w.persp[to.Perspective].(Promoter); ok {
 		if err := p.Promoted(ctx, tx, from, to); err != nil {
 			return sinkError{perspective: to.Perspective, err: fmt.Errorf("promoted: %w", err)}
 		}
@@ -102,13 +91,19 @@ func (s workerSinks) promoted(ctx context.Context, tx pgx.Tx, from *Build, to Bu
 	return nil
 }
 
-func (s workerSinks) has(perspective string) bool {
-	_, ok := s.w.persp[perspective].(Sink)
+// hasSink says whether the perspective writes to a sink (recorded at its registration).
+func (w *Worker) hasSink(perspective string) bool {
+	_, ok := w.persp[perspective].(Sink)
 	return ok
 }
 
-func (s workerSinks) retired(ctx context.Context, db DBTX, b Build) error {
-	if r, ok := s.w.persp[b.Perspective].(Retirer); ok {
+// retireSinks runs the Retirer of b's perspective, if it has one, once the retired build's
+// own rows are deleted, before it is marked cleaned.
+func (w *Worker) retireSinks(ctx context.Context, db DBTX, b Build) error {
+	if w == nil {
+		return nil
+	}
+	if r, ok := w.persp[b.Perspective].(Retirer); ok {
 		if err := r.Retired(ctx, db, b); err != nil {
 			return sinkError{perspective: b.Perspective, err: fmt.Errorf("retired: %w", err)}
 		}
@@ -126,8 +121,12 @@ func (e sinkError) Error() string { return fmt.Sprintf("sink of %s: %v", e.persp
 func (e sinkError) Unwrap() error { return e.err }
 
 // writeSinks calls the sink of each build among changes that has one, once per build, with
-// that build's changes, on tx. The first error is returned as a sinkError.
+// that build's changes, on tx: in every transaction that commits models, before it commits.
+// The first error is returned as a sinkError.
 func (w *Worker) writeSinks(ctx context.Context, tx pgx.Tx, changes []pairChange) error {
+	if w == nil || len(changes) == 0 {
+		return nil
+	}
 	set := w.builds()
 	var order []string
 	byKey := map[string][]Change{}

@@ -89,7 +89,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	store.sinks = workerSinks{w}
+	store.w = w
 	return w, nil
 }
 
