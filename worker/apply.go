@@ -150,19 +150,27 @@ func (w *Worker) decide(ctx context.Context, states []PairState, out *applyOutco
 			}
 			model = st.Model
 		}
-		f := w.fold(ctx, b.persp, model, st.SinceSnapshot, st.Events)
-		wr := PairWrite{Pair: st.Pair, Applied: f.applied, Model: f.model, SinceSnapshot: f.since}
-		if len(f.applied) > 0 {
-			wr.LastEventID = f.applied[len(f.applied)-1]
-		}
-		wr.Snapshots, wr.DropSnapshots = w.retain(f.snaps, st.Snapshots)
-		if f.err != nil {
-			wr.Failure = w.failure(b, st, f.err)
-		}
+		wr, err := w.foldWrite(ctx, b, st, model, st.Events)
 		writes = append(writes, wr)
-		out.reports = append(out.reports, pairReport{pair: st.Pair, applied: len(f.applied), last: wr.LastEventID, err: f.err, action: wr.Failure.Action})
+		out.reports = append(out.reports, pairReport{pair: st.Pair, applied: len(wr.Applied), last: wr.LastEventID, err: err, action: wr.Failure.Action})
 	}
 	return writes
+}
+
+// foldWrite folds events into model, the pair st's, and returns what to write: the model,
+// the cursor, the snapshots to keep and to drop, and the failure that stopped the fold, if
+// one did (and its error).
+func (w *Worker) foldWrite(ctx context.Context, b *build, st PairState, model json.RawMessage, events []Event) (PairWrite, error) {
+	f := w.fold(ctx, b.persp, model, st.SinceSnapshot, events)
+	wr := PairWrite{Pair: st.Pair, Applied: f.applied, Model: f.model, SinceSnapshot: f.since}
+	if len(f.applied) > 0 {
+		wr.LastEventID = f.applied[len(f.applied)-1]
+	}
+	wr.Snapshots, wr.DropSnapshots = w.retain(f.snaps, st.Snapshots)
+	if f.err != nil {
+		wr.Failure = w.failure(b, st, f.err)
+	}
+	return wr, f.err
 }
 
 // lockedElsewhere says whether a stream lock's holder is another instance.

@@ -25,7 +25,7 @@ import (
 func (w *Worker) bootstrap(ctx context.Context, k Pair) (err error) {
 	attrs := w.logPair(k)
 	locked := false
-	if w.locker != nil {
+	if w.cfg.Locker != nil {
 		l, err := w.acquire(ctx, k, locker.ReasonBootstrap)
 		switch {
 		case err != nil:

@@ -177,7 +177,7 @@ func (w *Worker) adopt(all []Build) {
 		if a, ok := active[name]; ok {
 			attrs = append(attrs, slog.Int("active_version", a.Version))
 		}
-		if old != nil && len(old.keys) > 0 {
+		if len(old.keys) > 0 {
 			w.log.Warn("perspective version retired: this instance no longer applies it", attrs...)
 		} else {
 			w.log.Warn("perspective version not applied: a newer version is active (versions only go up)", attrs...)
@@ -234,21 +234,22 @@ func (w *Worker) maintain(ctx context.Context, s *schedule) {
 	w.queueForget(s)
 }
 
-func buildOfRow(r db.BuildsOfRow) Build {
-	return Build{Key: r.BuildKey, Perspective: r.PerspectiveName, Version: int(r.Version), N: int(r.Build), State: r.State,
-		CatchUpDone: r.CatchupDone, PromotionRequested: r.PromotionRequested}
-}
-
-func (s *pgStore) Builds(ctx context.Context, perspectives []string) ([]Build, error) {
-	rows, err := s.q.BuildsOf(ctx, perspectives)
+// buildsOf reads the builds of perspectives through q (the pool's, or a transaction's).
+func buildsOf(ctx context.Context, q *db.Queries, perspectives []string) ([]Build, error) {
+	rows, err := q.BuildsOf(ctx, perspectives)
 	if err != nil {
 		return nil, err
 	}
 	out := make([]Build, len(rows))
 	for i, r := range rows {
-		out[i] = buildOfRow(r)
+		out[i] = Build{Key: r.BuildKey, Perspective: r.PerspectiveName, Version: int(r.Version), N: int(r.Build), State: r.State,
+			CatchUpDone: r.CatchupDone, PromotionRequested: r.PromotionRequested}
 	}
 	return out, nil
+}
+
+func (s *pgStore) Builds(ctx context.Context, perspectives []string) ([]Build, error) {
+	return buildsOf(ctx, s.q, perspectives)
 }
 
 func (s *pgStore) Register(ctx context.Context, perspective string, version int) ([]Build, error) {
@@ -283,13 +284,8 @@ func (s *pgStore) addBuild(ctx context.Context, perspective string, plan func([]
 		if _, err := q.PerspectiveRegister(ctx, perspective); err != nil {
 			return err
 		}
-		rows, err := q.BuildsOf(ctx, []string{perspective})
-		if err != nil {
+		if builds, err = buildsOf(ctx, q, []string{perspective}); err != nil {
 			return err
-		}
-		builds = builds[:0]
-		for _, r := range rows {
-			builds = append(builds, buildOfRow(r))
 		}
 		b, err := plan(builds)
 		if err != nil || b == nil {

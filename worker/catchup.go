@@ -114,15 +114,11 @@ func (w *Worker) foldRun(ctx context.Context, b *build, page CatchUpPage, run []
 	if len(run) > catchUpStreamShare {
 		run, rest = run[:catchUpStreamShare], run[catchUpStreamShare].ID
 	}
-	f := w.fold(ctx, b.persp, st.Model, st.SinceSnapshot, run)
-	wr := PairWrite{Pair: k, Applied: f.applied, Model: f.model, SinceSnapshot: f.since, EnqueueFrom: rest}
-	if len(f.applied) > 0 {
-		wr.LastEventID = f.applied[len(f.applied)-1]
-	}
-	wr.Snapshots, wr.DropSnapshots = w.retain(f.snaps, st.Snapshots)
-	if f.err != nil {
-		wr.Failure = w.failure(b, st, f.err)
-		wr.EnqueueFrom = run[len(f.applied)].ID
+	st.Pair = k
+	wr, err := w.foldWrite(ctx, b, st, st.Model, run)
+	wr.EnqueueFrom = rest
+	if err != nil {
+		wr.EnqueueFrom = run[len(wr.Applied)].ID
 	}
 	return wr
 }
@@ -192,7 +188,8 @@ func (s *pgStore) CatchUp(ctx context.Context, req CatchUpRequest, fold func(Cat
 		if len(rows) == req.PageSize {
 			// Read the next page while this one is folded and written.
 			last := rows[len(rows)-1]
-			s.readNext(req.Key, db.CatchUpPageParams{AfterStreamID: last.StreamID, AfterEventID: last.EventID, PageSize: at.PageSize})
+			next := db.CatchUpPageParams{AfterStreamID: last.StreamID, AfterEventID: last.EventID, PageSize: at.PageSize}
+			s.readAheadWith(req.Key, next, func(ctx context.Context) ([]db.WhEventStore, error) { return s.q.CatchUpPage(ctx, next) })
 		}
 		fence := func(n int64, err error) error {
 			if err != nil {
@@ -375,11 +372,6 @@ func (s *pgStore) readPage(ctx context.Context, q *db.Queries, key string, at db
 		}
 	}
 	return q.CatchUpPage(ctx, at)
-}
-
-// readNext reads the catch-up page of build key at at in the background, for readPage.
-func (s *pgStore) readNext(key string, at db.CatchUpPageParams) {
-	s.readAheadWith(key, at, func(ctx context.Context) ([]db.WhEventStore, error) { return s.q.CatchUpPage(ctx, at) })
 }
 
 // readAheadWith reads the page of build key at at with read, in a goroutine of the store's

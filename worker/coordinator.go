@@ -80,10 +80,3 @@ func (c *coordinator) unref(k Pair, e *coordEntry) {
 	}
 	c.mu.Unlock()
 }
-
-// size is the number of live entries (held or awaited pairs).
-func (c *coordinator) size() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.entries)
-}

@@ -79,7 +79,8 @@ type JobSpec struct {
 func report(r jobResult) JobReport {
 	out := JobReport{Busy: r.busy, Contended: r.contended, CutOff: r.cutOff}
 	for _, j := range r.next {
-		out.Next = append(out.Next, JobSpec{Kind: j.kind.String(), Pairs: j.pairs, Key: j.key})
+		kind := [...]string{"apply", "rewind", "bootstrap", "catch-up", "promote", "cleanup", "forget"}[j.kind]
+		out.Next = append(out.Next, JobSpec{Kind: kind, Pairs: j.pairs, Key: j.key})
 	}
 	return out
 }
@@ -127,10 +128,17 @@ func (c *Coordinator) TryLock(stream uuid.UUID, perspective string) (func(), boo
 	return c.c.tryLock(Pair{Stream: stream, Perspective: perspective})
 }
 
-func (c *Coordinator) Size() int { return c.c.size() }
+func (c *Coordinator) Size() int { return coordinatorSize(c.c) }
 
 // CoordinatorSize is the number of live coordinator entries of w.
-func (w *Worker) CoordinatorSize() int { return w.coord.size() }
+func (w *Worker) CoordinatorSize() int { return coordinatorSize(w.coord) }
+
+// coordinatorSize is the number of live entries of c (held or awaited pairs).
+func coordinatorSize(c *coordinator) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.entries)
+}
 
 // KeepAlive exposes the keepalive.
 type KeepAlive struct{ ka *keepAlive }

@@ -27,10 +27,6 @@ const (
 	jobForget                   // forget gone instances
 )
 
-func (k jobKind) String() string {
-	return [...]string{"apply", "rewind", "bootstrap", "catch-up", "promote", "cleanup", "forget"}[k]
-}
-
 // job is one unit of work in one Concurrency slot.
 type job struct {
 	kind      jobKind

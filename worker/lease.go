@@ -33,10 +33,10 @@ func (w *Worker) acquire(ctx context.Context, k Pair, reason locker.Reason) (*le
 	sent := time.Now()
 	var res locker.AcquireResult
 	var err error
-	if a, ok := w.locker.(acquirer); ok {
+	if a, ok := w.cfg.Locker.(acquirer); ok {
 		res, err = a.Acquire(ctx, k.Stream, k.Perspective, w.cfg.InstanceID, reason)
 	} else {
-		res.Acquired, err = w.locker.TryAcquire(ctx, k.Stream, k.Perspective, w.cfg.InstanceID, reason)
+		res.Acquired, err = w.cfg.Locker.TryAcquire(ctx, k.Stream, k.Perspective, w.cfg.InstanceID, reason)
 	}
 	if err != nil {
 		if isConnectionError(err) && !neverSent(err) {
@@ -68,7 +68,7 @@ func (w *Worker) acquire(ctx context.Context, k Pair, reason locker.Reason) (*le
 func (l *lease) keepAlive(ctx context.Context) context.Context {
 	w := l.w
 	set := w.metricPair(l.k, attrReason.String(string(l.reason)))
-	lctx, ka := startKeepAlive(ctx, w.locker, l.k, w.cfg.InstanceID, w.cfg.LockOptions, l.since, w.log, w.logPair(l.k), keepAliveHooks{
+	lctx, ka := startKeepAlive(ctx, w.cfg.Locker, l.k, w.cfg.InstanceID, w.cfg.LockOptions, l.since, w.log, w.logPair(l.k), keepAliveHooks{
 		renewFailed: func() { w.tel.lockRenewFailures.Add(context.WithoutCancel(ctx), 1, set) },
 		lost: func(stage string) {
 			w.tel.lockLost.Add(context.WithoutCancel(ctx), 1, w.metricPair(l.k, attrReason.String(string(l.reason)), attrStage.String(stage)))
@@ -108,9 +108,9 @@ func (l *lease) release() {
 func (w *Worker) releaseLock(ctx context.Context, k Pair) error {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
-	err := w.locker.Release(rctx, k.Stream, k.Perspective, w.cfg.InstanceID)
+	err := w.cfg.Locker.Release(rctx, k.Stream, k.Perspective, w.cfg.InstanceID)
 	for err != nil && isConnectionError(err) && sleepCtx(rctx, reconnectInterval) {
-		err = w.locker.Release(rctx, k.Stream, k.Perspective, w.cfg.InstanceID)
+		err = w.cfg.Locker.Release(rctx, k.Stream, k.Perspective, w.cfg.InstanceID)
 	}
 	return err
 }

@@ -129,12 +129,11 @@ func (s *pgStore) Promote(ctx context.Context, perspective, key string, force bo
 // build key, when it is building and caught up (nil otherwise), and the active build (nil:
 // none). It is an error when the perspective has no build key.
 func (s *pgStore) promotionBuilds(ctx context.Context, q *db.Queries, perspective, key string) (cand, active *Build, err error) {
-	rows, err := q.BuildsOf(ctx, []string{perspective})
+	builds, err := buildsOf(ctx, q, []string{perspective})
 	if err != nil {
 		return nil, nil, err
 	}
-	for _, r := range rows {
-		b := buildOfRow(r)
+	for _, b := range builds {
 		switch {
 		case b.Key == key:
 			cand = &b

@@ -70,7 +70,7 @@ func (w *Worker) purge(ctx context.Context, k Pair) (err error) {
 	}
 	defer releaseCoord()
 	holder := uuid.Nil
-	if w.locker != nil {
+	if w.cfg.Locker != nil {
 		l, err := w.acquire(ctx, k, locker.ReasonPurge)
 		if err != nil {
 			return fmt.Errorf("acquire stream lock: %w", err)

@@ -33,7 +33,7 @@ const replayPageSize = 500
 func (w *Worker) rewind(ctx context.Context, k Pair) (contended bool, err error) {
 	attrs := w.logPair(k)
 	holder := uuid.Nil
-	if w.locker != nil {
+	if w.cfg.Locker != nil {
 		l, aerr := w.acquire(ctx, k, locker.ReasonRewind)
 		if aerr != nil {
 			return false, fmt.Errorf("rewind: acquire stream lock: %w", aerr)

@@ -23,24 +23,22 @@ const releaseTimeout = 5 * time.Second
 // Worker applies queued events to its perspectives. Create it with New, run it with Start
 // and Stop.
 type Worker struct {
-	cfg    Config
-	store  Store
-	locker locker.Locker
-	persp  map[string]Perspective
-	names  []string
-	coord  *coordinator
-	log    *slog.Logger
-	tel    *telemetry
-	wake   chan struct{}
+	cfg   Config
+	store Store
+	persp map[string]Perspective
+	names []string
+	coord *coordinator
+	log   *slog.Logger
+	tel   *telemetry
+	wake  chan struct{}
 
 	// buildSet is the builds this instance applies: set by Start, then replaced by the
-	// loop only (adopt); jobs read it. idle is the loop's: the perspectives of which this
-	// instance applies nothing (logged once each).
+	// loop only (adopt); jobs read it.
 	buildSet atomic.Pointer[buildSet]
-	// applied counts the events applied per perspective (w.names' order) since the instance
-	// started: the heartbeats' throughput.
-	counts []perspectiveCounter // per perspective (w.names): what the heartbeat reports
-	idle   map[string]bool
+	// counts are the events applied per perspective (w.names' order) since the instance
+	// started, and its sinks' time: what the heartbeat reports.
+	counts []perspectiveCounter
+	idle   map[string]bool // the loop's: the perspectives of which this instance applies nothing (logged once each)
 
 	mu        sync.Mutex // guards the lifecycle fields below
 	started   bool
@@ -84,33 +82,30 @@ func New(pool *pgxpool.Pool, cfg Config) (*Worker, error) {
 	store := newPGStore(pool, cfg.RetryBackoff, cfg.MaxRetryBackoff)
 	store.listenConnect = cfg.ListenConnect
 	store.skippedBy = "worker " + cfg.InstanceID.String()
-	store.log = cfg.Logger.With(slog.String("instance", cfg.InstanceID.String()))
 	w, err := newWorker(store, cfg)
 	if err != nil {
 		return nil, err
 	}
-	store.w = w
+	store.w, store.log = w, w.log
 	return w, nil
 }
 
 // newWorker builds a worker on store; cfg is resolved.
 func newWorker(store Store, cfg Config) (*Worker, error) {
 	w := &Worker{
-		cfg:    cfg,
-		store:  store,
-		locker: cfg.Locker,
-		persp:  make(map[string]Perspective, len(cfg.Perspectives)),
-		coord:  newCoordinator(),
-		log:    cfg.Logger.With(slog.String("instance", cfg.InstanceID.String())),
-		wake:   make(chan struct{}, 1),
-		idle:   map[string]bool{},
+		cfg:   cfg,
+		store: store,
+		persp: make(map[string]Perspective, len(cfg.Perspectives)),
+		coord: newCoordinator(),
+		log:   cfg.Logger.With(slog.String("instance", cfg.InstanceID.String())),
+		wake:  make(chan struct{}, 1),
+		idle:  map[string]bool{},
 
 		beatEvery: HeartbeatInterval,
 	}
-	w.lead = &elector{} // a Store that keeps no leases: this instance holds them all
-	if ls, ok := store.(leaderStore); ok {
-		w.lead = &elector{store: ls} // holds none before Start
-	}
+	// A Store that keeps no leases (nil): this instance holds them all; else none before Start.
+	ls, _ := store.(leaderStore)
+	w.lead = &elector{store: ls}
 	w.buildSet.Store(&buildSet{byKey: map[string]*build{}})
 	w.counts = make([]perspectiveCounter, len(cfg.Perspectives))
 	var err error
