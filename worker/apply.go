@@ -311,14 +311,15 @@ func lockPairs(ctx context.Context, q *db.Queries, pairs []Pair) ([]PairState, [
 func readPairs(ctx context.Context, q *db.Queries, states []PairState, perPair int, after map[Pair]uuid.UUID) error {
 	byPair := make(map[Pair]*PairState, len(states))
 	above := make([]uuid.UUID, len(states))
+	streams, names := make([]uuid.UUID, len(states)), make([]string, len(states))
 	for i := range states {
 		st := &states[i]
 		byPair[st.Pair] = st
+		streams[i], names[i] = st.Stream, st.Perspective
 		if a, ok := after[st.Pair]; ok && st.LastEventID == (uuid.NullUUID{UUID: a, Valid: true}) {
 			above[i] = a
 		}
 	}
-	streams, names := pairArrays(pairsOf(states))
 	rows, err := q.QueueEventsForPairs(ctx, db.QueueEventsForPairsParams{
 		StreamIds: streams, PerspectiveNames: names, AfterEventIds: above, PerPairLimit: int32(perPair),
 	})
@@ -357,14 +358,6 @@ func readPairs(ctx context.Context, q *db.Queries, states []PairState, perPair i
 		}
 	}
 	return nil
-}
-
-func pairsOf(states []PairState) []Pair {
-	pairs := make([]Pair, len(states))
-	for i, st := range states {
-		pairs[i] = st.Pair
-	}
-	return pairs
 }
 
 // live and replayed say whether a write's change is a replay (see Change.Replay): never on

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/google/uuid"
@@ -22,7 +21,6 @@ var ErrLockLost = errors.New("stream lock lost")
 type keepAlive struct {
 	cancel context.CancelCauseFunc
 	svc    service
-	once   sync.Once
 }
 
 // keepAliveHooks observe renewals (metrics); nil fields are skipped.
@@ -105,6 +103,6 @@ func startKeepAlive(parent context.Context, l locker.Locker, k Pair, instance uu
 // stop ends the renewals and waits for the renewing goroutine. It never reports an error:
 // an operation that committed stays committed whatever a late renewal said.
 func (ka *keepAlive) stop() {
-	ka.once.Do(func() { ka.cancel(context.Canceled) })
+	ka.cancel(context.Canceled) // after a loss, its cause stays (the first cause is kept)
 	_ = ka.svc.Stop(context.Background()) // the renewal in progress ends with ctx, at once
 }

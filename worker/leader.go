@@ -89,22 +89,21 @@ type elector struct {
 	until   map[string]time.Time // the leases held, each trusted until then (local clock)
 	failing bool                 // the last attempt failed
 
-	quit chan struct{}
-	done chan struct{}
+	svc service // the attempts after the first
 }
 
 // startElector attempts the leases at once (with ctx, bounded by every and by
 // heartbeatTimeout: Start does not wait long for it), then every every in the background
-// until stop; with no store it holds every lease and runs nothing.
+// (a service) until stop; with no store it holds every lease and runs nothing.
 func startElector(ctx context.Context, store leaderStore, names []string, holder uuid.UUID, ttl, every, margin time.Duration, log *slog.Logger, gained func()) *elector {
 	e := &elector{store: store, names: names, holder: holder, ttl: ttl, every: every, margin: margin, log: log,
 		gained: gained, until: map[string]time.Time{}}
 	if store == nil {
 		return e
 	}
-	e.quit, e.done = make(chan struct{}), make(chan struct{})
 	e.attempt(ctx, min(every, heartbeatTimeout))
-	go e.run()
+	_ = e.svc.Start(ctx) // a fresh service: it starts
+	e.svc.Go(e.run)
 	return e
 }
 
@@ -126,16 +125,17 @@ func (e *elector) fence(name string) LeaderLease {
 	return LeaderLease{Name: name, Holder: e.holder}
 }
 
-func (e *elector) run() {
-	defer close(e.done)
+// run attempts the leases every every until stopping ends; an attempt under way is let
+// finish (bounded by every) unless ctx ends.
+func (e *elector) run(ctx, stopping context.Context) {
 	tick := time.NewTicker(e.every)
 	defer tick.Stop()
 	for {
 		select {
-		case <-e.quit:
+		case <-stopping.Done():
 			return
 		case <-tick.C:
-			e.attempt(context.Background(), e.every)
+			e.attempt(ctx, e.every)
 		}
 	}
 }
@@ -194,14 +194,14 @@ func (e *elector) attempt(ctx context.Context, bound time.Duration) {
 	}
 }
 
-// stop ends the attempts, stops trusting every lease, and resigns them with ctx, bounded by
-// releaseTimeout: the other instances take them over at their next attempt.
+// stop ends the attempts (one under way is cancelled when ctx ends), stops trusting every
+// lease, and resigns them with ctx, bounded by releaseTimeout: the other instances take them
+// over at their next attempt.
 func (e *elector) stop(ctx context.Context) {
 	if e.store == nil {
 		return
 	}
-	close(e.quit)
-	<-e.done
+	_ = e.svc.Stop(ctx) // its only error is ctx's end, which Worker.Stop reports
 	e.mu.Lock()
 	clear(e.until)
 	e.mu.Unlock()

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -203,19 +204,16 @@ type subscription struct {
 	c         chan struct{}
 	closeOnce sync.Once
 
-	mu       sync.Mutex
-	notified bool   // a notification was received since the last take
-	session  uint64 // the session whose subscription to the topic is in effect (0: none)
-	polling  bool   // the notifier cannot LISTEN: poll
-	err      error  // why the last session was lost
+	mu sync.Mutex
+	notice
 }
 
-// notice is what a subscription has to say when taken.
+// notice is a subscription's state, and what it has to say when taken.
 type notice struct {
 	notified bool   // a notification was received since the last take
-	session  uint64 // 0: not subscribed now (not yet, or the session was lost: see err)
-	polling  bool
-	err      error
+	session  uint64 // the session whose subscription to the topic is in effect (0: none, not yet or lost: see err)
+	polling  bool   // the notifier cannot LISTEN: poll
+	err      error  // why the last session was lost
 }
 
 // take returns, and forgets, whether a notification was received since the last take, with
@@ -223,7 +221,7 @@ type notice struct {
 func (s *subscription) take() notice {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	nt := notice{notified: s.notified, session: s.session, polling: s.polling, err: s.err}
+	nt := s.notice
 	s.notified = false
 	return nt
 }
@@ -328,10 +326,7 @@ func (n *notifier) lost(err error) {
 }
 
 // sessions counts the sessions ever subscribed, for their numbers.
-var sessions struct {
-	mu   sync.Mutex
-	last uint64
-}
+var sessions atomic.Uint64
 
 // runSession opens a session, subscribes it and reads it until live ends or it fails.
 // Its statements (the pooler check, each LISTEN and UNLISTEN, the probe) are let finish
@@ -363,10 +358,7 @@ func (n *notifier) runSession(live context.Context) error {
 	if err := q.NotifierListenProbe(sctx); err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	sessions.mu.Lock()
-	sessions.last++
-	id := sessions.last
-	sessions.mu.Unlock()
+	id := sessions.Add(1)
 	probe := uuid.NewString()
 	probed := false
 	deadline := time.Time{}

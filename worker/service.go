@@ -7,9 +7,10 @@ import (
 	"sync"
 )
 
-// service is the lifecycle of one background service (the notifier, a heartbeat, a stream
-// lock's keepalive, the catch-up read-aheads): Start, then goroutines run with Go, then Stop
-// ends them and waits for every one. No goroutine of a service outlives its Stop.
+// service is the lifecycle of one background service (the notifier, a heartbeat, the leader
+// elector, a stream lock's keepalive, the catch-up read-aheads): Start, then goroutines run
+// with Go, then Stop ends them and waits for every one. No goroutine of a service outlives
+// its Stop.
 //
 // Each goroutine gets two contexts: stopping, cancelled as soon as Stop is called (a
 // graceful stop: start nothing new, let the statement under way finish), and ctx, cancelled
