@@ -16,8 +16,10 @@ import (
 )
 
 // fakeLeases is a leaderStore that grants every lease while grant is set, fails while fail is
-// set, and records the attempts and resignations.
+// set, does not answer (until the attempt's context ends) while hang is set, and records the
+// attempts and resignations.
 type fakeLeases struct {
+	hang     atomic.Bool
 	mu       sync.Mutex
 	grant    bool
 	fail     bool
@@ -27,6 +29,10 @@ type fakeLeases struct {
 }
 
 func (f *fakeLeases) leaderAttempt(ctx context.Context, names []string, _ uuid.UUID, _ time.Duration) ([]string, error) {
+	if f.hang.Load() {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.attempts = append(f.attempts, time.Now())
@@ -111,6 +117,30 @@ func TestElectorLocalDeadlineAttemptsAndResign(t *testing.T) {
 		time.Sleep(5 * every)
 		after, _ := count()
 		require.Equal(t, n, after, "no attempt after stop")
+	})
+}
+
+// Stop's context bounds its wait for an attempt under way on a database that does not
+// answer: the attempt is cancelled when it ends, and the leases are resigned.
+func TestElectorStopHonoursItsContextWithAnAttemptUnderWay(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		const every = 10 * time.Second
+		f := &fakeLeases{grant: true}
+		names := leaseNames(nil)
+		e := startElector(context.Background(), f, names, uuid.New(), 3*every, every, 0, slog.New(slog.DiscardHandler), nil)
+		require.True(t, e.holds(leaseInstances))
+		f.hang.Store(true)
+		time.Sleep(every + time.Millisecond) // the second attempt is under way, for up to every
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		defer cancel()
+		start := time.Now()
+		e.stop(ctx)
+		require.Equal(t, 200*time.Millisecond, time.Since(start), "stop returned when its context ended")
+		require.False(t, e.holds(leaseInstances))
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		require.Equal(t, [][]string{names}, f.resigned, "resigned all the same")
 	})
 }
 
