@@ -164,18 +164,19 @@ func (w *Worker) sendRelease(ctx context.Context, req ReleaseRequest) error {
 // owedRelease is a release that a lost connection failed, and until when it is sent again:
 // half the lease after the claim was sent (a lease runs LockTimeout from the claim's
 // statement); after that the leases are left to lapse. Sent again, it ends only this
-// instance's leases (wh_pairs_release is fenced by leased_by), and the pairs a job here
-// holds are left out (dropHeld), so it ends no lease of a job that runs.
+// instance's leases (wh_pairs_release is fenced by leased_by), and the pairs in flight here
+// are left out (dropInflight), so it ends no lease of a job that runs.
 type owedRelease struct {
 	req ReleaseRequest
 	by  time.Time
 }
 
-// dropHeld drops from the owed releases the pairs a job here holds: the failed release may
-// have committed and the pair been claimed here again (before or after the report of the job
-// that owed it); sent again, it would end the new lease, which that job releases. It runs
-// when a job's owed release arrives (finish) and before owed releases are sent.
-func (s *schedule) dropHeld() {
+// dropInflight drops from the owed releases the pairs in flight here (s.inflight): the
+// failed release may have committed and the pair been claimed here again (before or after
+// the report of the job that owed it); sent again, it would end the new lease, which that
+// job releases. It runs when a job's owed release arrives (finish) and before owed releases
+// are sent.
+func (s *schedule) dropInflight() {
 	for i := range s.owed {
 		s.owed[i].req.Pairs = slices.DeleteFunc(slices.Clone(s.owed[i].req.Pairs), func(p Pair) bool { return s.inflight[p] > 0 })
 	}
@@ -186,7 +187,7 @@ func (s *schedule) dropHeld() {
 // at now (the others lapse) with the leases of more (released at once), and reports whether
 // it released pairs, and its error. When it fails the owed releases stay owed.
 func (w *Worker) retryReleases(ctx context.Context, s *schedule, now time.Time, more ...Pair) (bool, error) {
-	s.dropHeld()
+	s.dropInflight()
 	s.owed = slices.DeleteFunc(s.owed, func(o owedRelease) bool { return !now.Before(o.by) })
 	req := ReleaseRequest{Instance: w.cfg.InstanceID, Pairs: slices.Clone(more), Later: map[Pair]time.Duration{}}
 	for _, o := range s.owed {

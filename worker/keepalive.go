@@ -103,6 +103,6 @@ func startKeepAlive(parent context.Context, l locker.Locker, k Pair, instance uu
 // stop ends the renewals and waits for the renewing goroutine. It never reports an error:
 // an operation that committed stays committed whatever a late renewal said.
 func (ka *keepAlive) stop() {
-	ka.cancel(context.Canceled) // after a loss, its cause stays (the first cause is kept)
+	ka.cancel(context.Canceled)           // after a loss, its cause stays (the first cause is kept)
 	_ = ka.svc.Stop(context.Background()) // the renewal in progress ends with ctx, at once
 }

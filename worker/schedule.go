@@ -99,7 +99,7 @@ func (s *schedule) finish(r jobResult, now time.Time) {
 	}
 	if r.owed != nil {
 		s.owed = append(s.owed, *r.owed)
-		s.dropHeld()
+		s.dropInflight()
 	}
 	for _, next := range r.next {
 		if len(next.pairs) == 0 {
