@@ -19,8 +19,11 @@ SELECT * FROM wh_claim_pairs(@instance_id::uuid, @build_keys::text[], @max_pairs
 SELECT wh_pairs_release(@instance_id::uuid, @stream_ids::uuid[], @perspective_names::text[], @delays::float8[]);
 
 -- name: PairsLeasedBy :many
--- The pairs whose due rows the instance leases. After a claim that failed with a lost
--- connection: the claim may have committed, leasing pairs the instance never learnt of. A
--- scan of the due rows (no index leads on leased_by, which every claim and release writes).
-SELECT stream_id, perspective_name FROM wh_perspective_pairs WHERE leased_by = @instance_id::uuid
+-- The pairs whose due rows the instance leases, and whose leases have not lapsed (a lease
+-- moves due_at to its end). After a claim or a release that a lost connection cut off: the
+-- claim may have committed, or the release not, leaving leases the instance does not know
+-- of. The rows due later than now are few (leased, backing off, parked): read through the
+-- due index, not a scan (no index leads on leased_by, which every claim and release writes).
+SELECT stream_id, perspective_name FROM wh_perspective_pairs
+WHERE due_at > now() AND leased_by = @instance_id::uuid
 ORDER BY stream_id, perspective_name;

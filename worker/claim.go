@@ -5,6 +5,7 @@ package worker
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"slices"
 	"time"
@@ -51,8 +52,8 @@ func (w *Worker) claimAndStart(ctx context.Context, s *schedule, free int, start
 		Lease:        w.cfg.LockOptions.LockTimeout,
 	})
 	if err != nil {
-		if isConnectionError(err) && !neverSent(err) && s.unknownSince.IsZero() {
-			s.unknownSince = sent // the claim may have committed (see owedUnknown)
+		if isConnectionError(err) && !neverSent(err) {
+			s.unknown = true // the claim may have committed (see releaseUnknown)
 		}
 		return false, err
 	}
@@ -66,41 +67,50 @@ func (w *Worker) claimAndStart(ctx context.Context, s *schedule, free int, start
 		s.started(&j)
 		start(j)
 	}
-	if !s.unknownSince.IsZero() {
-		w.owedUnknown(ctx, s)
-	}
 	return len(claimed.Pairs) >= limit, nil
 }
 
-// owedUnknown makes owed the leases that claims which failed with a lost connection since
-// s.unknownSince may yet have made: the pairs this instance leases that no job here holds
-// (every pair a job here runs or waits for is in s.inflight) and that do not back off after a
-// failure that could not be recorded (s.held: their lease keeps them waiting). Releasing them
-// is safe because wh_pairs_release is fenced by leased_by and no job here holds them; it is
-// sent until half the lease from the first such claim's sending, when those claims' leases
-// still last. Past that, nothing is read: the leases lapse. When the read fails it is tried
-// after the next claim.
-func (w *Worker) owedUnknown(ctx context.Context, s *schedule) {
-	by := s.unknownSince.Add(w.cfg.LockOptions.LockTimeout / 2)
-	if !time.Now().Before(by) {
-		s.unknownSince = time.Time{}
-		return
+// releaseUnknown ends, in one statement with the leases of more, the leases this instance
+// may hold without knowing of them, when s.unknown says that a lost connection cut off a
+// claim (it may have committed) or a release (it may not have) since the last look: it reads
+// the pairs whose unexpired leases the instance holds (PairsLeasedBy) and releases those no
+// job here holds (s.inflight counts every pair a job here runs or waits for). That is safe
+// because the release is fenced by leased_by and no job here runs them. A pair backing off
+// after a failure that could not be recorded is released due after that backoff. It
+// reports whether it released pairs, and its error: when the read or the release fails,
+// s.unknown stays set, and the loop tries again after its next claim.
+func (w *Worker) releaseUnknown(ctx context.Context, s *schedule, more ...Pair) (bool, error) {
+	req := ReleaseRequest{Instance: w.cfg.InstanceID, Pairs: slices.Clone(more), Later: map[Pair]time.Duration{}}
+	unknown := 0
+	if s.unknown {
+		leased, err := w.store.Leased(ctx, w.cfg.InstanceID)
+		if err != nil {
+			return false, fmt.Errorf("read the pairs this instance leases: %w", err)
+		}
+		for _, p := range leased {
+			if s.inflight[p] > 0 {
+				continue
+			}
+			unknown++
+			req.Pairs = append(req.Pairs, p)
+			if h, ok := s.held[p]; ok {
+				req.Later[p] = w.unrecordedWait(h.failures)
+			}
+		}
 	}
-	leased, err := w.store.Leased(ctx, w.cfg.InstanceID)
-	if err != nil {
-		w.log.Warn("reading the pairs this instance leases failed; read again after the next claim", slog.Any("error", err))
-		return
+	if len(req.Pairs) > 0 {
+		slices.SortFunc(req.Pairs, comparePairs)
+		req.Pairs = slices.Compact(req.Pairs)
+		if err := w.sendRelease(ctx, req); err != nil {
+			return false, err
+		}
 	}
-	s.unknownSince = time.Time{}
-	unknown := slices.DeleteFunc(leased, func(p Pair) bool {
-		_, held := s.held[p]
-		return s.inflight[p] > 0 || held
-	})
-	if len(unknown) > 0 {
-		w.log.Info("this instance leases pairs no job here holds (a claim or a release cut off by a lost connection); releasing them",
-			slog.Int("pairs", len(unknown)))
-		s.owed = append(s.owed, owedRelease{req: ReleaseRequest{Instance: w.cfg.InstanceID, Pairs: unknown}, by: by})
+	if unknown > 0 {
+		w.log.Info("released the leases of pairs no job here holds (a claim or a release cut off by a lost connection)",
+			slog.Int("pairs", unknown))
 	}
+	s.unknown = false
+	return len(req.Pairs) > 0, nil
 }
 
 // splitGroups divides pairs into at most n groups of nearly equal size, in order.
@@ -127,13 +137,13 @@ const busyWait = 100 * time.Millisecond
 // oldest queued event (its row goes when nothing is queued), a busy one after busyWait, one
 // whose failure could not be recorded after its backoff (unrecordedWait). It runs under a
 // fresh context bounded by releaseTimeout, so that a stop does not leave the leases to lapse.
-// When a lost connection fails it (a restart, a failover) it returns the release as owed: the
-// loop sends it again (retryReleases) until half the lease has passed, else the leases lapse
-// and the pairs are due again after LockTimeout.
-func (w *Worker) release(ctx context.Context, r jobResult) *owedRelease {
+// It reports whether a lost connection failed it (a restart, a failover): the loop then
+// releases the leases after its next claim that succeeds (releaseUnknown); after any other
+// error they lapse, and the pairs are due again after LockTimeout.
+func (w *Worker) release(ctx context.Context, r jobResult) (cut bool) {
 	req := ReleaseRequest{Instance: w.cfg.InstanceID, Pairs: r.released(), Later: map[Pair]time.Duration{}}
 	if len(req.Pairs) == 0 {
-		return nil
+		return false
 	}
 	for _, p := range r.busy {
 		req.Later[p] = busyWait
@@ -143,15 +153,15 @@ func (w *Worker) release(ctx context.Context, r jobResult) *owedRelease {
 	}
 	err := w.sendRelease(ctx, req)
 	if err == nil {
-		return nil
+		return false
 	}
-	owed := &owedRelease{req: req, by: r.job.claimed.Add(w.cfg.LockOptions.LockTimeout / 2)}
-	msg := "releasing the pairs' leases failed; sent again after the next claim while half the lease is left, else the pairs are due again when the leases lapse"
-	if !isConnectionError(err) || r.job.claimed.IsZero() || !time.Now().Before(owed.by) {
-		owed, msg = nil, "releasing the pairs' leases failed; they are due again when the leases lapse"
+	cut = isConnectionError(err)
+	msg := "releasing the pairs' leases failed; they are due again when the leases lapse"
+	if cut {
+		msg = "releasing the pairs' leases failed; released after the next claim that succeeds, while they last"
 	}
 	w.log.Warn(msg, slog.Int("pairs", len(req.Pairs)), slog.Duration("lease", w.cfg.LockOptions.LockTimeout), slog.Any("error", err))
-	return owed
+	return cut
 }
 
 // sendRelease runs req under a fresh context bounded by releaseTimeout.
@@ -159,58 +169,6 @@ func (w *Worker) sendRelease(ctx context.Context, req ReleaseRequest) error {
 	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
 	defer cancel()
 	return w.store.Release(rctx, req)
-}
-
-// owedRelease is a release that a lost connection failed, and until when it is sent again:
-// half the lease after the claim was sent (a lease runs LockTimeout from the claim's
-// statement); after that the leases are left to lapse. Sent again, it ends only this
-// instance's leases (wh_pairs_release is fenced by leased_by), and the pairs in flight here
-// are left out (dropInflight), so it ends no lease of a job that runs.
-type owedRelease struct {
-	req ReleaseRequest
-	by  time.Time
-}
-
-// dropInflight drops from the owed releases the pairs in flight here (s.inflight): the
-// failed release may have committed and the pair been claimed here again (before or after
-// the report of the job that owed it); sent again, it would end the new lease, which that
-// job releases. It runs when a job's owed release arrives (finish) and before owed releases
-// are sent.
-func (s *schedule) dropInflight() {
-	for i := range s.owed {
-		s.owed[i].req.Pairs = slices.DeleteFunc(slices.Clone(s.owed[i].req.Pairs), func(p Pair) bool { return s.inflight[p] > 0 })
-	}
-	s.owed = slices.DeleteFunc(s.owed, func(o owedRelease) bool { return len(o.req.Pairs) == 0 })
-}
-
-// retryReleases sends again, in one statement, the owed releases whose leases still last
-// at now (the others lapse) with the leases of more (released at once), and reports whether
-// it released pairs, and its error. When it fails the owed releases stay owed.
-func (w *Worker) retryReleases(ctx context.Context, s *schedule, now time.Time, more ...Pair) (bool, error) {
-	s.dropInflight()
-	s.owed = slices.DeleteFunc(s.owed, func(o owedRelease) bool { return !now.Before(o.by) })
-	req := ReleaseRequest{Instance: w.cfg.InstanceID, Pairs: slices.Clone(more), Later: map[Pair]time.Duration{}}
-	for _, o := range s.owed {
-		req.Pairs = append(req.Pairs, o.req.Pairs...)
-		for _, p := range o.req.Pairs { // not the waits of pairs left out since
-			if d, ok := o.req.Later[p]; ok {
-				req.Later[p] = d
-			}
-		}
-	}
-	if len(req.Pairs) == 0 {
-		return false, nil
-	}
-	slices.SortFunc(req.Pairs, comparePairs)
-	req.Pairs = slices.Compact(req.Pairs)
-	if err := w.sendRelease(ctx, req); err != nil {
-		return false, err
-	}
-	if len(s.owed) > 0 {
-		w.log.Info("released the leases whose release had failed", slog.Int("pairs", len(req.Pairs)-len(more)))
-	}
-	s.owed = nil
-	return true, nil
 }
 
 // released is the pairs of r's job that no follow-up keeps: the job releases their leases.

@@ -92,8 +92,8 @@ func TestClaimSQLLeasesTheOldestDuePairsOnce(t *testing.T) {
 	require.Empty(t, third)
 }
 
-// Leased returns the pairs whose due rows an instance leases, and no other's: after its
-// release, none.
+// Leased returns the pairs whose due rows an instance leases, and no other's, and not a
+// lease that lapsed (its pair is due): after its release, none.
 func TestClaimSQLLeasedReturnsTheInstancesLeasesOnly(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -122,6 +122,12 @@ func TestClaimSQLLeasedReturnsTheInstancesLeasesOnly(t *testing.T) {
 	leased, err = store.Leased(ctx, other)
 	require.NoError(t, err)
 	require.ElementsMatch(t, asPairs(theirs), leased)
+	// One of its leases lapses: its row is due now, still marked as its.
+	require.EqualValues(t, 1, gsExec(t, ctx, testDB.Pool, `UPDATE wh_perspective_pairs SET due_at = now() - interval '1 second'
+		WHERE stream_id = $1 AND perspective_name = $2 AND leased_by = $3`, mine[0].Stream, mine[0].Name, me))
+	leased, err = store.Leased(ctx, me)
+	require.NoError(t, err)
+	require.ElementsMatch(t, asPairs(mine[1:]), leased, "a lapsed lease is not read")
 	csRelease(t, ctx, me, nil, mine...)
 	leased, err = store.Leased(ctx, me)
 	require.NoError(t, err)

@@ -76,7 +76,7 @@ type jobResult struct {
 	// unrecorded: pairs whose failure could not be recorded (Store.MarkFailed failed): due
 	// again only after a backoff (schedule.held counts them)
 	unrecorded []Pair
-	owed       *owedRelease // the release of the job's pairs failed (see release)
+	releaseCut bool // a lost connection failed the release of the job's pairs (see release)
 }
 
 // runJob runs one job and reports to the loop. A pair job then releases its pairs' leases,
@@ -84,7 +84,7 @@ type jobResult struct {
 func (w *Worker) runJob(ctx context.Context, j job) jobResult {
 	r := w.run(ctx, j)
 	if len(j.pairs) > 0 {
-		r.owed = w.release(ctx, r)
+		r.releaseCut = w.release(ctx, r)
 	}
 	return r
 }

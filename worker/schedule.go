@@ -31,15 +31,13 @@ type schedule struct {
 	// heldFor is how long after its last such failure a pair that no job here ran since is
 	// forgotten (twice MaxRetryBackoff, the longest it waits: it went elsewhere).
 	heldFor time.Duration
-	owed    []owedRelease // releases a lost connection failed, sent again after the next claim that succeeds (retryReleases)
-	// unknownSince: when the first claim that failed with a lost connection, after it may
-	// have reached a server, since the last look at this instance's leases was sent (zero:
-	// none); see owedUnknown
-	unknownSince time.Time
-	nextDue      time.Time     // when the first pair not due at the last claim becomes due (zero: none)
-	window       time.Duration // LockTimeout: contention longer than this is warned of
-	log          *slog.Logger
-	logPair      func(Pair, ...any) []any // how a pair is named in the log
+	// unknown: since the last look at this instance's leases, a lost connection cut off a
+	// claim or a release, so the instance may lease pairs no job here holds (releaseUnknown)
+	unknown bool
+	nextDue time.Time     // when the first pair not due at the last claim becomes due (zero: none)
+	window  time.Duration // LockTimeout: contention longer than this is warned of
+	log     *slog.Logger
+	logPair func(Pair, ...any) []any // how a pair is named in the log
 }
 
 func newSchedule(lockTimeout time.Duration, log *slog.Logger, logPair func(Pair, ...any) []any) *schedule {
@@ -97,10 +95,7 @@ func (s *schedule) finish(r jobResult, now time.Time) {
 	if len(r.job.pairs) == 0 {
 		delete(s.buildJobs, buildJob{kind: r.job.kind, key: r.job.key})
 	}
-	if r.owed != nil {
-		s.owed = append(s.owed, *r.owed)
-		s.dropInflight()
-	}
+	s.unknown = s.unknown || r.releaseCut
 	for _, next := range r.next {
 		if len(next.pairs) == 0 {
 			s.queueBuildJob(next)
@@ -147,15 +142,15 @@ func (s *schedule) noteContention(p Pair, now time.Time) {
 }
 
 // releasePending ends, in one statement, the leases that the pair jobs still waiting for a
-// slot kept (a rewind, a bootstrap, a next batch) when the loop stops, and those of the owed
-// releases, so that another instance can take their pairs at once rather than when the
-// leases lapse.
+// slot kept (a rewind, a bootstrap, a next batch) when the loop stops, and those an outage
+// left here unknown (releaseUnknown), so that another instance can take their pairs at once
+// rather than when the leases lapse.
 func (w *Worker) releasePending(ctx context.Context, s *schedule) {
 	var pairs []Pair
 	for _, j := range s.pending {
 		pairs = append(pairs, j.pairs...)
 	}
-	if _, err := w.retryReleases(ctx, s, time.Now(), pairs...); err != nil {
+	if _, err := w.releaseUnknown(ctx, s, pairs...); err != nil {
 		w.log.Warn("releasing the pairs' leases failed; they are due again when the leases lapse",
 			slog.Duration("lease", w.cfg.LockOptions.LockTimeout), slog.Any("error", err))
 	}
@@ -239,11 +234,11 @@ func (w *Worker) loop(loopCtx, opsCtx context.Context) {
 				poll, err = w.claimAndStart(opsCtx, s, w.cfg.Concurrency-running, start)
 				unreachable = w.noteReachable(opsCtx, unreachable, err)
 				w.noteClaimFailure(opsCtx, &claims, err)
-				if err == nil && len(s.owed) > 0 {
-					// The database answers: the pairs whose release an outage cut off are due.
-					released, err := w.retryReleases(opsCtx, s, time.Now())
+				if err == nil && s.unknown {
+					// The database answers: the leases an outage cut off are released.
+					released, err := w.releaseUnknown(opsCtx, s)
 					if err != nil {
-						w.log.Warn("releasing the leases whose release had failed failed again; sent again after the next claim while half the lease is left",
+						w.log.Warn("releasing the leases of pairs no job here holds failed; tried again after the next claim",
 							slog.Any("error", err))
 					}
 					poll = poll || released

@@ -6,6 +6,7 @@ package worker_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"slices"
@@ -449,22 +450,28 @@ func TestUnitStopReleasesTheLeaseAFollowUpKept(t *testing.T) {
 	})
 }
 
-// A job whose release an outage cut off: the release is sent again once a claim shows the
-// database answering, while half the lease is left (the lease is certainly this instance's
-// still), and the loop claims again at once, since the pair may be due. An outage longer
-// than that leaves the lease to lapse: the release is not sent again; nor is one that
-// failed otherwise than by a lost connection (it would fail again).
+// A job whose release an outage cut off: once a claim shows the database answering, the loop
+// reads the pairs this instance leases (the lease still lasts: its pair is among them) and
+// releases them, then claims again at once, since the pair may be due. After an outage
+// longer than the lease, the read finds it lapsed and releases nothing; a release that
+// failed otherwise than by a lost connection is not followed by a read (it would fail again).
 func TestUnitAReleaseAnOutageCutOffIsSentAgainOnceTheDatabaseAnswers(t *testing.T) {
 	refused := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+	// The claims during the outage cannot connect: they leave nothing unknown themselves.
+	_, connectErr := pgconn.Connect(context.Background(), "postgres://127.0.0.1:1/none?connect_timeout=5")
+	var ce *pgconn.ConnectError
+	require.ErrorAs(t, connectErr, &ce)
 	for _, tc := range []struct {
 		name       string
 		outage     time.Duration
 		releaseErr error
-		again      bool
+		read       bool // the leases are read
+		again      bool // and the pair released
 	}{
-		{"outage of 3s", 3050 * time.Millisecond, refused, true}, // off the 100ms grid of its claims
-		{"outage past half the lease", 20 * time.Second, refused, false},
-		{"release refused by the database", 3050 * time.Millisecond, &pgconn.PgError{Code: "XX000", Message: "internal error"}, false},
+		{"outage of 3s", 3050 * time.Millisecond, refused, true, true}, // off the 100ms grid of its claims
+		{"outage of 20s, the lease still lasts", 20 * time.Second, refused, true, true},
+		{"outage past the lease", 35 * time.Second, refused, true, false},
+		{"release refused by the database", 3050 * time.Millisecond, &pgconn.PgError{Code: "XX000", Message: "internal error"}, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -472,19 +479,21 @@ func TestUnitAReleaseAnOutageCutOffIsSentAgainOnceTheDatabaseAnswers(t *testing.
 				ev := worker.Event{ID: uuid.Must(uuid.NewV7()), StreamID: p.Stream, Type: "n", Data: json.RawMessage(`{"n":1}`)}
 				var down atomic.Bool
 				var mu sync.Mutex
-				var calls []string // the store's calls in order: "claim", "claim-failed", "release", "release-failed"
+				var calls []string // the store's calls in order: "claim", "claim-failed", "leased", "release", "release-failed"
 				note := func(s string) { mu.Lock(); calls = append(calls, s); mu.Unlock() }
-				var claimed atomic.Bool
+				var claimed, released atomic.Bool
+				var claimedAt time.Time
 				store := utLoopStore()
 				store.ClaimFunc = func(ctx context.Context, req worker.ClaimRequest) (worker.Claimed, error) {
 					if down.Load() {
 						note("claim-failed")
-						return worker.Claimed{}, refused
+						return worker.Claimed{}, connectErr
 					}
 					note("claim")
 					if claimed.Swap(true) {
 						return worker.Claimed{}, nil
 					}
+					claimedAt = time.Now()
 					return worker.Claimed{Pairs: []worker.Pair{p}}, nil
 				}
 				store.ApplyFunc = func(ctx context.Context, req worker.ApplyRequest, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
@@ -499,7 +508,15 @@ func TestUnitAReleaseAnOutageCutOffIsSentAgainOnceTheDatabaseAnswers(t *testing.
 						return tc.releaseErr
 					}
 					note("release")
+					released.Store(true)
 					return nil
+				}
+				store.LeasedFunc = func(context.Context, uuid.UUID) ([]worker.Pair, error) {
+					note("leased")
+					if released.Load() || time.Since(claimedAt) >= locker.DefaultLockTimeout {
+						return nil, nil // released, or the lease lapsed
+					}
+					return []worker.Pair{p}, nil
 				}
 				w := utStartPollOnly(t, store)
 				defer func() { require.NoError(t, w.Stop(context.Background())) }()
@@ -515,31 +532,34 @@ func TestUnitAReleaseAnOutageCutOffIsSentAgainOnceTheDatabaseAnswers(t *testing.
 				defer mu.Unlock()
 				require.Equal(t, []string{"claim", "release-failed"}, calls[:2], "the job's release failed")
 				rest := slices.DeleteFunc(slices.Clone(calls[2:]), func(s string) bool { return s == "claim-failed" })
-				if !tc.again {
-					assert.Equal(t, []string{"claim"}, rest[:1], "claims resume")
-					assert.NotContains(t, rest, "release", "a lease past its half is left to lapse")
-					return
+				switch {
+				case !tc.read:
+					assert.Equal(t, []string{"claim"}, rest, "claims resume; nothing is read or released")
+				case !tc.again:
+					assert.Equal(t, []string{"claim", "leased"}, rest, "the lapsed lease is not released")
+				default:
+					require.GreaterOrEqual(t, len(rest), 4, "claims resume: %v", rest)
+					assert.Equal(t, []string{"claim", "leased", "release", "claim"}, rest[:4],
+						"the first claim that answers is followed by the read, the release, then a claim at once")
+					releases := store.ReleaseCalls()
+					require.Len(t, releases, 2)
+					assert.Equal(t, []worker.Pair{p}, releases[1].Req.Pairs)
+					assert.Equal(t, w.InstanceID(), releases[1].Req.Instance)
 				}
-				require.GreaterOrEqual(t, len(rest), 3, "claims resume: %v", rest)
-				assert.Equal(t, []string{"claim", "release", "claim"}, rest[:3],
-					"the first claim that answers is followed by the release sent again, then by a claim at once")
-				releases := store.ReleaseCalls()
-				require.Len(t, releases, 2)
-				assert.Equal(t, []worker.Pair{p}, releases[1].Req.Pairs)
-				assert.Equal(t, w.InstanceID(), releases[1].Req.Instance)
 			})
 		})
 	}
 }
 
-// Stop sends the owed release (with the wait it was given: the pair was busy) in its one
-// release statement at the end of the loop, when the database answers again before a claim
-// could send it: the pair is not left to wait for its lease to lapse.
-func TestUnitStopSendsAnOwedRelease(t *testing.T) {
+// Stop releases a lease whose release an outage cut off, in its one release statement at
+// the end of the loop, when the database answers again before a claim could: the pair is
+// not left to wait for its lease to lapse. The job's own release gave the busy pair its
+// wait; Stop's, seconds later, makes it due at once.
+func TestUnitStopReleasesALeaseAnOutageCutOff(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := worker.Pair{Stream: uuid.New(), Perspective: utBuilds()[0].Key}
 		refused := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
-		var down, claimed atomic.Bool
+		var down, claimed, released atomic.Bool
 		store := utLoopStore()
 		store.ClaimFunc = func(ctx context.Context, req worker.ClaimRequest) (worker.Claimed, error) {
 			if down.Load() {
@@ -558,7 +578,14 @@ func TestUnitStopSendsAnOwedRelease(t *testing.T) {
 			if down.Load() {
 				return refused
 			}
+			released.Store(true)
 			return nil
+		}
+		store.LeasedFunc = func(context.Context, uuid.UUID) ([]worker.Pair, error) {
+			if released.Load() {
+				return nil, nil
+			}
+			return []worker.Pair{p}, nil
 		}
 		w := utStartPollOnly(t, store)
 		time.Sleep(2050 * time.Millisecond) // off the 100ms grid of the claims during the outage
@@ -566,22 +593,25 @@ func TestUnitStopSendsAnOwedRelease(t *testing.T) {
 		claims := len(store.ClaimCalls())
 		require.NoError(t, w.Stop(context.Background()))
 		assert.Len(t, store.ClaimCalls(), claims, "no claim between the database's return and Stop")
+		assert.Len(t, store.LeasedCalls(), 1, "Stop read the leases")
 		releases := store.ReleaseCalls()
 		require.Len(t, releases, 2, "the release the outage failed, and Stop's")
 		for i, r := range releases {
 			assert.Equal(t, []worker.Pair{p}, r.Req.Pairs, "release %d", i)
-			assert.Equal(t, map[worker.Pair]time.Duration{p: 100 * time.Millisecond}, r.Req.Later,
-				"release %d: the busy pair is due after busyWait", i)
 		}
+		assert.Equal(t, map[worker.Pair]time.Duration{p: 100 * time.Millisecond}, releases[0].Req.Later,
+			"the job's release: the busy pair is due after busyWait")
+		assert.Empty(t, releases[1].Req.Later, "Stop's: due at once")
 	})
 }
 
 // A release that failed may yet have committed: when a claim leases the pair here again, the
-// release owed for the job before is not sent again, which would end the new job's lease
-// while it runs. The claim comes before the loop takes the first job's report (the failed
-// release returns only once the pair is claimed again), or after it: the claim the report
-// makes the loop send (the applies end between two polls, so no timer's claim comes first).
-func TestUnitAnOwedReleaseOfAPairClaimedAgainIsNotSent(t *testing.T) {
+// look at this instance's leases that the failure calls for finds the pair, held by the new
+// job, and does not release it, which would end that job's lease while it runs. The claim
+// comes before the loop takes the first job's report (the failed release returns only once
+// the pair is claimed again), or after it: the claim the report makes the loop send (the
+// applies end between two polls, so no timer's claim comes first).
+func TestUnitALeaseClaimedAgainIsNotReleasedAfterAnOutage(t *testing.T) {
 	for _, beforeReport := range []bool{true, false} {
 		t.Run(fmt.Sprintf("claimed again before the report: %v", beforeReport), func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -627,13 +657,23 @@ func TestUnitAnOwedReleaseOfAPairClaimedAgainIsNotSent(t *testing.T) {
 					note("release")
 					return nil
 				}
+				store.LeasedFunc = func(context.Context, uuid.UUID) ([]worker.Pair, error) {
+					note("leased")
+					if claimedAgain.Load() && releases.Load() < 2 {
+						return []worker.Pair{p}, nil // the second job's lease
+					}
+					return nil, nil
+				}
 				w := utStartPollOnly(t, store)
 				time.Sleep(5 * time.Second)
 				require.NoError(t, w.Stop(context.Background()))
 				mu.Lock()
 				defer mu.Unlock()
-				assert.Equal(t, []string{"claim p", "apply 1", "apply 1 committed", "release failed", "claim p", "apply 2", "apply 2 committed", "release"}, calls,
+				got := slices.DeleteFunc(slices.Clone(calls), func(s string) bool { return s == "leased" })
+				assert.Equal(t, []string{"claim p", "apply 1", "apply 1 committed", "release failed", "claim p", "apply 2", "apply 2 committed", "release"}, got,
 					"the second job's lease is released once, by that job, after its commit")
+				assert.Contains(t, calls, "leased", "the leases were looked at")
+				assert.Less(t, slices.Index(calls, "leased"), slices.Index(calls, "apply 2 committed"), "while the second job ran")
 			})
 		})
 	}
@@ -641,22 +681,26 @@ func TestUnitAnOwedReleaseOfAPairClaimedAgainIsNotSent(t *testing.T) {
 
 // A claim that failed with a lost connection may have committed, leasing pairs this instance
 // never learnt of: after the next claim that succeeds, the loop reads the pairs it leases
-// and releases those no job here holds (q, not p, whose job runs), while half the lease is
-// left from the failed claim's sending; past that, it reads nothing and they lapse.
+// (unexpired leases only) and releases those no job here holds (q, not p, whose job runs).
+// After an outage longer than the lease, the read finds only p's; after claims that never
+// reached a server, nothing is read.
 func TestUnitPairsAClaimCutOffLeasedAreReleased(t *testing.T) {
 	// A claim that could not connect never reached a server: nothing to read after it.
 	_, connectErr := pgconn.Connect(context.Background(), "postgres://127.0.0.1:1/none?connect_timeout=5")
 	var ce *pgconn.ConnectError
 	require.ErrorAs(t, connectErr, &ce)
+	reset := &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}
 	for _, tc := range []struct {
 		name    string
 		outage  time.Duration
 		err     error
+		read    bool
 		release bool
 	}{
-		{"outage of 2s", 2050 * time.Millisecond, &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}, true},
-		{"outage past half the lease", 20 * time.Second, &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}, false},
-		{"outage of 2s, claims never sent", 2050 * time.Millisecond, connectErr, false},
+		{"outage of 2s", 2050 * time.Millisecond, reset, true, true},
+		{"outage of 20s, the lease still lasts", 20 * time.Second, reset, true, true},
+		{"outage past the lease", 35 * time.Second, reset, true, false},
+		{"outage of 2s, claims never sent", 2050 * time.Millisecond, connectErr, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
@@ -665,6 +709,7 @@ func TestUnitPairsAClaimCutOffLeasedAreReleased(t *testing.T) {
 				var up, claimedP atomic.Bool
 				applying, done := make(chan struct{}), make(chan struct{})
 				store := utLoopStore()
+				start := time.Now()
 				store.ClaimFunc = func(ctx context.Context, req worker.ClaimRequest) (worker.Claimed, error) {
 					switch {
 					case !up.Load():
@@ -680,6 +725,9 @@ func TestUnitPairsAClaimCutOffLeasedAreReleased(t *testing.T) {
 					return nil, nil
 				}
 				store.LeasedFunc = func(context.Context, uuid.UUID) ([]worker.Pair, error) {
+					if time.Since(start) >= locker.DefaultLockTimeout {
+						return []worker.Pair{p}, nil // q's lease lapsed
+					}
 					return []worker.Pair{p, q}, nil
 				}
 				w := utStartPollOnly(t, store)
@@ -694,17 +742,71 @@ func TestUnitPairsAClaimCutOffLeasedAreReleased(t *testing.T) {
 				}
 				close(done)
 				require.NoError(t, w.Stop(context.Background()))
-				if !tc.release {
-					assert.Zero(t, leased, "past half the lease, or after claims never sent, nothing is read")
-				} else {
+				if tc.read {
 					assert.Equal(t, 1, leased, "the leases read once, after the claim that succeeded")
+				} else {
+					assert.Zero(t, leased, "after claims never sent, nothing is read")
 				}
 				if tc.release {
 					assert.Equal(t, [][]worker.Pair{{q}}, released, "q released while p's job runs; p is not")
 				} else {
-					assert.Empty(t, released, "nothing read, nothing released")
+					assert.Empty(t, released, "nothing but p's lease, which its job holds, or nothing read: nothing released")
 				}
 			})
 		})
 	}
+}
+
+// A pair whose failure could not be recorded backs off through its lease's release; when an
+// outage cut that release off too, the release after the outage gives it the same backoff
+// rather than making it due at once.
+func TestUnitALeaseAnOutageCutOffKeepsAnUnrecordedFailuresBackoff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := worker.Pair{Stream: uuid.New(), Perspective: utBuilds()[0].Key}
+		refused := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+		var down, claimed, released atomic.Bool
+		store := utLoopStore()
+		store.ClaimFunc = func(ctx context.Context, req worker.ClaimRequest) (worker.Claimed, error) {
+			if down.Load() {
+				return worker.Claimed{}, refused
+			}
+			if claimed.Swap(true) {
+				return worker.Claimed{}, nil
+			}
+			return worker.Claimed{Pairs: []worker.Pair{p}}, nil
+		}
+		store.ApplyFunc = func(ctx context.Context, req worker.ApplyRequest, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
+			return nil, fmt.Errorf("deadlock detected")
+		}
+		store.MarkFailedFunc = func(context.Context, worker.Pair, worker.Failure, func(int) worker.FailureAction) (worker.FailureAction, error) {
+			down.Store(true) // the server goes after refusing the record
+			return worker.FailureRetry, errors.New("permission denied for table wh_perspective_cursors")
+		}
+		store.ReleaseFunc = func(ctx context.Context, req worker.ReleaseRequest) error {
+			if down.Load() {
+				return refused
+			}
+			released.Store(true)
+			return nil
+		}
+		store.LeasedFunc = func(context.Context, uuid.UUID) ([]worker.Pair, error) {
+			if released.Load() {
+				return nil, nil
+			}
+			return []worker.Pair{p}, nil
+		}
+		w := utStartPollOnly(t, store)
+		time.Sleep(2050 * time.Millisecond)
+		down.Store(false)
+		time.Sleep(500 * time.Millisecond)
+		synctest.Wait()
+		require.NoError(t, w.Stop(context.Background()))
+		releases := store.ReleaseCalls()
+		require.Len(t, releases, 2, "the job's release the outage failed, and the one after it")
+		for i, r := range releases {
+			assert.Equal(t, []worker.Pair{p}, r.Req.Pairs, "release %d", i)
+			assert.Equal(t, map[worker.Pair]time.Duration{p: worker.DefaultRetryBackoff}, r.Req.Later,
+				"release %d: due after the first unrecorded failure's backoff", i)
+		}
+	})
 }
