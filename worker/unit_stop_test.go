@@ -551,6 +551,38 @@ func TestUnitAReleaseAnOutageCutOffIsSentAgainOnceTheDatabaseAnswers(t *testing.
 	}
 }
 
+// utOutageStore is a loop store on which the database is away while down is set: every
+// claim and release fails with a refused connection. Its first claim leases p, its later
+// ones nothing; Leased returns p until a release succeeds.
+func utOutageStore(p worker.Pair, down *atomic.Bool) *mocks.StoreMock {
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+	var claimed, released atomic.Bool
+	store := utLoopStore()
+	store.ClaimFunc = func(ctx context.Context, req worker.ClaimRequest) (worker.Claimed, error) {
+		if down.Load() {
+			return worker.Claimed{}, refused
+		}
+		if claimed.Swap(true) {
+			return worker.Claimed{}, nil
+		}
+		return worker.Claimed{Pairs: []worker.Pair{p}}, nil
+	}
+	store.ReleaseFunc = func(ctx context.Context, req worker.ReleaseRequest) error {
+		if down.Load() {
+			return refused
+		}
+		released.Store(true)
+		return nil
+	}
+	store.LeasedFunc = func(context.Context, uuid.UUID) ([]worker.Pair, error) {
+		if released.Load() {
+			return nil, nil
+		}
+		return []worker.Pair{p}, nil
+	}
+	return store
+}
+
 // Stop releases a lease whose release an outage cut off, in its one release statement at
 // the end of the loop, when the database answers again before a claim could: the pair is
 // not left to wait for its lease to lapse. The job's own release gave the busy pair its
@@ -558,33 +590,10 @@ func TestUnitAReleaseAnOutageCutOffIsSentAgainOnceTheDatabaseAnswers(t *testing.
 func TestUnitStopReleasesALeaseAnOutageCutOff(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := worker.Pair{Stream: uuid.New(), Perspective: utBuilds()[0].Key}
-		refused := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
-		var down, claimed, released atomic.Bool
-		store := utLoopStore()
-		store.ClaimFunc = func(ctx context.Context, req worker.ClaimRequest) (worker.Claimed, error) {
-			if down.Load() {
-				return worker.Claimed{}, refused
-			}
-			if claimed.Swap(true) {
-				return worker.Claimed{}, nil
-			}
-			return worker.Claimed{Pairs: []worker.Pair{p}}, nil
-		}
+		var down atomic.Bool
+		store := utOutageStore(p, &down)
 		store.ApplyFunc = func(ctx context.Context, req worker.ApplyRequest, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
 			down.Store(true) // the server goes as the transaction finds p held by another
-			return []worker.Pair{p}, nil
-		}
-		store.ReleaseFunc = func(ctx context.Context, req worker.ReleaseRequest) error {
-			if down.Load() {
-				return refused
-			}
-			released.Store(true)
-			return nil
-		}
-		store.LeasedFunc = func(context.Context, uuid.UUID) ([]worker.Pair, error) {
-			if released.Load() {
-				return nil, nil
-			}
 			return []worker.Pair{p}, nil
 		}
 		w := utStartPollOnly(t, store)
@@ -763,37 +772,14 @@ func TestUnitPairsAClaimCutOffLeasedAreReleased(t *testing.T) {
 func TestUnitALeaseAnOutageCutOffKeepsAnUnrecordedFailuresBackoff(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		p := worker.Pair{Stream: uuid.New(), Perspective: utBuilds()[0].Key}
-		refused := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
-		var down, claimed, released atomic.Bool
-		store := utLoopStore()
-		store.ClaimFunc = func(ctx context.Context, req worker.ClaimRequest) (worker.Claimed, error) {
-			if down.Load() {
-				return worker.Claimed{}, refused
-			}
-			if claimed.Swap(true) {
-				return worker.Claimed{}, nil
-			}
-			return worker.Claimed{Pairs: []worker.Pair{p}}, nil
-		}
+		var down atomic.Bool
+		store := utOutageStore(p, &down)
 		store.ApplyFunc = func(ctx context.Context, req worker.ApplyRequest, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
 			return nil, fmt.Errorf("deadlock detected")
 		}
 		store.MarkFailedFunc = func(context.Context, worker.Pair, worker.Failure, func(int) worker.FailureAction) (worker.FailureAction, error) {
 			down.Store(true) // the server goes after refusing the record
 			return worker.FailureRetry, errors.New("permission denied for table wh_perspective_cursors")
-		}
-		store.ReleaseFunc = func(ctx context.Context, req worker.ReleaseRequest) error {
-			if down.Load() {
-				return refused
-			}
-			released.Store(true)
-			return nil
-		}
-		store.LeasedFunc = func(context.Context, uuid.UUID) ([]worker.Pair, error) {
-			if released.Load() {
-				return nil, nil
-			}
-			return []worker.Pair{p}, nil
 		}
 		w := utStartPollOnly(t, store)
 		time.Sleep(2050 * time.Millisecond)
