@@ -66,7 +66,7 @@ func (q *Queries) PairsClaim(ctx context.Context, arg PairsClaimParams) ([]WhPer
 
 const pairsLeasedBy = `-- name: PairsLeasedBy :many
 SELECT stream_id, perspective_name FROM wh_perspective_pairs
-WHERE due_at > now() AND leased_by = $1::uuid
+WHERE due_at > now() AND due_at < 'infinity' AND leased_by = $1::uuid
 ORDER BY stream_id, perspective_name
 `
 
@@ -76,10 +76,11 @@ type PairsLeasedByRow struct {
 }
 
 // The pairs whose due rows the instance leases, and whose leases have not lapsed (a lease
-// moves due_at to its end). After a claim or a release that a lost connection cut off: the
-// claim may have committed, or the release not, leaving leases the instance does not know
-// of. The rows due later than now are few (leased, backing off, parked): read through the
-// due index, not a scan (no index leads on leased_by, which every claim and release writes).
+// moves due_at to its end, never 'infinity'). After a claim or a release that a lost
+// connection cut off: the claim may have committed, or the release not, leaving leases the
+// instance does not know of. The rows due between now and 'infinity' are few (leased,
+// backing off; parked pairs are due at 'infinity'): read through the due index, not a scan
+// (no index leads on leased_by, which every claim and release writes).
 func (q *Queries) PairsLeasedBy(ctx context.Context, instanceID uuid.UUID) ([]PairsLeasedByRow, error) {
 	rows, err := q.db.Query(ctx, pairsLeasedBy, instanceID)
 	if err != nil {

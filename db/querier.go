@@ -208,10 +208,11 @@ type Querier interface {
 	// when it is due next (none while parked: 'infinity')
 	PairsFailed(ctx context.Context, arg PairsFailedParams) ([]PairsFailedRow, error)
 	// The pairs whose due rows the instance leases, and whose leases have not lapsed (a lease
-	// moves due_at to its end). After a claim or a release that a lost connection cut off: the
-	// claim may have committed, or the release not, leaving leases the instance does not know
-	// of. The rows due later than now are few (leased, backing off, parked): read through the
-	// due index, not a scan (no index leads on leased_by, which every claim and release writes).
+	// moves due_at to its end, never 'infinity'). After a claim or a release that a lost
+	// connection cut off: the claim may have committed, or the release not, leaving leases the
+	// instance does not know of. The rows due between now and 'infinity' are few (leased,
+	// backing off; parked pairs are due at 'infinity'): read through the due index, not a scan
+	// (no index leads on leased_by, which every claim and release writes).
 	PairsLeasedBy(ctx context.Context, instanceID uuid.UUID) ([]PairsLeasedByRow, error)
 	// The normal path: one transaction applies the queued events of a group of (stream,
 	// perspective) pairs (Config.GroupSize; a single pair is a group of one) in a handful of

@@ -20,10 +20,11 @@ SELECT wh_pairs_release(@instance_id::uuid, @stream_ids::uuid[], @perspective_na
 
 -- name: PairsLeasedBy :many
 -- The pairs whose due rows the instance leases, and whose leases have not lapsed (a lease
--- moves due_at to its end). After a claim or a release that a lost connection cut off: the
--- claim may have committed, or the release not, leaving leases the instance does not know
--- of. The rows due later than now are few (leased, backing off, parked): read through the
--- due index, not a scan (no index leads on leased_by, which every claim and release writes).
+-- moves due_at to its end, never 'infinity'). After a claim or a release that a lost
+-- connection cut off: the claim may have committed, or the release not, leaving leases the
+-- instance does not know of. The rows due between now and 'infinity' are few (leased,
+-- backing off; parked pairs are due at 'infinity'): read through the due index, not a scan
+-- (no index leads on leased_by, which every claim and release writes).
 SELECT stream_id, perspective_name FROM wh_perspective_pairs
-WHERE due_at > now() AND leased_by = @instance_id::uuid
+WHERE due_at > now() AND due_at < 'infinity' AND leased_by = @instance_id::uuid
 ORDER BY stream_id, perspective_name;

@@ -5,6 +5,7 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -76,16 +77,21 @@ func (w *Worker) claimAndStart(ctx context.Context, s *schedule, free int, start
 // the pairs whose unexpired leases the instance holds (PairsLeasedBy) and releases those no
 // job here holds (s.inflight counts every pair a job here runs or waits for). That is safe
 // because the release is fenced by leased_by and no job here runs them. A pair backing off
-// after a failure that could not be recorded is released due after that backoff. It
-// reports whether it released pairs, and its error: when the read or the release fails,
-// s.unknown stays set, and the loop tries again after its next claim.
+// after a failure that could not be recorded is released due after that backoff. The read
+// and the release run under a fresh context bounded by releaseTimeout each (at Stop, the
+// loop's may have ended). It reports whether it released pairs, and its error: when the read
+// fails, more are released all the same; when the read or the release fails, s.unknown
+// stays set, and the loop tries again after its next claim (at Stop, the leases lapse).
 func (w *Worker) releaseUnknown(ctx context.Context, s *schedule, more ...Pair) (bool, error) {
 	req := ReleaseRequest{Instance: w.cfg.InstanceID, Pairs: slices.Clone(more), Later: map[Pair]time.Duration{}}
 	unknown := 0
+	var readErr error
 	if s.unknown {
-		leased, err := w.store.Leased(ctx, w.cfg.InstanceID)
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+		leased, err := w.store.Leased(rctx, w.cfg.InstanceID)
+		cancel()
 		if err != nil {
-			return false, fmt.Errorf("read the pairs this instance leases: %w", err)
+			readErr = fmt.Errorf("read the pairs this instance leases: %w", err)
 		}
 		for _, p := range leased {
 			if s.inflight[p] > 0 {
@@ -109,8 +115,8 @@ func (w *Worker) releaseUnknown(ctx context.Context, s *schedule, more ...Pair) 
 		w.log.Info("released the leases of pairs no job here holds (a claim or a release cut off by a lost connection)",
 			slog.Int("pairs", unknown))
 	}
-	s.unknown = false
-	return len(req.Pairs) > 0, nil
+	s.unknown = readErr != nil
+	return len(req.Pairs) > 0, readErr
 }
 
 // splitGroups divides pairs into at most n groups of nearly equal size, in order.
@@ -155,7 +161,9 @@ func (w *Worker) release(ctx context.Context, r jobResult) (cut bool) {
 	if err == nil {
 		return false
 	}
-	cut = isConnectionError(err)
+	// Its own timeout (a server that stopped answering) leaves it as uncertain as a lost
+	// connection does.
+	cut = isConnectionError(err) || errors.Is(err, context.DeadlineExceeded)
 	msg := "releasing the pairs' leases failed; they are due again when the leases lapse"
 	if cut {
 		msg = "releasing the pairs' leases failed; released after the next claim that succeeds, while they last"

@@ -469,7 +469,7 @@ func planStatements(t *testing.T, ctx context.Context, conn *pgx.Conn, hot uuid.
 		call:  planFunctionCall(t, ctx, conn, "wh_claim_pairs", uuid.New(), []string{planBuildA, planBuildB}, 100, 30.0),
 		other: map[string][]string{planPairs: {planPairsDue, planPairsKey}, "wh_perspective_cursors": planPairIndexes},
 	}, {
-		// After an outage: the rows due later than now (leased, backing off, parked) are few.
+		// After an outage: the rows due between now and 'infinity' (leased, backing off) are few.
 		name: "PairsLeasedBy",
 		call: planRecord(t, func(q *db.Queries) error {
 			_, err := q.PairsLeasedBy(ctx, uuid.New())

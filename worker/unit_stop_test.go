@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -455,7 +456,7 @@ func TestUnitStopReleasesTheLeaseAFollowUpKept(t *testing.T) {
 // releases them, then claims again at once, since the pair may be due. After an outage
 // longer than the lease, the read finds it lapsed and releases nothing; a release that
 // failed otherwise than by a lost connection is not followed by a read (it would fail again).
-func TestUnitAReleaseAnOutageCutOffIsSentAgainOnceTheDatabaseAnswers(t *testing.T) {
+func TestUnitAReleaseAnOutageCutOffIsReleasedOnceTheDatabaseAnswers(t *testing.T) {
 	refused := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
 	// The claims during the outage cannot connect: they leave nothing unknown themselves.
 	_, connectErr := pgconn.Connect(context.Background(), "postgres://127.0.0.1:1/none?connect_timeout=5")
@@ -471,6 +472,7 @@ func TestUnitAReleaseAnOutageCutOffIsSentAgainOnceTheDatabaseAnswers(t *testing.
 		{"outage of 3s", 3050 * time.Millisecond, refused, true, true}, // off the 100ms grid of its claims
 		{"outage of 20s, the lease still lasts", 20 * time.Second, refused, true, true},
 		{"outage past the lease", 35 * time.Second, refused, true, false},
+		{"release timed out (a server that stopped answering)", 3050 * time.Millisecond, fmt.Errorf("timeout: %w", context.DeadlineExceeded), true, true},
 		{"release refused by the database", 3050 * time.Millisecond, &pgconn.PgError{Code: "XX000", Message: "internal error"}, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -794,5 +796,140 @@ func TestUnitALeaseAnOutageCutOffKeepsAnUnrecordedFailuresBackoff(t *testing.T) 
 			assert.Equal(t, map[worker.Pair]time.Duration{p: worker.DefaultRetryBackoff}, r.Req.Later,
 				"release %d: due after the first unrecorded failure's backoff", i)
 		}
+	})
+}
+
+// utFullBatch is BatchSize events of p's stream: a batch that keeps the pair's lease for a
+// next one (a continuation).
+func utFullBatch(p worker.Pair) []worker.Event {
+	evs := make([]worker.Event, worker.DefaultBatchSize)
+	for i := range evs {
+		evs[i] = worker.Event{ID: uuid.Must(uuid.NewV7()), StreamID: p.Stream, Type: "n", Data: json.RawMessage(`{"n":1}`)}
+	}
+	return evs
+}
+
+// Stop whose context ends while the leases are unknown (a claim was cut off, leasing q) and
+// a continuation of p waits for a slot: the look at the leases runs under a context of its
+// own, not the loop's ended one, and Stop releases both p's lease and q's.
+func TestUnitStopCutShortReleasesAFollowUpsLeaseWhileLeasesAreUnknown(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := worker.Pair{Stream: uuid.New(), Perspective: utBuilds()[0].Key}
+		q := worker.Pair{Stream: uuid.New(), Perspective: utBuilds()[0].Key}
+		reset := &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}
+		applying, unblock := make(chan struct{}), make(chan struct{})
+		var n atomic.Int32
+		store := utLoopStore()
+		store.ClaimFunc = func(ctx context.Context, req worker.ClaimRequest) (worker.Claimed, error) {
+			if n.Add(1) == 1 {
+				return worker.Claimed{Pairs: []worker.Pair{p}}, nil
+			}
+			return worker.Claimed{}, reset // may have committed: the leases are unknown
+		}
+		store.ApplyFunc = func(ctx context.Context, req worker.ApplyRequest, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
+			close(applying)
+			<-unblock
+			decide([]worker.PairState{{Pair: p, Events: utFullBatch(p)}})
+			return nil, nil
+		}
+		store.LeasedFunc = func(ctx context.Context, _ uuid.UUID) ([]worker.Pair, error) {
+			if err := ctx.Err(); err != nil {
+				return nil, err // as pgx does
+			}
+			return []worker.Pair{p, q}, nil
+		}
+		w := utStartPollOnly(t, store)
+		<-applying
+		time.Sleep(3 * time.Second) // claims cut off meanwhile
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		go func() { time.Sleep(1500 * time.Millisecond); close(unblock) }() // after Stop's context ends
+		require.ErrorIs(t, w.Stop(ctx), context.DeadlineExceeded)
+		releases := store.ReleaseCalls()
+		require.Len(t, releases, 1, "one release at Stop")
+		want := []worker.Pair{p, q}
+		slices.SortFunc(want, func(a, b worker.Pair) int { return strings.Compare(a.Stream.String(), b.Stream.String()) })
+		assert.Equal(t, want, releases[0].Req.Pairs, "the continuation's lease and the unknown one")
+		assert.Len(t, store.LeasedCalls(), 1, "the leases were looked at")
+	})
+}
+
+// A continuation (a follow-up that keeps its pair's lease) runs while the loop looks at the
+// leases after a cut-off claim: the look does not release its pair.
+func TestUnitTheLookAtTheLeasesLeavesARunningFollowUpsPair(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		p := worker.Pair{Stream: uuid.New(), Perspective: utBuilds()[0].Key}
+		reset := &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}
+		second, unblock := make(chan struct{}), make(chan struct{})
+		var n, applies atomic.Int32
+		var running, releasedWhileRunning atomic.Bool
+		store := utLoopStore()
+		store.ClaimFunc = func(ctx context.Context, req worker.ClaimRequest) (worker.Claimed, error) {
+			switch n.Add(1) {
+			case 1:
+				return worker.Claimed{Pairs: []worker.Pair{p}}, nil
+			case 2:
+				return worker.Claimed{}, reset
+			}
+			return worker.Claimed{}, nil
+		}
+		store.ApplyFunc = func(ctx context.Context, req worker.ApplyRequest, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
+			if applies.Add(1) == 2 {
+				running.Store(true)
+				close(second)
+				<-unblock
+				running.Store(false)
+				decide([]worker.PairState{{Pair: p}})
+				return nil, nil
+			}
+			decide([]worker.PairState{{Pair: p, Events: utFullBatch(p)}})
+			return nil, nil
+		}
+		store.ReleaseFunc = func(ctx context.Context, req worker.ReleaseRequest) error {
+			if running.Load() {
+				releasedWhileRunning.Store(true)
+			}
+			return nil
+		}
+		store.LeasedFunc = func(ctx context.Context, _ uuid.UUID) ([]worker.Pair, error) {
+			return []worker.Pair{p}, nil
+		}
+		w := utStartPollOnly(t, store)
+		<-second
+		time.Sleep(5 * time.Second)
+		close(unblock)
+		require.NoError(t, w.Stop(context.Background()))
+		require.NotEmpty(t, store.LeasedCalls(), "the leases were looked at while the follow-up ran")
+		assert.False(t, releasedWhileRunning.Load(), "the running follow-up's lease was not released")
+	})
+}
+
+// A look at the leases that fails is made again after the next claim that succeeds.
+func TestUnitAFailedLookAtTheLeasesIsMadeAgain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		q := worker.Pair{Stream: uuid.New(), Perspective: utBuilds()[0].Key}
+		reset := &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}
+		var n, reads atomic.Int32
+		store := utLoopStore()
+		store.ClaimFunc = func(ctx context.Context, req worker.ClaimRequest) (worker.Claimed, error) {
+			if n.Add(1) == 1 {
+				return worker.Claimed{}, reset // committed: q is leased here
+			}
+			return worker.Claimed{}, nil
+		}
+		store.LeasedFunc = func(context.Context, uuid.UUID) ([]worker.Pair, error) {
+			if reads.Add(1) == 1 {
+				return nil, &pgconn.PgError{Code: "57014", Message: "canceling statement due to statement timeout"}
+			}
+			return []worker.Pair{q}, nil
+		}
+		w := utStartPollOnly(t, store)
+		time.Sleep(3 * time.Second) // claims every PollInterval (1s)
+		synctest.Wait()
+		require.NoError(t, w.Stop(context.Background()))
+		assert.EqualValues(t, 2, reads.Load(), "read again after the next claim, then no more")
+		releases := store.ReleaseCalls()
+		require.Len(t, releases, 1)
+		assert.Equal(t, []worker.Pair{q}, releases[0].Req.Pairs)
 	})
 }
