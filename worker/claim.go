@@ -143,9 +143,10 @@ const busyWait = 100 * time.Millisecond
 // oldest queued event (its row goes when nothing is queued), a busy one after busyWait, one
 // whose failure could not be recorded after its backoff (unrecordedWait). It runs under a
 // fresh context bounded by releaseTimeout, so that a stop does not leave the leases to lapse.
-// It reports whether a lost connection failed it (a restart, a failover): the loop then
-// releases the leases after its next claim that succeeds (releaseUnknown); after any other
-// error they lapse, and the pairs are due again after LockTimeout.
+// It reports whether a lost connection (a restart, a failover) or its own timeout failed
+// it: the loop then releases the leases after its next claim that succeeds
+// (releaseUnknown); after any other error they lapse, and the pairs are due again after
+// LockTimeout.
 func (w *Worker) release(ctx context.Context, r jobResult) (cut bool) {
 	req := ReleaseRequest{Instance: w.cfg.InstanceID, Pairs: r.released(), Later: map[Pair]time.Duration{}}
 	if len(req.Pairs) == 0 {

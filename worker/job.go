@@ -76,7 +76,7 @@ type jobResult struct {
 	// unrecorded: pairs whose failure could not be recorded (Store.MarkFailed failed): due
 	// again only after a backoff (schedule.held counts them)
 	unrecorded []Pair
-	releaseCut bool // a lost connection failed the release of the job's pairs (see release)
+	releaseCut bool // a lost connection (or the release's timeout) failed the release of the job's pairs (see release)
 }
 
 // runJob runs one job and reports to the loop. A pair job then releases its pairs' leases,
