@@ -151,7 +151,9 @@ func (w *Worker) releasePending(ctx context.Context, s *schedule) {
 		pairs = append(pairs, j.pairs...)
 	}
 	if _, err := w.releaseUnknown(ctx, s, pairs...); err != nil {
-		w.log.Warn("releasing the pairs' leases failed; they are due again when the leases lapse",
+		// The error says which step failed: the look at the leases (the follow-ups' pairs
+		// were released all the same) or the release.
+		w.log.Warn("releasing this instance's leases at stop failed; the pairs not released are due again when their leases lapse",
 			slog.Duration("lease", w.cfg.LockOptions.LockTimeout), slog.Any("error", err))
 	}
 }
