@@ -44,9 +44,19 @@ install() {
   command -v pgbouncer >/dev/null 2>&1 && return 0
   [ -x /usr/sbin/pgbouncer ] && return 0
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    # One installer at a time (parallel tests start PgBouncer at once); apt-get itself waits
+    # for the dpkg lock.
+    exec 9>/tmp/perspectives-pgbouncer-install.lock
+    flock 9
+    if command -v pgbouncer >/dev/null 2>&1 || [ -x /usr/sbin/pgbouncer ]; then
+      exec 9>&-
+      return 0
+    fi
     echo "pgbouncer: not installed; installing it with apt-get" >&2
     export DEBIAN_FRONTEND=noninteractive
-    apt-get install -y -qq pgbouncer >&2 || { apt-get update -qq >&2 && apt-get install -y -qq pgbouncer >&2; }
+    local opts=(-y -qq -o DPkg::Lock::Timeout=300)
+    apt-get install "${opts[@]}" pgbouncer >&2 || { apt-get update -qq >&2 && apt-get install "${opts[@]}" pgbouncer >&2; }
+    exec 9>&-
     # The package may start its own service on 6432: this script never uses it.
   else
     echo "pgbouncer: not installed; install it (sudo apt-get install -y pgbouncer) and retry" >&2

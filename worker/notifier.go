@@ -482,13 +482,15 @@ func (n *notifier) subscribeTopics(ctx context.Context, q *db.Queries, id uint64
 
 // Listen subscribes to the queue's notification on the pool's notifier (see notifier),
 // which the process's WaitFor calls share: its session is listenConnect's when given, else
-// a connection of its own (never a pool connection). Behind a transaction pooler without
-// listenConnect, Listen returns ErrNotificationsLost. When the notifier's session is lost,
-// Listen returns why (the worker subscribes again later, polling meanwhile).
-func (s *pgStore) Listen(ctx context.Context, notify func()) error {
+// a connection of its own (never a pool connection). The subscription lasts until ctx ends:
+// when the notifier's session is lost (or cannot be opened), lost is told why, once, and
+// notify is called when a new session serves the subscription. Behind a transaction pooler
+// without listenConnect, Listen returns ErrNotificationsLost.
+func (s *pgStore) Listen(ctx context.Context, notify func(), lost func(error)) error {
 	sub := subscribe(s.pool, topicQueue, s.listenConnect)
 	defer sub.close()
 	var session uint64
+	down := false
 	for {
 		select {
 		case <-ctx.Done():
@@ -499,12 +501,13 @@ func (s *pgStore) Listen(ctx context.Context, notify func()) error {
 		switch {
 		case nt.polling:
 			return ErrNotificationsLost
-		case nt.session == 0 && session != 0:
-			return cmp.Or(nt.err, errors.New("the notifier's session was lost"))
-		case nt.session != session:
+		case nt.session == 0 && nt.err != nil && !down:
+			session, down = 0, true
+			lost(nt.err)
+		case nt.session != 0 && nt.session != session:
 			// Events may have been appended before the subscription took effect (or while the
 			// session was replaced).
-			session = nt.session
+			session, down = nt.session, false
 			notify()
 		}
 		if nt.notified {
@@ -538,9 +541,11 @@ var ErrNotificationsLost = errors.New("LISTEN receives no notifications on this 
 // NotificationStore is how the loop hears of due pairs.
 type NotificationStore interface {
 	// Listen calls notify once subscribed to the queue's notification (which every committed
-	// Append that queued rows sends, and every other statement that makes pairs due), and
-	// then for each notification, until ctx ends or the subscription fails. It returns
-	// ErrNotificationsLost when the connection cannot receive notifications at all (it goes
-	// through a pooler): the worker then polls only, and says so once.
-	Listen(ctx context.Context, notify func()) error
+	// Append that queued rows sends, and every other statement that makes pairs due), then
+	// for each notification, until ctx ends. When the subscription is lost (a restart, a
+	// failover), it calls lost with why, once, and subscribes again on its own, calling
+	// notify once subscribed again. It returns ctx's error, or ErrNotificationsLost when the
+	// connection cannot receive notifications at all (it goes through a pooler): the worker
+	// then polls only, and says so once.
+	Listen(ctx context.Context, notify func(), lost func(error)) error
 }

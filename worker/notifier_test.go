@@ -5,6 +5,8 @@ package worker_test
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -261,4 +263,33 @@ func TestNotifierResubscribesAfterTheSessionIsLost(t *testing.T) {
 	startWorkerIn(t, d, worker.Config{Perspectives: []worker.Perspective{ledgerPerspective(name)}})
 	require.NoError(t, waitResult(t, res), "WaitFor survived the session's loss")
 	require.GreaterOrEqual(t, st.listening.Load(), int32(2), "checked again on the new session")
+}
+
+// A session that cannot be opened (here a ListenConnect that always fails) is said once,
+// with why, and the loop claims every 100 ms meanwhile: an Append is applied at once, not
+// at the next PollInterval (an hour).
+func TestAListenSessionThatCannotBeOpenedIsSaidAndPolledFor(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	name := uniqueName("nolisten")
+	var logs utLogBuf
+	startWorkerWith(t, testDB.Pool, worker.Config{
+		Perspectives: []worker.Perspective{ledgerPerspective(name)},
+		PollInterval: time.Hour,
+		Logger:       utLogger(&logs),
+		ListenConnect: func(context.Context) (*pgx.Conn, error) {
+			return nil, errors.New("no listening session for this test")
+		},
+	})
+	eventually(t, 10*time.Second, "the lost session said", func() bool {
+		return strings.Contains(logs.String(), "queue notifications interrupted; polling until resubscribed")
+	})
+	stream := uuid.New()
+	ids := newIDs(t, 1)
+	require.NoError(t, worker.Append(ctx, testDB.Pool, events(stream, ids)...))
+	waitModelWithin(t, ctx, name, stream, 1, 5*time.Second)
+	time.Sleep(1500 * time.Millisecond) // the notifier tries again after a second, and fails again
+	require.Equal(t, 1, strings.Count(logs.String(), "queue notifications interrupted; polling until resubscribed"), logs.String())
+	require.Contains(t, logs.String(), "no listening session for this test")
 }

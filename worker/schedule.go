@@ -254,7 +254,9 @@ func (w *Worker) loop(loopCtx, opsCtx context.Context) {
 			return
 		}
 		wait := w.cfg.PollInterval
-		if unreachable {
+		if unreachable || w.unheard.Load() {
+			// No event appended while the database is away or the subscription is down (a
+			// restart, a failover) waits for a whole PollInterval.
 			wait = min(wait, reconnectInterval)
 		}
 		if !stopping {

@@ -1445,9 +1445,9 @@ func TestUnitLoopClaimsSoonWhileTheDatabaseIsUnreachable(t *testing.T) {
 	}
 }
 
-// While the wake-up's subscription is down (and waits to subscribe again), the loop claims
-// every 100ms rather than every PollInterval: an event appended meanwhile is not left for a
-// whole poll.
+// While the wake-up's subscription is down (the notifier opens a session again after its
+// backoff), the loop claims every 100ms rather than every PollInterval: an event appended
+// meanwhile is not left for a whole poll. Once subscribed again, it claims when notified.
 func TestUnitLoopClaimsSoonWhileNotSubscribed(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
@@ -1455,16 +1455,33 @@ func TestUnitLoopClaimsSoonWhileNotSubscribed(t *testing.T) {
 			c.PollInterval = time.Hour
 			c.PollOnly = false
 		})
-		f.store.ListenFunc = func(ctx context.Context, notify func()) error {
-			return errors.New("unexpected EOF") // the session is gone at once, every time
+		subscribed := make(chan struct{})
+		f.store.ListenFunc = func(ctx context.Context, notify func(), lost func(error)) error {
+			notify()
+			lost(errors.New("unexpected EOF"))
+			lost(errors.New("unexpected EOF")) // told again: one warning for the spell
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-subscribed:
+			}
+			notify()
+			<-ctx.Done()
+			return ctx.Err()
 		}
 		require.NoError(t, f.w.Start(context.Background()))
 		synctest.Wait()
 		before := len(f.store.ClaimCalls())
-		time.Sleep(950 * time.Millisecond) // the first retry of the subscription waits 1s
+		time.Sleep(950 * time.Millisecond)
 		synctest.Wait()
 		assert.Equal(t, 9, len(f.store.ClaimCalls())-before, "a claim every 100ms while not subscribed")
+		close(subscribed)
+		synctest.Wait()
+		before = len(f.store.ClaimCalls())
+		time.Sleep(10 * time.Second)
+		synctest.Wait()
+		assert.Equal(t, 0, len(f.store.ClaimCalls())-before, "subscribed again: no claim until notified or PollInterval")
 		f.stop(t)
-		assert.Contains(t, f.logs.String(), "queue notifications interrupted; polling until resubscribed")
+		assert.Equal(t, 1, strings.Count(f.logs.String(), "queue notifications interrupted; polling until resubscribed"), f.logs.String())
 	})
 }

@@ -53,7 +53,10 @@ type Worker struct {
 	lead *elector
 	// maintainNow asks the loop to look at the builds at once (a leader lease was won).
 	maintainNow atomic.Bool
-	beatEvery   time.Duration // HeartbeatInterval (tests shorten it)
+	// unheard says that the loop's subscription to the queue's notification is lost (see
+	// listen): the loop claims every reconnectInterval meanwhile.
+	unheard   atomic.Bool
+	beatEvery time.Duration // HeartbeatInterval (tests shorten it)
 }
 
 // New validates cfg (including LockOptions) and returns a worker on pool. It does not
@@ -255,47 +258,23 @@ func (w *Worker) Notify() {
 	}
 }
 
-// pollUntil wakes the loop every reconnectInterval until deadline; false when ctx ended.
-func (w *Worker) pollUntil(ctx context.Context, deadline time.Time) bool {
-	tick := time.NewTicker(reconnectInterval)
-	defer tick.Stop()
-	for time.Now().Before(deadline) {
-		select {
-		case <-ctx.Done():
-			return false
-		case <-tick.C:
-			w.Notify()
-		}
-	}
-	return true
-}
-
-// listen wakes the loop on every committed Append, resubscribing after a failure; polling
-// covers whatever it misses.
+// listen wakes the loop on every committed Append. While the notifier's session is lost
+// (it opens another after a backoff), unheard is set and the loop claims every
+// reconnectInterval; polling every PollInterval covers whatever else it misses.
 func (w *Worker) listen(ctx context.Context) {
-	retry := backoff{first: min(w.cfg.PollInterval, time.Second), max: 30 * time.Second}
-	for {
-		started := time.Now()
-		err := w.store.Listen(ctx, w.Notify)
-		if ctx.Err() != nil {
-			return
+	err := w.store.Listen(ctx, func() {
+		w.unheard.Store(false)
+		w.Notify()
+	}, func(err error) {
+		if !w.unheard.Swap(true) {
+			w.log.Warn("queue notifications interrupted; polling until resubscribed", slog.Any("error", err))
 		}
-		if errors.Is(err, ErrNotificationsLost) {
-			w.log.Warn("LISTEN receives no notifications on this connection (it goes through a connection pooler such as PgBouncer): "+
-				"polling every PollInterval instead; set Config.ListenConnect to a direct connection for the wake-up",
-				slog.Duration("poll_interval", w.cfg.PollInterval))
-			return
-		}
-		if time.Since(started) > time.Minute {
-			retry.reset() // it had been working: not a persistent failure
-		}
-		wait := retry.fail(time.Now())
-		w.log.Warn("queue notifications interrupted; polling until resubscribed",
-			slog.Any("error", err), slog.Duration("retry_in", wait))
-		// Meanwhile the loop claims every reconnectInterval: no event appended while the
-		// subscription is down (a restart, a failover) waits for a whole PollInterval.
-		if !w.pollUntil(ctx, time.Now().Add(wait)) {
-			return
-		}
+		w.Notify()
+	})
+	w.unheard.Store(false)
+	if errors.Is(err, ErrNotificationsLost) {
+		w.log.Warn("LISTEN receives no notifications on this connection (it goes through a connection pooler such as PgBouncer): "+
+			"polling every PollInterval instead; set Config.ListenConnect to a direct connection for the wake-up",
+			slog.Duration("poll_interval", w.cfg.PollInterval))
 	}
 }
