@@ -97,7 +97,7 @@ func (q *Queries) CursorsMissing(ctx context.Context, arg CursorsMissingParams) 
 
 const modelsGet = `-- name: ModelsGet :many
 SELECT m.stream_id, m.perspective_name, m.model, m.last_event_id
-FROM (SELECT unnest($1::uuid[]) AS stream_id, unnest($2::text[]) AS perspective_name) p
+FROM (SELECT unnest((SELECT $1::uuid[])) AS stream_id, unnest((SELECT $2::text[])) AS perspective_name) p
 CROSS JOIN LATERAL (
     SELECT m.stream_id, m.perspective_name, m.model, m.last_event_id
     FROM wh_perspective_models m
@@ -224,7 +224,7 @@ func (q *Queries) PairsApplyCommit(ctx context.Context, arg PairsApplyCommitPara
 const pairsLockForApply = `-- name: PairsLockForApply :many
 
 SELECT l.stream_id, l.perspective_name, l.last_event_id, l.events_since_snapshot, l.attempts, l.failed_event_id, l.lock_holder, l.snapshot_ids
-FROM (SELECT unnest($1::uuid[]) AS stream_id, unnest($2::text[]) AS perspective_name) p
+FROM (SELECT unnest((SELECT $1::uuid[])) AS stream_id, unnest((SELECT $2::text[])) AS perspective_name) p
 CROSS JOIN LATERAL (
     SELECT c.stream_id,
            c.perspective_name,
@@ -269,6 +269,14 @@ type PairsLockForApplyRow struct {
 // perspective) pairs (Config.GroupSize; a single pair is a group of one) in a handful of
 // statements. The pairs are passed as two parallel arrays, stream_ids[i] with
 // perspective_names[i].
+//
+// The statements that read a group (PairsLockForApply, QueueEventsForPairs, ModelsGet) take
+// their arrays through scalar subqueries, unnest((SELECT @a)): the planner then estimates
+// every call alike, whatever the arrays' lengths, and PostgreSQL keeps one generic plan for
+// each prepared statement instead of planning every call (a custom plan is cheaper than the
+// generic one only for the array's known length). Planning them took about 0.7 ms of a
+// lone pair's batch of 100 events (worker/plans_sql_test.go pins that they are not planned
+// again).
 // Locks the cursor rows of the given pairs, skipping those another transaction holds (and
 // those without a cursor row: see CursorsEnsure, and those of a retired build). Returns each locked cursor, the holder of
 // an unexpired stream lock on it (the nil UUID: none), and the pair's snapshot positions, newest first.
@@ -313,8 +321,8 @@ func (q *Queries) PairsLockForApply(ctx context.Context, arg PairsLockForApplyPa
 const queueEventsForPairs = `-- name: QueueEventsForPairs :many
 WITH q AS (
     SELECT q.perspective_name, q.event_id
-    FROM (SELECT unnest($1::uuid[]) AS stream_id, unnest($2::text[]) AS perspective_name,
-                 unnest($3::uuid[]) AS after_event_id) p
+    FROM (SELECT unnest((SELECT $1::uuid[])) AS stream_id, unnest((SELECT $2::text[])) AS perspective_name,
+                 unnest((SELECT $3::uuid[])) AS after_event_id) p
     CROSS JOIN LATERAL (
         SELECT qe.perspective_name, qe.event_id
         FROM wh_perspective_events qe
