@@ -7,7 +7,7 @@
 -- their arrays through scalar subqueries, unnest((SELECT @a)): the planner then estimates
 -- every call alike, whatever the arrays' lengths, and PostgreSQL keeps one generic plan for
 -- each prepared statement instead of planning every call (a custom plan is cheaper than the
--- generic one only for the array's known length). Planning them took about 0.7 ms of a
+-- generic one only for the array's known length). Planning them took about 0.5 ms of a
 -- lone pair's batch of 100 events (worker/plans_sql_test.go pins that they are not planned
 -- again).
 

@@ -767,10 +767,11 @@ func TestPlansSQLAHotPairReadsTheStoreByKey(t *testing.T) {
 }
 
 // A lone pair's batch (a hot stream) runs the group's reads with one-element arrays, once
-// for every 100 events. Planned for the arrays' lengths, each call of PairsLockForApply,
-// QueueEventsForPairs and ModelsGet was planned again (a custom plan looks cheaper than the
-// generic one for one element), about 0.7 ms of the batch; each must settle on its generic
-// plan after PostgreSQL's first five custom plans, as prepared through the generated code.
+// for every 100 events. Planned for the arrays' lengths, a call of PairsLockForApply,
+// QueueEventsForPairs or ModelsGet could be planned again every time (a custom plan looks
+// cheaper than the generic one for one element; in BenchmarkHotStream all three were, about
+// 0.5 ms of the batch); each must settle on its generic plan after PostgreSQL's first five
+// custom plans, as prepared through the generated code.
 func TestPlansSQLALonePairsReadsKeepOneGenericPlan(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
