@@ -63,6 +63,7 @@ var upgradeSteps = []upgradeStep{
 		"wh_perspective_events.attempts", "wh_perspective_events.last_error", "wh_perspective_events.next_attempt_at",
 		"wh_perspective_cursors.next_attempt_at", "wh_instances.claimed_at"}},
 	{filled: []string{"wh_perspectives.sink", "wh_instances.sink_ms", "wh_perspective_builds.promotion_requested"}, write: (*upgrade).writeRelease9},
+	{write: (*upgrade).writeRelease10},
 }
 
 func TestUpgradeStepByStep(t *testing.T) {
@@ -705,6 +706,16 @@ func (u *upgrade) writeRelease9() {
 	require.NoError(u.t, u.db.QueryRow(u.ctx, `SELECT count(*) FROM wh_perspectives WHERE sink`).Scan(&sinks))
 	require.Zero(u.t, sinks)
 	u.exec(`INSERT INTO wh_perspectives (perspective_name, sink) VALUES ('orders', true)`)
+}
+
+// writeRelease10: the release writes what release 9 did; its migration replaces the claim and
+// the deletion of applied rows with PL/pgSQL functions of the same signatures.
+func (u *upgrade) writeRelease10() {
+	var langs []string
+	require.NoError(u.t, u.db.QueryRow(u.ctx, `SELECT array_agg(p.proname || ' ' || l.lanname ORDER BY p.proname)
+		FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
+		WHERE p.proname IN ('wh_claim_pairs', 'wh_delete_applied')`).Scan(&langs))
+	require.Equal(u.t, []string{"wh_claim_pairs plpgsql", "wh_delete_applied plpgsql"}, langs)
 }
 
 // carryOn starts a worker of the current release on the upgraded database (pool: the tests'

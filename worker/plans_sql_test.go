@@ -434,21 +434,9 @@ func planStatements(t *testing.T, ctx context.Context, conn *pgx.Conn, hot uuid.
 	require.Equal(t, 1, strings.Count(appendSQL, into), "wh_append: what its lock statement returns")
 	appendSQL = strings.Replace(appendSQL, into, "", 1)
 
-	// The statement of wh_delete_applied, with its arguments as $1 to $3 and planned under
-	// the function's settings, deleting 2,000 queued rows of many pairs: as a join of their
-	// keys with the queue, hashing the whole queue is then cheaper than 2,000 probes by the
-	// planner's estimates.
-	var deleteSQL string
-	var deleteSettings []string
-	require.NoError(t, conn.QueryRow(ctx, `SELECT prosrc, COALESCE(proconfig, '{}') FROM pg_proc WHERE proname = 'wh_delete_applied'`).
-		Scan(&deleteSQL, &deleteSettings))
-	require.NotEmpty(t, deleteSettings, "wh_delete_applied: its SET clauses")
-	for i, arg := range []string{"stream_ids", "perspective_names", "event_ids"} {
-		cast := []string{"uuid[]", "text[]", "uuid[]"}[i]
-		from := "unnest(" + arg + ")"
-		require.Equal(t, 1, strings.Count(deleteSQL, from), "wh_delete_applied: %s", from)
-		deleteSQL = strings.Replace(deleteSQL, from, fmt.Sprintf("unnest($%d::%s)", i+1, cast), 1)
-	}
+	// wh_delete_applied deleting 2,000 queued rows of many pairs: as a join of their keys with
+	// the queue, hashing the whole queue is then cheaper than 2,000 probes by the planner's
+	// estimates.
 	var delStreams, delIDs []uuid.UUID
 	var delNames []string
 	rows, err = conn.Query(ctx, `SELECT stream_id, perspective_name, event_id FROM wh_perspective_events
@@ -516,7 +504,7 @@ func planStatements(t *testing.T, ctx context.Context, conn *pgx.Conn, hot uuid.
 		other: map[string][]string{"wh_perspective_cursors": planPairIndexes},
 	}, {
 		name:  "wh_delete_applied",
-		call:  planCall{sql: deleteSQL, args: pgq.Args([]any{delStreams, delNames, delIDs}), settings: deleteSettings},
+		call:  planFunctionCall(t, ctx, conn, "wh_delete_applied", delStreams, delNames, delIDs),
 		queue: planQueuePKey, cond: append(slices.Clip(pairCond), "(event_id = "),
 	}, {
 		name:  "wh_append",
@@ -657,16 +645,22 @@ func TestPlansSQLGroupLookupsWithOneBuild(t *testing.T) {
 	}
 }
 
-// planFunctionCall is the statement of the SQL function name (its source), with its arguments
-// as $1, $2, … (args, in order) and planned under the function's settings.
+// planFunctionCall is the statement of the PL/pgSQL function name (the first of its body,
+// without RETURN QUERY), with its arguments as $1, $2, … (args, in order) and planned under
+// the function's settings.
 func planFunctionCall(t *testing.T, ctx context.Context, conn *pgx.Conn, name string, args ...any) planCall {
 	t.Helper()
 	var src string
 	var params, settings, types []string
 	require.NoError(t, conn.QueryRow(ctx, `SELECT p.prosrc, p.proargnames[1:p.pronargs], COALESCE(p.proconfig, '{}'),
 		(SELECT array_agg(format_type(a.t, NULL) ORDER BY a.n) FROM unnest(p.proargtypes::oid[]) WITH ORDINALITY AS a (t, n))
-		FROM pg_proc p WHERE p.proname = $1`, name).Scan(&src, &params, &settings, &types))
+		FROM pg_proc p WHERE p.proname = $1 AND p.prolang = (SELECT oid FROM pg_language WHERE lanname = 'plpgsql')`,
+		name).Scan(&src, &params, &settings, &types))
 	require.Len(t, params, len(args), "%s: its parameters", name)
+	_, body, ok := strings.Cut(src, "BEGIN")
+	require.True(t, ok, "%s: its body", name)
+	src, _, ok = strings.Cut(strings.TrimPrefix(strings.TrimSpace(body), "RETURN QUERY"), ";")
+	require.True(t, ok, "%s: the end of its first statement", name)
 	for i, p := range params {
 		re := regexp.MustCompile(`([^\w.])` + p + `\b`)
 		require.True(t, re.MatchString(src), "%s: %s in its source", name, p)
