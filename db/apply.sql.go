@@ -14,7 +14,13 @@ import (
 
 const cursorsEnsure = `-- name: CursorsEnsure :many
 INSERT INTO wh_perspective_cursors (stream_id, perspective_name)
-SELECT unnest($1::uuid[]), unnest($2::text[])
+SELECT p.stream_id, p.perspective_name
+FROM (SELECT unnest($1::uuid[]) AS stream_id, unnest($2::text[]) AS perspective_name) p
+WHERE NOT EXISTS (
+    SELECT 1 FROM wh_perspective_cursors c
+    WHERE c.stream_id = p.stream_id AND c.perspective_name = p.perspective_name
+)
+ORDER BY p.stream_id, p.perspective_name
 ON CONFLICT (stream_id, perspective_name) DO NOTHING
 RETURNING stream_id, perspective_name
 `
@@ -29,10 +35,12 @@ type CursorsEnsureRow struct {
 	PerspectiveName string
 }
 
-// Creates the missing cursor rows of the given pairs and returns the pairs it created.
-// An existing row is left alone; but when another transaction has updated it and is still
-// open, this waits for that transaction (on the normal path, pass only pairs CursorsMissing
-// reported).
+// Creates the cursor rows of the given pairs that do not exist, in key order (two
+// transactions never insert the same rows in opposite orders), and returns the pairs it
+// created. It never waits for a row that exists, even one another open transaction updated:
+// only the pairs without a row in the statement's snapshot are inserted (ON CONFLICT alone
+// would wait for that transaction). A row another transaction is inserting at the same time
+// is waited for, then left alone.
 func (q *Queries) CursorsEnsure(ctx context.Context, arg CursorsEnsureParams) ([]CursorsEnsureRow, error) {
 	rows, err := q.db.Query(ctx, cursorsEnsure, arg.StreamIds, arg.PerspectiveNames)
 	if err != nil {
@@ -42,48 +50,6 @@ func (q *Queries) CursorsEnsure(ctx context.Context, arg CursorsEnsureParams) ([
 	items := []CursorsEnsureRow{}
 	for rows.Next() {
 		var i CursorsEnsureRow
-		if err := rows.Scan(&i.StreamID, &i.PerspectiveName); err != nil {
-			return nil, err
-		}
-		items = append(items, i)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
-}
-
-const cursorsMissing = `-- name: CursorsMissing :many
-SELECT p.stream_id::uuid AS stream_id, p.perspective_name::text AS perspective_name
-FROM (SELECT unnest($1::uuid[]) AS stream_id, unnest($2::text[]) AS perspective_name) p
-WHERE NOT EXISTS (
-    SELECT 1 FROM wh_perspective_cursors c
-    WHERE c.stream_id = p.stream_id AND c.perspective_name = p.perspective_name
-)
-`
-
-type CursorsMissingParams struct {
-	StreamIds        []uuid.UUID
-	PerspectiveNames []string
-}
-
-type CursorsMissingRow struct {
-	StreamID        uuid.UUID
-	PerspectiveName string
-}
-
-// Which of the given pairs have no cursor row. A plain read: it never waits for a row that
-// another transaction holds (CursorsEnsure's ON CONFLICT would, for a row that transaction
-// updated).
-func (q *Queries) CursorsMissing(ctx context.Context, arg CursorsMissingParams) ([]CursorsMissingRow, error) {
-	rows, err := q.db.Query(ctx, cursorsMissing, arg.StreamIds, arg.PerspectiveNames)
-	if err != nil {
-		return nil, err
-	}
-	defer rows.Close()
-	items := []CursorsMissingRow{}
-	for rows.Next() {
-		var i CursorsMissingRow
 		if err := rows.Scan(&i.StreamID, &i.PerspectiveName); err != nil {
 			return nil, err
 		}

@@ -92,17 +92,15 @@ type Querier interface {
 	// that was failing or parked) are due now (its due row, when it has one; its lease, if any,
 	// is kept), which the listening workers are told.
 	CursorReset(ctx context.Context, arg CursorResetParams) error
-	// Creates the missing cursor rows of the given pairs and returns the pairs it created.
-	// An existing row is left alone; but when another transaction has updated it and is still
-	// open, this waits for that transaction (on the normal path, pass only pairs CursorsMissing
-	// reported).
+	// Creates the cursor rows of the given pairs that do not exist, in key order (two
+	// transactions never insert the same rows in opposite orders), and returns the pairs it
+	// created. It never waits for a row that exists, even one another open transaction updated:
+	// only the pairs without a row in the statement's snapshot are inserted (ON CONFLICT alone
+	// would wait for that transaction). A row another transaction is inserting at the same time
+	// is waited for, then left alone.
 	CursorsEnsure(ctx context.Context, arg CursorsEnsureParams) ([]CursorsEnsureRow, error)
 	// when it is retried (none while parked: 'infinity')
 	CursorsFailed(ctx context.Context) ([]CursorsFailedRow, error)
-	// Which of the given pairs have no cursor row. A plain read: it never waits for a row that
-	// another transaction holds (CursorsEnsure's ON CONFLICT would, for a row that transaction
-	// updated).
-	CursorsMissing(ctx context.Context, arg CursorsMissingParams) ([]CursorsMissingRow, error)
 	EventCount(ctx context.Context) (int64, error)
 	// An operator skips an event of a stream in the given builds: for each build where the event
 	// is queued for the stream's pair or is its failing event, the skip is recorded (who, and the

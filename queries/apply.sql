@@ -49,24 +49,21 @@ CROSS JOIN LATERAL (
     FOR UPDATE OF c SKIP LOCKED
 ) l;
 
--- name: CursorsMissing :many
--- Which of the given pairs have no cursor row. A plain read: it never waits for a row that
--- another transaction holds (CursorsEnsure's ON CONFLICT would, for a row that transaction
--- updated).
-SELECT p.stream_id::uuid AS stream_id, p.perspective_name::text AS perspective_name
+-- name: CursorsEnsure :many
+-- Creates the cursor rows of the given pairs that do not exist, in key order (two
+-- transactions never insert the same rows in opposite orders), and returns the pairs it
+-- created. It never waits for a row that exists, even one another open transaction updated:
+-- only the pairs without a row in the statement's snapshot are inserted (ON CONFLICT alone
+-- would wait for that transaction). A row another transaction is inserting at the same time
+-- is waited for, then left alone.
+INSERT INTO wh_perspective_cursors (stream_id, perspective_name)
+SELECT p.stream_id, p.perspective_name
 FROM (SELECT unnest(@stream_ids::uuid[]) AS stream_id, unnest(@perspective_names::text[]) AS perspective_name) p
 WHERE NOT EXISTS (
     SELECT 1 FROM wh_perspective_cursors c
     WHERE c.stream_id = p.stream_id AND c.perspective_name = p.perspective_name
-);
-
--- name: CursorsEnsure :many
--- Creates the missing cursor rows of the given pairs and returns the pairs it created.
--- An existing row is left alone; but when another transaction has updated it and is still
--- open, this waits for that transaction (on the normal path, pass only pairs CursorsMissing
--- reported).
-INSERT INTO wh_perspective_cursors (stream_id, perspective_name)
-SELECT unnest(@stream_ids::uuid[]), unnest(@perspective_names::text[])
+)
+ORDER BY p.stream_id, p.perspective_name
 ON CONFLICT (stream_id, perspective_name) DO NOTHING
 RETURNING stream_id, perspective_name;
 

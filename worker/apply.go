@@ -238,10 +238,9 @@ func lockPairs(ctx context.Context, q *db.Queries, pairs []Pair) ([]PairState, [
 	}
 	var busy []Pair
 	if len(rows) < len(pairs) {
-		// A pair not returned is held by another transaction, or has no cursor row (Append
-		// and registration create it; this covers a row removed by hand). Tell them apart
-		// with a read that never waits, and create only the missing rows, in key order (two
-		// transactions never insert the same rows in opposite orders).
+		// A pair not returned is held by another transaction, or has no cursor row (Append and
+		// registration create it; this covers a row removed by hand). The missing rows are
+		// created, without waiting for a row that exists, and locked.
 		got := make(map[Pair]bool, len(rows))
 		for _, r := range rows {
 			got[Pair{Stream: r.StreamID, Perspective: r.PerspectiveName}] = true
@@ -253,31 +252,16 @@ func lockPairs(ctx context.Context, q *db.Queries, pairs []Pair) ([]PairState, [
 			}
 		}
 		streams, names := pairArrays(notLocked)
-		absent, err := q.CursorsMissing(ctx, db.CursorsMissingParams{StreamIds: streams, PerspectiveNames: names})
+		created, err := q.CursorsEnsure(ctx, db.CursorsEnsureParams{StreamIds: streams, PerspectiveNames: names})
 		if err != nil {
-			return nil, nil, fmt.Errorf("find missing cursors: %w", err)
+			return nil, nil, fmt.Errorf("create cursors: %w", err)
 		}
-		missing := make([]Pair, len(absent))
-		for i, a := range absent {
-			missing[i] = Pair{Stream: a.StreamID, Perspective: a.PerspectiveName}
+		fresh := make([]Pair, len(created))
+		for i, c := range created {
+			fresh[i] = Pair{Stream: c.StreamID, Perspective: c.PerspectiveName}
 		}
-		slices.SortFunc(missing, comparePairs)
-		created := map[Pair]bool{}
-		if len(missing) > 0 {
-			streams, names := pairArrays(missing)
-			rows, err := q.CursorsEnsure(ctx, db.CursorsEnsureParams{StreamIds: streams, PerspectiveNames: names})
-			if err != nil {
-				return nil, nil, fmt.Errorf("create cursors: %w", err)
-			}
-			for _, c := range rows {
-				created[Pair{Stream: c.StreamID, Perspective: c.PerspectiveName}] = true
-			}
-		}
-		var fresh []Pair
 		for _, p := range notLocked {
-			if created[p] {
-				fresh = append(fresh, p)
-			} else {
+			if !slices.Contains(fresh, p) {
 				busy = append(busy, p)
 			}
 		}

@@ -254,10 +254,10 @@ func TestGroupSQLPairsLockForApplySkipsHeldAndMissingCursors(t *testing.T) {
 	require.ElementsMatch(t, []gsPair{free, held, snapped}, after)
 }
 
-// CursorsMissing reports exactly the pairs without a cursor row and does not wait for a row
-// another open transaction updated (an upsert does: the control); CursorsEnsure creates and
-// returns only the missing rows, and nothing the second time.
-func TestGroupSQLCursorsMissingNeverWaitsAndCursorsEnsureCreatesOnlyMissing(t *testing.T) {
+// CursorsEnsure creates and returns exactly the pairs without a cursor row, and nothing the
+// second time; it does not wait for a row another open transaction updated (an upsert does:
+// the control), and leaves an existing row alone.
+func TestGroupSQLCursorsEnsureCreatesOnlyMissingAndNeverWaits(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	name := gsRegister(t, ctx, "gsql_ensure")
@@ -281,31 +281,19 @@ func TestGroupSQLCursorsMissingNeverWaitsAndCursorsEnsureCreatesOnlyMissing(t *t
 	// The control: an upsert of the updated row does wait for the holder.
 	control := gsBegin(t, ctx)
 	gsExec(t, ctx, control, `SET LOCAL statement_timeout = '200ms'`)
-	s, n := gsArrays(updated)
-	_, err := pgq.New(control).CursorsEnsure(ctx, db.CursorsEnsureParams{StreamIds: s, PerspectiveNames: n})
+	_, err := control.Exec(ctx, `INSERT INTO wh_perspective_cursors (stream_id, perspective_name) VALUES ($1, $2)
+		ON CONFLICT (stream_id, perspective_name) DO NOTHING`, updated.Stream, updated.Name)
 	var pgErr *pgconn.PgError
-	require.True(t, errors.As(err, &pgErr), "CursorsEnsure on the updated row should wait and time out, got %v", err)
+	require.True(t, errors.As(err, &pgErr), "an upsert of the updated row should wait and time out, got %v", err)
 	require.Equal(t, "57014", pgErr.Code, "query_canceled (statement_timeout): %v", err)
 	require.NoError(t, control.Rollback(ctx))
 
 	tx := gsBeginNoWait(t, ctx)
 	q := pgq.New(tx)
 	want := []gsPair{deleted, never, otherName}
-
-	s, n = gsArrays(updated, existing, deleted, never, otherName)
-	missing, err := q.CursorsMissing(ctx, db.CursorsMissingParams{StreamIds: s, PerspectiveNames: n})
-	require.NoError(t, err, "CursorsMissing must not wait for the updated row")
-	var gotMissing []gsPair
-	for _, r := range missing {
-		gotMissing = append(gotMissing, gsPair{r.StreamID, r.PerspectiveName})
-	}
-	require.ElementsMatch(t, want, gotMissing)
-
-	// CursorsEnsure of the free existing row and the missing ones: it creates and returns
-	// only the missing ones.
-	s, n = gsArrays(existing, deleted, never, otherName)
+	s, n := gsArrays(updated, existing, deleted, never, otherName)
 	created, err := q.CursorsEnsure(ctx, db.CursorsEnsureParams{StreamIds: s, PerspectiveNames: n})
-	require.NoError(t, err)
+	require.NoError(t, err, "CursorsEnsure must not wait for the updated row")
 	var gotCreated []gsPair
 	for _, r := range created {
 		gotCreated = append(gotCreated, gsPair{r.StreamID, r.PerspectiveName})
@@ -322,11 +310,8 @@ func TestGroupSQLCursorsMissingNeverWaitsAndCursorsEnsureCreatesOnlyMissing(t *t
 	for _, p := range want {
 		require.Equal(t, gsCursor{Status: "ok"}, gsReadCursor(t, ctx, p), "a fresh cursor row of %v", p)
 	}
-	s, n = gsArrays(updated, existing, deleted, never, otherName)
-	missing, err = pgq.New(testDB.Pool).CursorsMissing(ctx, db.CursorsMissingParams{StreamIds: s, PerspectiveNames: n})
-	require.NoError(t, err)
-	require.Empty(t, missing)
-	require.NoError(t, holder.Rollback(ctx))
+	require.NoError(t, holder.Commit(ctx))
+	require.Equal(t, gsCursor{Attempts: 1, Status: "ok"}, gsReadCursor(t, ctx, updated), "the updated row is the holder's")
 }
 
 // QueueEventsForPairs returns, per asked pair, at most per_pair_limit queued events, the
