@@ -42,7 +42,7 @@ var _ worker.Store = &StoreMock{}
 //			LeasedFunc: func(ctx context.Context, instance uuid.UUID) ([]worker.Pair, error) {
 //				panic("mock out the Leased method")
 //			},
-//			ListenFunc: func(ctx context.Context, notify func(), lost func(error)) error {
+//			ListenFunc: func(ctx context.Context, notify func(), state func(err error)) error {
 //				panic("mock out the Listen method")
 //			},
 //			MarkFailedFunc: func(ctx context.Context, p worker.Pair, f worker.Failure, decide func(failures int) worker.FailureAction) (worker.FailureAction, error) {
@@ -101,7 +101,7 @@ type StoreMock struct {
 	LeasedFunc func(ctx context.Context, instance uuid.UUID) ([]worker.Pair, error)
 
 	// ListenFunc mocks the Listen method.
-	ListenFunc func(ctx context.Context, notify func(), lost func(error)) error
+	ListenFunc func(ctx context.Context, notify func(), state func(err error)) error
 
 	// MarkFailedFunc mocks the MarkFailed method.
 	MarkFailedFunc func(ctx context.Context, p worker.Pair, f worker.Failure, decide func(failures int) worker.FailureAction) (worker.FailureAction, error)
@@ -197,8 +197,8 @@ type StoreMock struct {
 			Ctx context.Context
 			// Notify is the notify argument value.
 			Notify func()
-			// Lost is the lost argument value.
-			Lost func(error)
+			// State is the state argument value.
+			State func(err error)
 		}
 		// MarkFailed holds details about calls to the MarkFailed method.
 		MarkFailed []struct {
@@ -574,23 +574,23 @@ func (mock *StoreMock) LeasedCalls() []struct {
 }
 
 // Listen calls ListenFunc.
-func (mock *StoreMock) Listen(ctx context.Context, notify func(), lost func(error)) error {
+func (mock *StoreMock) Listen(ctx context.Context, notify func(), state func(err error)) error {
 	if mock.ListenFunc == nil {
 		panic("StoreMock.ListenFunc: method is nil but Store.Listen was just called")
 	}
 	callInfo := struct {
 		Ctx    context.Context
 		Notify func()
-		Lost   func(error)
+		State  func(err error)
 	}{
 		Ctx:    ctx,
 		Notify: notify,
-		Lost:   lost,
+		State:  state,
 	}
 	mock.lockListen.Lock()
 	mock.calls.Listen = append(mock.calls.Listen, callInfo)
 	mock.lockListen.Unlock()
-	return mock.ListenFunc(ctx, notify, lost)
+	return mock.ListenFunc(ctx, notify, state)
 }
 
 // ListenCalls gets all the calls that were made to Listen.
@@ -600,12 +600,12 @@ func (mock *StoreMock) Listen(ctx context.Context, notify func(), lost func(erro
 func (mock *StoreMock) ListenCalls() []struct {
 	Ctx    context.Context
 	Notify func()
-	Lost   func(error)
+	State  func(err error)
 } {
 	var calls []struct {
 		Ctx    context.Context
 		Notify func()
-		Lost   func(error)
+		State  func(err error)
 	}
 	mock.lockListen.RLock()
 	calls = mock.calls.Listen

@@ -69,6 +69,7 @@ type notifier struct {
 	session   uint64                                   // the session subscribed now (0: none)
 	listening map[string]bool                          // the topics the session is subscribed to
 	polling   bool                                     // the pool goes through a pooler and no ListenConnect was given
+	err       error                                    // why the last session was lost, while none serves (nil once one does)
 	changed   bool                                     // topics or connect changed since the reader last looked
 	interrupt context.CancelFunc                       // ends the reader's wait for a notification
 	kick      chan struct{}                            // wakes the reader from polling
@@ -152,6 +153,10 @@ func subscribe(pool *pgxpool.Pool, topic string, connect func(context.Context) (
 		s.session = n.session // already subscribed
 		s.signal()
 	default:
+		if n.session == 0 && n.err != nil {
+			s.err = n.err // the notifier waits to open a session: the subscriber is told why
+			s.signal()
+		}
 		n.poke()
 	}
 	return s
@@ -316,7 +321,7 @@ func (n *notifier) setPolling() bool {
 func (n *notifier) lost(err error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	n.session = 0
+	n.session, n.err = 0, err
 	clear(n.listening)
 	for _, subs := range n.subs {
 		for s := range subs {
@@ -469,7 +474,7 @@ func (n *notifier) subscribeTopics(ctx context.Context, q *db.Queries, id uint64
 	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	n.session = id
+	n.session, n.err = id, nil
 	for topic := range n.listening {
 		for s := range n.subs[topic] {
 			if s.session != id {
@@ -482,11 +487,9 @@ func (n *notifier) subscribeTopics(ctx context.Context, q *db.Queries, id uint64
 
 // Listen subscribes to the queue's notification on the pool's notifier (see notifier),
 // which the process's WaitFor calls share: its session is listenConnect's when given, else
-// a connection of its own (never a pool connection). The subscription lasts until ctx ends:
-// when the notifier's session is lost (or cannot be opened), lost is told why, once, and
-// notify is called when a new session serves the subscription. Behind a transaction pooler
-// without listenConnect, Listen returns ErrNotificationsLost.
-func (s *pgStore) Listen(ctx context.Context, notify func(), lost func(error)) error {
+// a connection of its own (never a pool connection). Behind a transaction pooler without
+// listenConnect, Listen returns ErrNotificationsLost.
+func (s *pgStore) Listen(ctx context.Context, notify func(), state func(error)) error {
 	sub := subscribe(s.pool, topicQueue, s.listenConnect)
 	defer sub.close()
 	var session uint64
@@ -503,12 +506,10 @@ func (s *pgStore) Listen(ctx context.Context, notify func(), lost func(error)) e
 			return ErrNotificationsLost
 		case nt.session == 0 && nt.err != nil && !down:
 			session, down = 0, true
-			lost(nt.err)
+			state(nt.err)
 		case nt.session != 0 && nt.session != session:
-			// Events may have been appended before the subscription took effect (or while the
-			// session was replaced).
 			session, down = nt.session, false
-			notify()
+			state(nil)
 		}
 		if nt.notified {
 			notify()
@@ -540,12 +541,13 @@ var ErrNotificationsLost = errors.New("LISTEN receives no notifications on this 
 
 // NotificationStore is how the loop hears of due pairs.
 type NotificationStore interface {
-	// Listen calls notify once subscribed to the queue's notification (which every committed
-	// Append that queued rows sends, and every other statement that makes pairs due), then
-	// for each notification, until ctx ends. When the subscription is lost (a restart, a
-	// failover), it calls lost with why, once, and subscribes again on its own, calling
-	// notify once subscribed again. It returns ctx's error, or ErrNotificationsLost when the
-	// connection cannot receive notifications at all (it goes through a pooler): the worker
-	// then polls only, and says so once.
-	Listen(ctx context.Context, notify func(), lost func(error)) error
+	// Listen subscribes to the queue's notification (which every committed Append that
+	// queued rows sends, and every other statement that makes pairs due) until ctx ends. It
+	// calls state(nil) each time the subscription takes effect (events may have been
+	// appended before it did), state with why, once, when it is lost or cannot be opened (a
+	// restart, a failover), after which it subscribes again on its own; and notify for each
+	// notification. It returns ctx's error, or ErrNotificationsLost when the connection
+	// cannot receive notifications at all (it goes through a pooler): the worker then polls
+	// only, and says so once.
+	Listen(ctx context.Context, notify func(), state func(err error)) error
 }

@@ -47,3 +47,34 @@ func TestUnitNotifierFirstSessionIsTheFirstSubscribersListenConnect(t *testing.T
 		require.Equal(t, int32(1), connects.Load(), "subscription %d: one session tried before the backoff", i)
 	}
 }
+
+// A subscriber that joins while the notifier waits out its backoff after a failed session
+// is told at once why the last session was lost (the worker's loop then claims every
+// reconnectInterval), not only at the notifier's next failure, up to 30 s later.
+func TestUnitNotifierTellsALateSubscriberWhyItHasNoSession(t *testing.T) {
+	cfg, err := pgxpool.ParseConfig("postgres://127.0.0.1:1/none?sslmode=disable&connect_timeout=1")
+	require.NoError(t, err)
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	dialErr := errors.New("no server: ListenConnect")
+	first := subscribe(pool, "wh_test_topic", func(context.Context) (*pgx.Conn, error) { return nil, dialErr })
+	defer first.close()
+	select {
+	case <-first.c:
+	case <-time.After(time.Minute):
+		t.Fatal("the first subscriber heard nothing of the failed session within a minute")
+	}
+	require.ErrorIs(t, first.take().err, dialErr, "the first subscriber is told why")
+
+	late := subscribe(pool, "wh_test_topic_late", nil) // within the notifier's first backoff (1 s)
+	defer late.close()
+	select {
+	case <-late.c:
+	case <-time.After(notifierRetryMin / 2):
+		t.Fatal("the late subscriber was not told that the notifier has no session")
+	}
+	nt := late.take()
+	require.Zero(t, nt.session)
+	require.ErrorIs(t, nt.err, dialErr, "the late subscriber is told why")
+}

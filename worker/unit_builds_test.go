@@ -1447,7 +1447,8 @@ func TestUnitLoopClaimsSoonWhileTheDatabaseIsUnreachable(t *testing.T) {
 
 // While the wake-up's subscription is down (the notifier opens a session again after its
 // backoff), the loop claims every 100ms rather than every PollInterval: an event appended
-// meanwhile is not left for a whole poll. Once subscribed again, it claims when notified.
+// meanwhile is not left for a whole poll, even when a notification came with the loss.
+// Once subscribed again, it claims when notified.
 func TestUnitLoopClaimsSoonWhileNotSubscribed(t *testing.T) {
 	t.Parallel()
 	synctest.Test(t, func(t *testing.T) {
@@ -1456,16 +1457,17 @@ func TestUnitLoopClaimsSoonWhileNotSubscribed(t *testing.T) {
 			c.PollOnly = false
 		})
 		subscribed := make(chan struct{})
-		f.store.ListenFunc = func(ctx context.Context, notify func(), lost func(error)) error {
-			notify()
-			lost(errors.New("unexpected EOF"))
-			lost(errors.New("unexpected EOF")) // told again: one warning for the spell
+		f.store.ListenFunc = func(ctx context.Context, notify func(), state func(error)) error {
+			state(nil)
+			state(errors.New("unexpected EOF"))
+			notify() // a notification received with the loss: still not subscribed
+			state(errors.New("unexpected EOF")) // told again: one warning for the spell
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
 			case <-subscribed:
 			}
-			notify()
+			state(nil)
 			<-ctx.Done()
 			return ctx.Err()
 		}

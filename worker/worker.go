@@ -258,15 +258,15 @@ func (w *Worker) Notify() {
 	}
 }
 
-// listen wakes the loop on every committed Append. While the notifier's session is lost
-// (it opens another after a backoff), unheard is set and the loop claims every
+// listen wakes the loop on every committed Append, and when its subscription takes effect
+// (events may have been appended before). While the subscription is lost (the notifier opens
+// another session after a backoff), unheard is set and the loop claims every
 // reconnectInterval; polling every PollInterval covers whatever else it misses.
 func (w *Worker) listen(ctx context.Context) {
-	err := w.store.Listen(ctx, func() {
-		w.unheard.Store(false)
-		w.Notify()
-	}, func(err error) {
-		if !w.unheard.Swap(true) {
+	err := w.store.Listen(ctx, w.Notify, func(err error) {
+		if err == nil {
+			w.unheard.Store(false)
+		} else if !w.unheard.Swap(true) {
 			w.log.Warn("queue notifications interrupted; polling until resubscribed", slog.Any("error", err))
 		}
 		w.Notify()
