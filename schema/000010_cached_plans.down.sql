@@ -1,4 +1,6 @@
--- Back to 000009: the claim and the deletion of applied rows as SQL functions (000008, 000005).
+-- Back to 000009: the claim and the deletion of applied rows as SQL functions (000008, 000005),
+-- the release planned as PL/pgSQL chooses.
+ALTER FUNCTION wh_pairs_release(uuid, uuid[], text[], float8[]) RESET plan_cache_mode;
 CREATE OR REPLACE FUNCTION wh_claim_pairs(
     instance_id   uuid,
     build_keys    text[],

@@ -708,14 +708,17 @@ func (u *upgrade) writeRelease9() {
 	u.exec(`INSERT INTO wh_perspectives (perspective_name, sink) VALUES ('orders', true)`)
 }
 
-// writeRelease10: the release writes what release 9 did; its migration replaces the claim and
-// the deletion of applied rows with PL/pgSQL functions of the same signatures.
+// writeRelease10: the release writes what release 9 did; its migration makes every function
+// of the schema PL/pgSQL running its generic plan (the claim and the deletion of applied
+// rows were SQL functions, with the same signatures).
 func (u *upgrade) writeRelease10() {
-	var langs []string
-	require.NoError(u.t, u.db.QueryRow(u.ctx, `SELECT array_agg(p.proname || ' ' || l.lanname ORDER BY p.proname)
+	var fns []string
+	require.NoError(u.t, u.db.QueryRow(u.ctx, `SELECT array_agg(p.proname || ' ' || l.lanname || ' ' ||
+			('plan_cache_mode=force_generic_plan' = ANY(p.proconfig))::text ORDER BY p.proname)
 		FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
-		WHERE p.proname IN ('wh_claim_pairs', 'wh_delete_applied')`).Scan(&langs))
-	require.Equal(u.t, []string{"wh_claim_pairs plpgsql", "wh_delete_applied plpgsql"}, langs)
+		WHERE p.proname LIKE 'wh\_%'`).Scan(&fns))
+	require.Equal(u.t, []string{"wh_append plpgsql true", "wh_claim_pairs plpgsql true", "wh_delete_applied plpgsql true",
+		"wh_pairs_release plpgsql true"}, fns)
 }
 
 // carryOn starts a worker of the current release on the upgraded database (pool: the tests'

@@ -1460,7 +1460,7 @@ func TestUnitLoopClaimsSoonWhileNotSubscribed(t *testing.T) {
 		f.store.ListenFunc = func(ctx context.Context, notify func(), state func(error)) error {
 			state(nil)
 			state(errors.New("unexpected EOF"))
-			notify() // a notification received with the loss: still not subscribed
+			notify()                            // a notification received with the loss: still not subscribed
 			state(errors.New("unexpected EOF")) // told again: one warning for the spell
 			select {
 			case <-ctx.Done():
