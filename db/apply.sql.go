@@ -40,7 +40,8 @@ type CursorsEnsureRow struct {
 // created. It never waits for a row that exists, even one another open transaction updated:
 // only the pairs without a row in the statement's snapshot are inserted (ON CONFLICT alone
 // would wait for that transaction). A row another transaction is inserting at the same time
-// is waited for, then left alone.
+// is waited for, then left alone; one another transaction is deleting counts as existing (a
+// lock of it that waits then finds no row).
 func (q *Queries) CursorsEnsure(ctx context.Context, arg CursorsEnsureParams) ([]CursorsEnsureRow, error) {
 	rows, err := q.db.Query(ctx, cursorsEnsure, arg.StreamIds, arg.PerspectiveNames)
 	if err != nil {

@@ -97,7 +97,8 @@ type Querier interface {
 	// created. It never waits for a row that exists, even one another open transaction updated:
 	// only the pairs without a row in the statement's snapshot are inserted (ON CONFLICT alone
 	// would wait for that transaction). A row another transaction is inserting at the same time
-	// is waited for, then left alone.
+	// is waited for, then left alone; one another transaction is deleting counts as existing (a
+	// lock of it that waits then finds no row).
 	CursorsEnsure(ctx context.Context, arg CursorsEnsureParams) ([]CursorsEnsureRow, error)
 	// when it is retried (none while parked: 'infinity')
 	CursorsFailed(ctx context.Context) ([]CursorsFailedRow, error)

@@ -55,7 +55,8 @@ CROSS JOIN LATERAL (
 -- created. It never waits for a row that exists, even one another open transaction updated:
 -- only the pairs without a row in the statement's snapshot are inserted (ON CONFLICT alone
 -- would wait for that transaction). A row another transaction is inserting at the same time
--- is waited for, then left alone.
+-- is waited for, then left alone; one another transaction is deleting counts as existing (a
+-- lock of it that waits then finds no row).
 INSERT INTO wh_perspective_cursors (stream_id, perspective_name)
 SELECT p.stream_id, p.perspective_name
 FROM (SELECT unnest(@stream_ids::uuid[]) AS stream_id, unnest(@perspective_names::text[]) AS perspective_name) p

@@ -262,7 +262,7 @@ func (s *pgStore) MarkFailed(ctx context.Context, p Pair, f Failure, decide func
 		}
 		cur, err := q.CursorFailuresLock(ctx, db.CursorFailuresLockParams{StreamID: p.Stream, PerspectiveName: p.Perspective})
 		if err != nil {
-			return fmt.Errorf("lock cursor: %w", err)
+			return fmt.Errorf("lock cursor: %w", cursorGone(err))
 		}
 		f.Action = decide(failuresOf(f.Event, cur.FailedEventID.UUID, int(cur.Attempts)))
 		var arg db.PairsMarkFailedParams

@@ -3,10 +3,12 @@ package worker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"syscall"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -58,4 +60,17 @@ func isConnectionError(err error) bool {
 func neverSent(err error) bool {
 	var connectErr *pgconn.ConnectError
 	return errors.As(err, &connectErr) || pgconn.SafeToRetry(err)
+}
+
+// errCursorGone is a cursor row that CursorsEnsure found and a later lock of it did not: a
+// transaction deleted it meanwhile (the cleanup of a retired build, or by hand).
+var errCursorGone = errors.New("the pair's cursor row was deleted by another transaction meanwhile")
+
+// cursorGone is err, or errCursorGone (wrapping it) when err says that the lock of a cursor
+// row that CursorsEnsure made sure of found no row.
+func cursorGone(err error) error {
+	if errors.Is(err, pgx.ErrNoRows) {
+		return fmt.Errorf("%w: %w", errCursorGone, err)
+	}
+	return err
 }

@@ -751,6 +751,46 @@ func TestPGStorePurgeFencedResetsAndKeepsTheQueue(t *testing.T) {
 	}
 }
 
+// A purge that waits for the cursor row while another transaction deletes it (the cleanup
+// of a retired build, or by hand) fails with an error that says so, and writes nothing: the
+// row is not created again behind the deletion, and the model stays.
+func TestPGStorePurgeOfACursorRowDeletedMeanwhileSaysSo(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	p := worker.Pair{Stream: uuid.New(), Perspective: uniqueName("ps_purge_gone")}
+	ids := psIDs(psEvents(t, ctx, testDB, p.Stream, 2))
+	psCursor(t, ctx, testDB, p, ids[1], 2, 0)
+	psModel(t, ctx, testDB, p, `{"v":"kept"}`, ids[1])
+
+	deleter, err := testDB.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = deleter.Rollback(context.WithoutCancel(ctx)) }()
+	_, err = deleter.Exec(ctx, `DELETE FROM wh_perspective_cursors WHERE stream_id = $1 AND perspective_name = $2`, p.Stream, p.Perspective)
+	require.NoError(t, err)
+
+	purged := make(chan error, 1)
+	go func() { purged <- psStore(testDB).Purge(ctx, p, uuid.Nil) }()
+	eventually(t, 10*time.Second, "the purge waits for the deleted row", func() bool {
+		var waiting bool
+		require.NoError(t, testDB.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks l
+			JOIN pg_stat_activity a ON a.pid = l.pid
+			WHERE NOT l.granted AND a.datname = current_database() AND a.query LIKE '%CursorLock%')`).Scan(&waiting))
+		return waiting
+	})
+	require.NoError(t, deleter.Commit(ctx))
+	err = <-purged
+	require.ErrorContains(t, err, "cursor row was deleted by another transaction meanwhile")
+	require.ErrorIs(t, err, pgx.ErrNoRows)
+	var rows int
+	require.NoError(t, testDB.Pool.QueryRow(ctx, `SELECT count(*) FROM wh_perspective_cursors
+		WHERE stream_id = $1 AND perspective_name = $2`, p.Stream, p.Perspective).Scan(&rows))
+	require.Zero(t, rows, "the deleted cursor row is not created again")
+	model, _, ok := psModelOf(t, ctx, testDB, p)
+	require.True(t, ok, "the purge rolled back: the model stays")
+	require.JSONEq(t, `{"v":"kept"}`, string(model))
+}
+
 // Bootstrap stores the model as a snapshot at the cursor's position; with no model, no
 // position or no cursor row it writes nothing and says so; a model at another event than
 // the cursor is an error.

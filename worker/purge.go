@@ -100,7 +100,7 @@ func (s *pgStore) purgeIn(ctx context.Context, tx pgx.Tx, q *db.Queries, p Pair,
 	}
 	cur, err := q.CursorLock(ctx, db.CursorLockParams{StreamID: p.Stream, PerspectiveName: p.Perspective})
 	if err != nil {
-		return fmt.Errorf("lock cursor: %w", err)
+		return fmt.Errorf("lock cursor: %w", cursorGone(err))
 	}
 	if holder != uuid.Nil && cur.LockHolder != holder {
 		return ErrLockLost
