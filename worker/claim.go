@@ -20,27 +20,6 @@ import (
 // restart, a failover), so that it resumes within that long of the server answering.
 const reconnectInterval = 100 * time.Millisecond
 
-// noteReachable takes a claim's outcome: it logs a lost connection, once for a spell of the
-// database not answering and again when it answers, and says whether it is unreachable.
-func (w *Worker) noteReachable(ctx context.Context, unreachable bool, err error) bool {
-	switch {
-	case err == nil:
-		if unreachable {
-			w.log.Info("database answers again; claiming")
-		}
-		return false
-	case ctx.Err() != nil:
-		return unreachable
-	case isConnectionError(err):
-		if !unreachable {
-			w.log.Warn("database unavailable; claiming again every 100ms until it answers", slog.Any("error", err))
-		}
-		return true
-	default: // logged by noteClaimFailure
-		return false
-	}
-}
-
 // claimAndStart leases due pairs for free slots and starts them, in groups. It reports
 // whether to claim again at once (the claim returned its limit), and the claim's error.
 func (w *Worker) claimAndStart(ctx context.Context, s *schedule, free int, start func(job)) (bool, error) {
@@ -202,31 +181,48 @@ func (r jobResult) released() []Pair {
 // accepting the claim again.
 const maxClaimBackoff = 30 * time.Second
 
-// claimBackoff is the backoff of claims that fail with an error other than a lost connection
-// (the database refuses the statement): RetryBackoff, doubling up to maxClaimBackoff
-// (MaxRetryBackoff when that is less).
-func (w *Worker) claimBackoff() backoff {
-	return backoff{first: w.cfg.RetryBackoff, max: min(w.cfg.MaxRetryBackoff, maxClaimBackoff)}
+// claimHealth is what the loop knows of its last claims.
+type claimHealth struct {
+	// unreachable: the last claim could not reach the database (a lost connection); the
+	// loop claims again every reconnectInterval
+	unreachable bool
+	// refused backs off claims that fail otherwise (the database refuses the statement):
+	// RetryBackoff, doubling up to maxClaimBackoff (MaxRetryBackoff when that is less)
+	refused backoff
 }
 
-// noteClaimFailure takes a claim's outcome for its backoff b: a failure other than a lost
-// connection (which claims every reconnectInterval: noteReachable) or a shutdown makes the
-// next claim wait, and is logged once until a claim succeeds.
-func (w *Worker) noteClaimFailure(ctx context.Context, b *backoff, err error) {
+func (w *Worker) newClaimHealth() claimHealth {
+	return claimHealth{refused: backoff{first: w.cfg.RetryBackoff, max: min(w.cfg.MaxRetryBackoff, maxClaimBackoff)}}
+}
+
+// noteClaim takes a claim's outcome into h. A lost connection is logged once for a spell of
+// the database not answering, and again when it answers; any other failure (but a shutdown)
+// makes the next claim wait its backoff, and is logged once until a claim succeeds.
+func (w *Worker) noteClaim(ctx context.Context, h *claimHealth, err error) {
 	switch {
 	case err == nil:
-		if n := b.reset(); n > 0 {
+		if h.unreachable {
+			w.log.Info("database answers again; claiming")
+		}
+		if n := h.refused.reset(); n > 0 {
 			w.log.Info("claims succeed again", slog.Int("failed_claims", n))
 		}
-	case ctx.Err() != nil || isConnectionError(err):
+		h.unreachable = false
+	case ctx.Err() != nil:
+	case isConnectionError(err):
+		if !h.unreachable {
+			w.log.Warn("database unavailable; claiming again every 100ms until it answers", slog.Any("error", err))
+		}
+		h.unreachable = true
 	default:
-		d := b.fail(time.Now())
+		h.unreachable = false
+		d := h.refused.fail(time.Now())
 		level := slog.LevelError
-		if b.failures > 1 {
+		if h.refused.failures > 1 {
 			level = slog.LevelDebug // said once for the spell
 		}
 		w.log.Log(ctx, level, "poll queue failed; claiming again with backoff",
-			slog.Any("error", err), slog.Int("failed_claims", b.failures), slog.Duration("retry_in", d))
+			slog.Any("error", err), slog.Int("failed_claims", h.refused.failures), slog.Duration("retry_in", d))
 	}
 }
 

@@ -185,7 +185,7 @@ func (s *schedule) followUpWait(now time.Time) time.Duration {
 // queue, in groups of at most GroupSize pairs. It claims when woken (an Append's
 // notification, a finished job), when the next pair the last claim saw waiting becomes due
 // (a backoff's end), or every PollInterval, but not while a claim that failed
-// (not for a lost connection) backs off (claimBackoff), and never waits for a job: one long
+// (not for a lost connection) backs off (claimHealth), and never waits for a job: one long
 // rewind occupies one slot while the others go on. When loopCtx ends it starts nothing
 // more and returns once the running jobs have reported. opsCtx is the context of its own
 // claims and reads as well as of the jobs: a graceful stop lets a claim under way finish
@@ -205,9 +205,7 @@ func (w *Worker) loop(loopCtx, opsCtx context.Context) {
 	timer := time.NewTimer(w.cfg.PollInterval)
 	defer timer.Stop()
 	poll, stopping := true, false
-	unreachable := false // the last claim could not reach the database: retry it soon
-	// claims that fail otherwise (the database refuses the statement) back off
-	claims := w.claimBackoff()
+	claims := w.newClaimHealth()
 	done := loopCtx.Done()
 	for {
 		if !stopping && loopCtx.Err() != nil {
@@ -231,11 +229,10 @@ func (w *Worker) loop(loopCtx, opsCtx context.Context) {
 				}
 				start(j)
 			}
-			if poll && running < w.cfg.Concurrency && loopCtx.Err() == nil && claims.waiting(time.Now()) == 0 {
+			if poll && running < w.cfg.Concurrency && loopCtx.Err() == nil && claims.refused.waiting(time.Now()) == 0 {
 				var err error
 				poll, err = w.claimAndStart(opsCtx, s, w.cfg.Concurrency-running, start)
-				unreachable = w.noteReachable(opsCtx, unreachable, err)
-				w.noteClaimFailure(opsCtx, &claims, err)
+				w.noteClaim(opsCtx, &claims, err)
 				if err == nil && s.unknown {
 					// The database answers: the leases an outage cut off are released.
 					released, err := w.releaseUnknown(opsCtx, s)
@@ -254,14 +251,14 @@ func (w *Worker) loop(loopCtx, opsCtx context.Context) {
 			return
 		}
 		wait := w.cfg.PollInterval
-		if unreachable || w.unheard.Load() {
+		if claims.unreachable || w.unheard.Load() {
 			// No event appended while the database is away or the subscription is down (a
 			// restart, a failover) waits for a whole PollInterval.
 			wait = min(wait, reconnectInterval)
 		}
 		if !stopping {
 			now := time.Now()
-			for _, d := range []time.Duration{s.followUpWait(now), claims.waiting(now), s.nextDue.Sub(now)} {
+			for _, d := range []time.Duration{s.followUpWait(now), claims.refused.waiting(now), s.nextDue.Sub(now)} {
 				if d > 0 {
 					wait = min(wait, d)
 				}
