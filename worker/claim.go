@@ -191,6 +191,7 @@ type claimHealth struct {
 	refused backoff
 }
 
+// newClaimHealth is the loop's claimHealth before its first claim.
 func (w *Worker) newClaimHealth() claimHealth {
 	return claimHealth{refused: backoff{first: w.cfg.RetryBackoff, max: min(w.cfg.MaxRetryBackoff, maxClaimBackoff)}}
 }
