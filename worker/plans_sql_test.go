@@ -319,6 +319,15 @@ func planCheck(t *testing.T, ctx context.Context, conn *pgx.Conn, s planStatemen
 	}
 }
 
+// planActiveBuild registers the perspective key with its first build, key, active and
+// caught up.
+func planActiveBuild(t *testing.T, ctx context.Context, conn *pgx.Conn, key string) {
+	t.Helper()
+	planExec(t, ctx, conn, `INSERT INTO wh_perspectives (perspective_name) VALUES ($1)`, key)
+	planExec(t, ctx, conn, `INSERT INTO wh_perspective_builds (build_key, perspective_name, version, build, state, catchup_done)
+		VALUES ($1, $1, 1, 1, 'active', true)`, key)
+}
+
 // planExec runs sql on conn, failing the test on an error.
 func planExec(t *testing.T, ctx context.Context, conn *pgx.Conn, sql string, args ...any) {
 	t.Helper()
@@ -624,9 +633,7 @@ func TestPlansSQLGroupLookupsWithOneBuild(t *testing.T) {
 	conn := planConnect(t, ctx, d)
 
 	const build = "one"
-	planExec(t, ctx, conn, `INSERT INTO wh_perspectives (perspective_name) VALUES ($1)`, build)
-	planExec(t, ctx, conn, `INSERT INTO wh_perspective_builds (build_key, perspective_name, version, build, state, catchup_done)
-		VALUES ($1, $1, 1, 1, 'active', true)`, build)
+	planActiveBuild(t, ctx, conn, build)
 	planExec(t, ctx, conn, `INSERT INTO wh_perspective_cursors (stream_id, perspective_name, last_event_id)
 		SELECT gen_random_uuid(), $1, gen_random_uuid() FROM generate_series(1, 2000)`, build)
 	planExec(t, ctx, conn, `INSERT INTO wh_perspective_models (stream_id, perspective_name, model, last_event_id)
@@ -720,9 +727,7 @@ func TestPlansSQLAHotPairReadsTheStoreByKey(t *testing.T) {
 	defer d.Close()
 	conn := planConnect(t, ctx, d)
 	hot := uuid.New()
-	planExec(t, ctx, conn, `INSERT INTO wh_perspectives (perspective_name) VALUES ($1)`, planBuildA)
-	planExec(t, ctx, conn, `INSERT INTO wh_perspective_builds (build_key, perspective_name, version, build, state, catchup_done)
-		VALUES ($1, $1, 1, 1, 'active', true)`, planBuildA)
+	planActiveBuild(t, ctx, conn, planBuildA)
 	planExec(t, ctx, conn, `INSERT INTO wh_event_store (event_id, stream_id, event_type, data)
 		SELECT gen_random_uuid(), $1::uuid, 'hot', '{}'::jsonb FROM generate_series(1, 200000)`, hot)
 	planExec(t, ctx, conn, `INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)
@@ -779,9 +784,7 @@ func TestPlansSQLALonePairsReadsKeepOneGenericPlan(t *testing.T) {
 
 	const build = "generic"
 	stream := uuid.New()
-	planExec(t, ctx, conn, `INSERT INTO wh_perspectives (perspective_name) VALUES ($1)`, build)
-	planExec(t, ctx, conn, `INSERT INTO wh_perspective_builds (build_key, perspective_name, version, build, state, catchup_done)
-		VALUES ($1, $1, 1, 1, 'active', true)`, build)
+	planActiveBuild(t, ctx, conn, build)
 	planExec(t, ctx, conn, `INSERT INTO wh_event_store (event_id, stream_id, event_type, data)
 		SELECT gen_random_uuid(), $1::uuid, 'hot', '{}'::jsonb FROM generate_series(1, 1000)`, stream)
 	planExec(t, ctx, conn, `INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)
