@@ -493,7 +493,6 @@ func (s *pgStore) Listen(ctx context.Context, notify func(), state func(error)) 
 	sub := subscribe(s.pool, topicQueue, s.listenConnect)
 	defer sub.close()
 	var session uint64
-	down := false
 	for {
 		select {
 		case <-ctx.Done():
@@ -504,11 +503,11 @@ func (s *pgStore) Listen(ctx context.Context, notify func(), state func(error)) 
 		switch {
 		case nt.polling:
 			return ErrNotificationsLost
-		case nt.session == 0 && nt.err != nil && !down:
-			session, down = 0, true
+		case nt.session == 0 && nt.err != nil:
+			session = 0
 			state(nt.err)
 		case nt.session != 0 && nt.session != session:
-			session, down = nt.session, false
+			session = nt.session
 			state(nil)
 		}
 		if nt.notified {
@@ -544,10 +543,10 @@ type NotificationStore interface {
 	// Listen subscribes to the queue's notification (which every committed Append that
 	// queued rows sends, and every other statement that makes pairs due) until ctx ends. It
 	// calls state(nil) each time the subscription takes effect (events may have been
-	// appended before it did), state with why, once, when it is lost or cannot be opened (a
-	// restart, a failover), after which it subscribes again on its own; and notify for each
-	// notification. It returns ctx's error, or ErrNotificationsLost when the connection
-	// cannot receive notifications at all (it goes through a pooler): the worker then polls
-	// only, and says so once.
+	// appended before it did); state with why when it is lost or cannot be opened (a
+	// restart, a failover), possibly again until a session serves it, and it subscribes
+	// again on its own; and notify for each notification. It returns ctx's error, or
+	// ErrNotificationsLost when the connection cannot receive notifications at all (it goes
+	// through a pooler): the worker then polls only, and says so once.
 	Listen(ctx context.Context, notify func(), state func(err error)) error
 }

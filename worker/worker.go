@@ -260,8 +260,9 @@ func (w *Worker) Notify() {
 
 // listen wakes the loop on every committed Append, and when its subscription takes effect
 // (events may have been appended before). While the subscription is lost (the notifier opens
-// another session after a backoff), unheard is set and the loop claims every
-// reconnectInterval; polling every PollInterval covers whatever else it misses.
+// another session after a backoff), unheard is set, the interruption is said once, and the
+// loop claims every reconnectInterval; polling every PollInterval covers whatever else it
+// misses.
 func (w *Worker) listen(ctx context.Context) {
 	err := w.store.Listen(ctx, w.Notify, func(err error) {
 		if err == nil {
