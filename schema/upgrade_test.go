@@ -64,6 +64,7 @@ var upgradeSteps = []upgradeStep{
 		"wh_perspective_cursors.next_attempt_at", "wh_instances.claimed_at"}},
 	{filled: []string{"wh_perspectives.sink", "wh_instances.sink_ms", "wh_perspective_builds.promotion_requested"}, write: (*upgrade).writeRelease9},
 	{write: (*upgrade).writeRelease10},
+	{write: (*upgrade).writeRelease11},
 }
 
 func TestUpgradeStepByStep(t *testing.T) {
@@ -719,6 +720,15 @@ func (u *upgrade) writeRelease10() {
 		WHERE p.proname LIKE 'wh\_%'`).Scan(&fns))
 	require.Equal(u.t, []string{"wh_append plpgsql true", "wh_claim_pairs plpgsql true", "wh_delete_applied plpgsql true",
 		"wh_pairs_release plpgsql true"}, fns)
+}
+
+// writeRelease11: the release writes what release 10 did; its migration gives wh_append (same
+// signature) the join settings under which it probes the cursors' and due rows' keys.
+func (u *upgrade) writeRelease11() {
+	var settings []string
+	require.NoError(u.t, u.db.QueryRow(u.ctx, `SELECT p.proconfig FROM pg_proc p
+		WHERE p.proname = 'wh_append'`).Scan(&settings))
+	require.ElementsMatch(u.t, []string{"plan_cache_mode=force_generic_plan", "enable_hashjoin=off", "enable_mergejoin=off"}, settings)
 }
 
 // carryOn starts a worker of the current release on the upgraded database (pool: the tests'

@@ -463,7 +463,7 @@ func planStatements(t *testing.T, ctx context.Context, conn *pgx.Conn, hot uuid.
 	pairCond := []string{"(stream_id = ", "(perspective_name = "}
 	statements := []planStatement{{
 		name:  "PairsClaim",
-		call:  planFunctionCall(t, ctx, conn, "wh_claim_pairs", uuid.New(), []string{planBuildA, planBuildB}, 100, 30.0),
+		call:  planFunctionCall(t, ctx, conn, "wh_claim_pairs", "", "", uuid.New(), []string{planBuildA, planBuildB}, 100, 30.0),
 		other: map[string][]string{planPairs: {planPairsDue, planPairsKey}, "wh_perspective_cursors": planPairIndexes},
 	}, {
 		// After an outage: the rows due between now and 'infinity' (leased, backing off) are few.
@@ -513,7 +513,7 @@ func planStatements(t *testing.T, ctx context.Context, conn *pgx.Conn, hot uuid.
 		other: map[string][]string{"wh_perspective_cursors": planPairIndexes},
 	}, {
 		name:  "wh_delete_applied",
-		call:  planFunctionCall(t, ctx, conn, "wh_delete_applied", delStreams, delNames, delIDs),
+		call:  planFunctionCall(t, ctx, conn, "wh_delete_applied", "", "", delStreams, delNames, delIDs),
 		queue: planQueuePKey, cond: append(slices.Clip(pairCond), "(event_id = "),
 	}, {
 		name:  "wh_append",
@@ -618,6 +618,37 @@ func TestPlansSQLHoldWithoutStatistics(t *testing.T) {
 	}
 }
 
+// wh_append on a small database, its cursors analyzed (100 rows): its statement that writes
+// the events, their queue rows and the missing cursor rows probes the cursors' key for each
+// pair. Left to its statistics, its plan (kept for the session) hashed every cursor row at
+// every Append, a third of an Append's cost beyond its two inserts here, and on a table that
+// grew since, all of it.
+func TestPlansSQLAppendProbesTheCursorsOfASmallDatabase(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	d, err := pgtest.Create(ctx, "plans_append")
+	require.NoError(t, err)
+	defer d.Close()
+	conn := planConnect(t, ctx, d)
+
+	const build = "small"
+	planActiveBuild(t, ctx, conn, build)
+	planExec(t, ctx, conn, `INSERT INTO wh_perspective_cursors (stream_id, perspective_name)
+		SELECT gen_random_uuid(), $1 FROM generate_series(1, 100)`, build)
+	planExec(t, ctx, conn, "ANALYZE wh_perspective_cursors")
+	var stream uuid.UUID
+	require.NoError(t, conn.QueryRow(ctx, `SELECT stream_id FROM wh_perspective_cursors LIMIT 1`).Scan(&stream))
+
+	planCheck(t, ctx, conn, planStatement{
+		name: "wh_append's writes",
+		call: planFunctionCall(t, ctx, conn, "wh_append", "WITH builds AS", " INTO queued, pair_streams, pair_keys",
+			[]uuid.UUID{uuid.Must(uuid.NewV7())}, []uuid.UUID{stream}, []string{"t"}, []string{"{}"}, []time.Time{{}}),
+		other:  map[string][]string{"wh_perspective_cursors": planPairIndexes},
+		probed: []string{"wh_perspective_cursors"},
+	})
+}
+
 // The group path's pair lookups with one build, its cursors analyzed: every cursor then
 // matches the build's key, and PairsLockForApply, planned as a join of the pairs with the
 // cursors, was estimated at one row after its retired-build check and scanned every cursor
@@ -652,10 +683,11 @@ func TestPlansSQLGroupLookupsWithOneBuild(t *testing.T) {
 	}
 }
 
-// planFunctionCall is the statement of the PL/pgSQL function name (the first of its body,
-// without RETURN QUERY), with its arguments as $1, $2, … (args, in order) and planned under
+// planFunctionCall is a statement of the PL/pgSQL function name (the first of its body,
+// without RETURN QUERY; or, when from is not "", the one that begins with from, without its
+// PL/pgSQL clause into), with its arguments as $1, $2, … (args, in order) and planned under
 // the function's settings.
-func planFunctionCall(t *testing.T, ctx context.Context, conn *pgx.Conn, name string, args ...any) planCall {
+func planFunctionCall(t *testing.T, ctx context.Context, conn *pgx.Conn, name, from, into string, args ...any) planCall {
 	t.Helper()
 	var src string
 	var params, settings, types []string
@@ -666,8 +698,17 @@ func planFunctionCall(t *testing.T, ctx context.Context, conn *pgx.Conn, name st
 	require.Len(t, params, len(args), "%s: its parameters", name)
 	_, body, ok := strings.Cut(src, "BEGIN")
 	require.True(t, ok, "%s: its body", name)
-	src, _, ok = strings.Cut(strings.TrimPrefix(strings.TrimSpace(body), "RETURN QUERY"), ";")
-	require.True(t, ok, "%s: the end of its first statement", name)
+	body = strings.TrimPrefix(strings.TrimSpace(body), "RETURN QUERY")
+	if from != "" {
+		require.Equal(t, 1, strings.Count(body, from), "%s: its statement %q", name, from)
+		body = body[strings.Index(body, from):]
+	}
+	src, _, ok = strings.Cut(body, ";")
+	require.True(t, ok, "%s: the end of its statement", name)
+	if into != "" {
+		require.Equal(t, 1, strings.Count(src, into), "%s: its statement's %q", name, into)
+		src = strings.Replace(src, into, "", 1)
+	}
 	for i, p := range params {
 		re := regexp.MustCompile(`([^\w.])` + p + `\b`)
 		require.True(t, re.MatchString(src), "%s: %s in its source", name, p)
