@@ -1,10 +1,10 @@
--- wh_append with one statement fewer and with its joins as wh_delete_applied's. Its pairs are
--- found in the statement that writes the events, the queue rows and the missing cursor rows,
--- and every join of that statement is a nested loop: it probes the cursors' key for each
--- pair, where a plan made from a small table's statistics hashed every cursor row at every
--- Append (and kept doing so as the table grew). In interleaved runs on the test machine, an
--- Append of one event went from 1.6-1.8 times a single INSERT of its event and queue row to
--- 1.45-1.6. Arguments, result and effects are those of 000008.
+-- wh_append in one statement fewer, probing the cursors' key. Its pairs are found in the
+-- statement that writes the events, the queue rows and the missing cursor rows, and that
+-- statement runs with hash and merge joins off (as wh_delete_applied does), so that it looks
+-- up each pair's cursor row by key instead of hashing the whole table, which a plan made
+-- from a small table's statistics does until the table is analyzed again. Arguments, result
+-- and effects are those of 000008. (BenchmarkAppendCost: an Append of one event against a
+-- single INSERT of its event and queue row, BENCHMARKS.md.)
 
 CREATE OR REPLACE FUNCTION wh_append(
     event_ids   uuid[],
@@ -17,7 +17,7 @@ LANGUAGE plpgsql
 -- The plans do not depend on the arguments (arrays whose contents the planner cannot see
 -- anyway): planned once per session, not at every call.
 SET plan_cache_mode = force_generic_plan
--- Each pair a probe of the cursors' and due rows' keys, whatever the statistics say.
+-- Each pair a probe of the cursors' key, whatever the statistics say.
 SET enable_hashjoin = off
 SET enable_mergejoin = off
 AS $$
@@ -73,17 +73,19 @@ BEGIN
         FROM ev CROSS JOIN builds b
         RETURNING 1
     )
-    SELECT (SELECT count(*) FROM queue), array_agg(p.stream_id), array_agg(p.build_key)
+    SELECT (SELECT count(*) FROM queue),
+           array_agg(p.stream_id ORDER BY p.stream_id, p.build_key),
+           array_agg(p.build_key ORDER BY p.stream_id, p.build_key)
     INTO queued, pair_streams, pair_keys
     FROM pairs p;
     want := COALESCE(cardinality(pair_streams), 0);
 
-    -- Hold every pair's due row until commit (see above), inserting the missing ones (a new
-    -- pair, or one whose row a release deleted meanwhile). Statements of their own, after the
-    -- cursor rows: a catch-up page inserts a stream's cursor rows before its due rows too, so
-    -- the two never wait for each other in opposite orders (in one statement with the cursors,
-    -- an Append and a catch-up page deadlocked). Each sees the rows other transactions
-    -- committed since the one before.
+    -- Hold every pair's due row until commit (why: 000008_due_pairs), inserting the missing
+    -- ones (a new pair, or one whose row a release deleted meanwhile). Statements of their
+    -- own, after the cursor rows: a catch-up page inserts a stream's cursor rows before its due
+    -- rows too, so the two never wait for each other in opposite orders (in one statement
+    -- with the cursors, an Append and a catch-up page deadlocked). Each sees the rows other
+    -- transactions committed since the one before.
     LOOP
         -- (each pair a probe of the key, whatever the statistics say)
         SELECT count(*), count(*) FILTER (WHERE l.due_at = 'infinity') INTO held, parked

@@ -620,9 +620,9 @@ func TestPlansSQLHoldWithoutStatistics(t *testing.T) {
 
 // wh_append on a small database, its cursors analyzed (100 rows): its statement that writes
 // the events, their queue rows and the missing cursor rows probes the cursors' key for each
-// pair. Left to its statistics, its plan (kept for the session) hashed every cursor row at
-// every Append, a third of an Append's cost beyond its two inserts here, and on a table that
-// grew since, all of it.
+// pair. Without the function's join settings, the planner hashes every cursor row for it,
+// and the plan kept for the session does so at every Append until the table is analyzed
+// again, however large it grows meanwhile.
 func TestPlansSQLAppendProbesTheCursorsOfASmallDatabase(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -640,13 +640,21 @@ func TestPlansSQLAppendProbesTheCursorsOfASmallDatabase(t *testing.T) {
 	var stream uuid.UUID
 	require.NoError(t, conn.QueryRow(ctx, `SELECT stream_id FROM wh_perspective_cursors LIMIT 1`).Scan(&stream))
 
-	planCheck(t, ctx, conn, planStatement{
+	s := planStatement{
 		name: "wh_append's writes",
 		call: planFunctionCall(t, ctx, conn, "wh_append", "WITH builds AS", " INTO queued, pair_streams, pair_keys",
 			[]uuid.UUID{uuid.Must(uuid.NewV7())}, []uuid.UUID{stream}, []string{"t"}, []string{"{}"}, []time.Time{{}}),
 		other:  map[string][]string{"wh_perspective_cursors": planPairIndexes},
 		probed: []string{"wh_perspective_cursors"},
-	})
+	}
+	require.Contains(t, s.call.settings, "enable_hashjoin=off")
+	planCheck(t, ctx, conn, s)
+
+	// The check can fail: planned without the function's settings, the plan is reported.
+	s.call.settings = nil
+	plan, err := planExplain(ctx, conn, "force_generic_plan", s.call)
+	require.NoError(t, err)
+	require.NotEmpty(t, planProblems(plan, s), "without its settings: %s", planSummary(plan))
 }
 
 // The group path's pair lookups with one build, its cursors analyzed: every cursor then
