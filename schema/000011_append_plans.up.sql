@@ -1,10 +1,11 @@
--- wh_append in one statement fewer, probing the cursors' key. Its pairs are found in the
--- statement that writes the events, the queue rows and the missing cursor rows, and that
--- statement runs with hash and merge joins off (as wh_delete_applied does), so that it looks
--- up each pair's cursor row by key instead of hashing the whole table, which a plan made
--- from a small table's statistics does until the table is analyzed again. Arguments, result
--- and effects are those of 000008. (BenchmarkAppendCost: an Append of one event against a
--- single INSERT of its event and queue row, BENCHMARKS.md.)
+-- wh_append in one statement fewer, probing the cursors' and due rows' keys. Its pairs are
+-- found in the statement that writes the events, the queue rows and the missing cursor rows.
+-- Its statements run without hash joins, merge joins and sequential scans, so that each pair
+-- is a lookup of its cursor row and of its due row by key: on a small table a scan looks
+-- cheaper, and the plan made then, kept for the session, scans the whole table at every
+-- Append until the table is analyzed again. Arguments, result and effects are those of
+-- 000008. (BenchmarkAppendCost: an Append of one event against a single INSERT of its event
+-- and queue row, BENCHMARKS.md.)
 
 CREATE OR REPLACE FUNCTION wh_append(
     event_ids   uuid[],
@@ -17,9 +18,12 @@ LANGUAGE plpgsql
 -- The plans do not depend on the arguments (arrays whose contents the planner cannot see
 -- anyway): planned once per session, not at every call.
 SET plan_cache_mode = force_generic_plan
--- Each pair a probe of the cursors' key, whatever the statistics say.
+-- Each pair a probe of the cursors' and due rows' keys, whatever the statistics say. With
+-- scans off, a statement's estimated cost can pass JIT's threshold: no JIT here.
 SET enable_hashjoin = off
 SET enable_mergejoin = off
+SET enable_seqscan = off
+SET jit = off
 AS $$
 DECLARE
     queued       bigint;

@@ -723,12 +723,13 @@ func (u *upgrade) writeRelease10() {
 }
 
 // writeRelease11: the release writes what release 10 did; its migration gives wh_append (same
-// signature) the join settings under which it probes the cursors' and due rows' keys.
+// signature) the settings under which it probes the cursors' and due rows' keys.
 func (u *upgrade) writeRelease11() {
 	var settings []string
 	require.NoError(u.t, u.db.QueryRow(u.ctx, `SELECT p.proconfig FROM pg_proc p
 		WHERE p.proname = 'wh_append'`).Scan(&settings))
-	require.ElementsMatch(u.t, []string{"plan_cache_mode=force_generic_plan", "enable_hashjoin=off", "enable_mergejoin=off"}, settings)
+	require.ElementsMatch(u.t, []string{"plan_cache_mode=force_generic_plan", "enable_hashjoin=off", "enable_mergejoin=off",
+		"enable_seqscan=off", "jit=off"}, settings)
 }
 
 // carryOn starts a worker of the current release on the upgraded database (pool: the tests'

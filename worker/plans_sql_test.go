@@ -428,21 +428,6 @@ func planStatements(t *testing.T, ctx context.Context, conn *pgx.Conn, hot uuid.
 		models[i], since[i], lastIDs[i] = "{}", 1, applied[len(applied)-1]
 	}
 
-	// The statement of wh_append that locks the pairs' due rows, as its source has it, with
-	// the pairs as the parameters $1 and $2 (and without its INTO).
-	var src string
-	require.NoError(t, conn.QueryRow(ctx, `SELECT prosrc FROM pg_proc WHERE proname = 'wh_append'`).Scan(&src))
-	start := strings.Index(src, "SELECT count(*), count(*) FILTER")
-	require.GreaterOrEqual(t, start, 0, "wh_append: its lock statement")
-	appendSQL, _, ok := strings.Cut(src[start:], ";")
-	require.True(t, ok, "wh_append: the end of its lock statement")
-	const pairArgs = "unnest(pair_streams, pair_keys)"
-	require.Equal(t, 1, strings.Count(appendSQL, pairArgs), "wh_append: the pairs of its lock statement")
-	appendSQL = strings.Replace(appendSQL, pairArgs, "unnest($1::uuid[], $2::text[])", 1)
-	const into = " INTO held, parked" // PL/pgSQL's, not SQL
-	require.Equal(t, 1, strings.Count(appendSQL, into), "wh_append: what its lock statement returns")
-	appendSQL = strings.Replace(appendSQL, into, "", 1)
-
 	// wh_delete_applied deleting 2,000 queued rows of many pairs: as a join of their keys with
 	// the queue, hashing the whole queue is then cheaper than 2,000 probes by the planner's
 	// estimates.
@@ -517,7 +502,7 @@ func planStatements(t *testing.T, ctx context.Context, conn *pgx.Conn, hot uuid.
 		queue: planQueuePKey, cond: append(slices.Clip(pairCond), "(event_id = "),
 	}, {
 		name:  "wh_append",
-		call:  planCall{sql: appendSQL, args: pgq.Args([]any{streams, names})},
+		call:  planAppendLock(t, ctx, conn, streams, names),
 		other: map[string][]string{planPairs: {planPairsKey}},
 	}}
 	// Promotion's catch-up check, the oldest queued event of a build: the first entry of the
@@ -618,12 +603,13 @@ func TestPlansSQLHoldWithoutStatistics(t *testing.T) {
 	}
 }
 
-// wh_append on a small database, its cursors analyzed (100 rows): its statement that writes
-// the events, their queue rows and the missing cursor rows probes the cursors' key for each
-// pair. Without the function's join settings, the planner hashes every cursor row for it,
-// and the plan kept for the session does so at every Append until the table is analyzed
-// again, however large it grows meanwhile.
-func TestPlansSQLAppendProbesTheCursorsOfASmallDatabase(t *testing.T) {
+// wh_append on a small database, its cursors and due rows analyzed (100 rows each): its
+// statement that writes the events, their queue rows and the missing cursor rows probes the
+// cursors' key for each pair, and its lock of the due rows probes their key. Without the
+// function's settings, the planner hashes every cursor row for the first and scans the due
+// rows for each pair in the second, and the plans kept for the session do so at every Append
+// until the tables are analyzed again, however large they grow meanwhile.
+func TestPlansSQLAppendProbesTheKeysOfASmallDatabase(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -634,27 +620,37 @@ func TestPlansSQLAppendProbesTheCursorsOfASmallDatabase(t *testing.T) {
 
 	const build = "small"
 	planActiveBuild(t, ctx, conn, build)
-	planExec(t, ctx, conn, `INSERT INTO wh_perspective_cursors (stream_id, perspective_name)
-		SELECT gen_random_uuid(), $1 FROM generate_series(1, 100)`, build)
-	planExec(t, ctx, conn, "ANALYZE wh_perspective_cursors")
+	planExec(t, ctx, conn, `WITH c AS (
+		    INSERT INTO wh_perspective_cursors (stream_id, perspective_name)
+		    SELECT gen_random_uuid(), $1 FROM generate_series(1, 100)
+		    RETURNING stream_id, perspective_name)
+		INSERT INTO wh_perspective_pairs (stream_id, perspective_name, due_at)
+		SELECT stream_id, perspective_name, now() FROM c`, build)
+	planExec(t, ctx, conn, "ANALYZE wh_perspective_cursors, wh_perspective_pairs")
 	var stream uuid.UUID
 	require.NoError(t, conn.QueryRow(ctx, `SELECT stream_id FROM wh_perspective_cursors LIMIT 1`).Scan(&stream))
 
-	s := planStatement{
+	for _, s := range []planStatement{{
 		name: "wh_append's writes",
 		call: planFunctionCall(t, ctx, conn, "wh_append", "WITH builds AS", " INTO queued, pair_streams, pair_keys",
 			[]uuid.UUID{uuid.Must(uuid.NewV7())}, []uuid.UUID{stream}, []string{"t"}, []string{"{}"}, []time.Time{{}}),
 		other:  map[string][]string{"wh_perspective_cursors": planPairIndexes},
 		probed: []string{"wh_perspective_cursors"},
-	}
-	require.Contains(t, s.call.settings, "enable_hashjoin=off")
-	planCheck(t, ctx, conn, s)
+	}, {
+		name:   "wh_append's lock",
+		call:   planAppendLock(t, ctx, conn, []uuid.UUID{stream}, []string{build}),
+		other:  map[string][]string{planPairs: {planPairsKey}},
+		probed: []string{planPairs},
+	}} {
+		require.Contains(t, s.call.settings, "enable_seqscan=off", s.name)
+		planCheck(t, ctx, conn, s)
 
-	// The check can fail: planned without the function's settings, the plan is reported.
-	s.call.settings = nil
-	plan, err := planExplain(ctx, conn, "force_generic_plan", s.call)
-	require.NoError(t, err)
-	require.NotEmpty(t, planProblems(plan, s), "without its settings: %s", planSummary(plan))
+		// The check can fail: planned without the function's settings, the plan is reported.
+		s.call.settings = nil
+		plan, err := planExplain(ctx, conn, "force_generic_plan", s.call)
+		require.NoError(t, err)
+		require.NotEmpty(t, planProblems(plan, s), "%s without its settings: %s", s.name, planSummary(plan))
+	}
 }
 
 // The group path's pair lookups with one build, its cursors analyzed: every cursor then
@@ -689,6 +685,28 @@ func TestPlansSQLGroupLookupsWithOneBuild(t *testing.T) {
 	for _, s := range planGroupLookups(t, ctx, streams, names) {
 		planCheck(t, ctx, conn, s)
 	}
+}
+
+// planAppendLock is the statement of wh_append that locks the pairs' due rows, as its source
+// has it, with the pairs (streams, names) as the parameters $1 and $2 (without its INTO),
+// planned under the function's settings.
+func planAppendLock(t *testing.T, ctx context.Context, conn *pgx.Conn, streams []uuid.UUID, names []string) planCall {
+	t.Helper()
+	var src string
+	var settings []string
+	require.NoError(t, conn.QueryRow(ctx, `SELECT prosrc, COALESCE(proconfig, '{}') FROM pg_proc WHERE proname = 'wh_append'`).
+		Scan(&src, &settings))
+	start := strings.Index(src, "SELECT count(*), count(*) FILTER")
+	require.GreaterOrEqual(t, start, 0, "wh_append: its lock statement")
+	sql, _, ok := strings.Cut(src[start:], ";")
+	require.True(t, ok, "wh_append: the end of its lock statement")
+	const pairArgs = "unnest(pair_streams, pair_keys)"
+	require.Equal(t, 1, strings.Count(sql, pairArgs), "wh_append: the pairs of its lock statement")
+	sql = strings.Replace(sql, pairArgs, "unnest($1::uuid[], $2::text[])", 1)
+	const into = " INTO held, parked" // PL/pgSQL's, not SQL
+	require.Equal(t, 1, strings.Count(sql, into), "wh_append: what its lock statement returns")
+	sql = strings.Replace(sql, into, "", 1)
+	return planCall{sql: sql, args: pgq.Args([]any{streams, names}), settings: settings}
 }
 
 // planFunctionCall is a statement of the PL/pgSQL function name (the first of its body,
