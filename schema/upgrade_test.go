@@ -723,13 +723,18 @@ func (u *upgrade) writeRelease10() {
 }
 
 // writeRelease11: the release writes what release 10 did; its migration gives wh_append (same
-// signature) the settings under which it probes the cursors' and due rows' keys.
+// signature) and wh_claim_pairs the settings under which they look up the cursor and due rows
+// by key.
 func (u *upgrade) writeRelease11() {
-	var settings []string
-	require.NoError(u.t, u.db.QueryRow(u.ctx, `SELECT p.proconfig FROM pg_proc p
-		WHERE p.proname = 'wh_append'`).Scan(&settings))
+	settings := func(name string) []string {
+		var s []string
+		require.NoError(u.t, u.db.QueryRow(u.ctx, `SELECT p.proconfig FROM pg_proc p WHERE p.proname = $1`, name).Scan(&s))
+		return s
+	}
 	require.ElementsMatch(u.t, []string{"plan_cache_mode=force_generic_plan", "enable_hashjoin=off", "enable_mergejoin=off",
-		"enable_seqscan=off", "jit=off"}, settings)
+		"enable_seqscan=off", "jit=off"}, settings("wh_append"))
+	require.ElementsMatch(u.t, []string{"plan_cache_mode=force_generic_plan", "enable_sort=off", "enable_bitmapscan=off",
+		"enable_hashjoin=off", "enable_mergejoin=off", "enable_seqscan=off", "jit=off"}, settings("wh_claim_pairs"))
 }
 
 // carryOn starts a worker of the current release on the upgraded database (pool: the tests'

@@ -603,13 +603,15 @@ func TestPlansSQLHoldWithoutStatistics(t *testing.T) {
 	}
 }
 
-// wh_append on a small database, its cursors and due rows analyzed (100 rows each): its
-// statement that writes the events, their queue rows and the missing cursor rows probes the
-// cursors' key for each pair, and its lock of the due rows probes their key. Without the
-// function's settings, the planner hashes every cursor row for the first and scans the due
-// rows for each pair in the second, and the plans kept for the session do so at every Append
-// until the tables are analyzed again, however large they grow meanwhile.
-func TestPlansSQLAppendProbesTheKeysOfASmallDatabase(t *testing.T) {
+// An Append and a claim on a small database, its cursors and due rows analyzed (100 rows
+// each): wh_append's statement that writes the events, their queue rows and the missing
+// cursor rows probes the cursors' key for each pair, its lock of the due rows probes their
+// key, and the claim probes the cursors' key for each due row it considers. Without the
+// functions' settings, the planner hashes every cursor row for the first, scans the due rows
+// for each pair in the second and scans the cursors for each due row in the third, and the
+// plans kept for the session do so at every call until the tables are analyzed again,
+// however large they grow meanwhile.
+func TestPlansSQLAppendAndClaimProbeTheKeysOfASmallDatabase(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -641,6 +643,11 @@ func TestPlansSQLAppendProbesTheKeysOfASmallDatabase(t *testing.T) {
 		call:   planAppendLock(t, ctx, conn, []uuid.UUID{stream}, []string{build}),
 		other:  map[string][]string{planPairs: {planPairsKey}},
 		probed: []string{planPairs},
+	}, {
+		name:   "PairsClaim",
+		call:   planFunctionCall(t, ctx, conn, "wh_claim_pairs", "", "", uuid.New(), []string{build}, 100, 30.0),
+		other:  map[string][]string{planPairs: {planPairsDue, planPairsKey}, "wh_perspective_cursors": planPairIndexes},
+		probed: []string{"wh_perspective_cursors"},
 	}} {
 		require.Contains(t, s.call.settings, "enable_seqscan=off", s.name)
 		planCheck(t, ctx, conn, s)

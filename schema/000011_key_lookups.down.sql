@@ -1,12 +1,7 @@
--- wh_append in one statement fewer, probing the cursors' and due rows' keys. Its pairs are
--- found in the statement that writes the events, the queue rows and the missing cursor rows.
--- Its statements run without hash joins, merge joins and sequential scans, so that each pair
--- is a lookup of its cursor row and of its due row by key: on a small table a scan looks
--- cheaper, and the plan made then, kept for the session, scans the whole table at every
--- Append until the table is analyzed again. Arguments, result and effects are those of
--- 000008. (BenchmarkAppendCost: an Append of one event against a single INSERT of its event
--- and queue row, BENCHMARKS.md.)
-
+-- Back to 000010: wh_append as 000008 made it (its pairs in a statement of their own, joins
+-- and scans planned as the statistics say), the claim with sequential scans and JIT allowed.
+ALTER FUNCTION wh_claim_pairs(uuid, text[], int, float8) RESET enable_seqscan;
+ALTER FUNCTION wh_claim_pairs(uuid, text[], int, float8) RESET jit;
 CREATE OR REPLACE FUNCTION wh_append(
     event_ids   uuid[],
     stream_ids  uuid[],
@@ -18,12 +13,6 @@ LANGUAGE plpgsql
 -- The plans do not depend on the arguments (arrays whose contents the planner cannot see
 -- anyway): planned once per session, not at every call.
 SET plan_cache_mode = force_generic_plan
--- Each pair a probe of the cursors' and due rows' keys, whatever the statistics say. With
--- scans off, a statement's estimated cost can pass JIT's threshold: no JIT here.
-SET enable_hashjoin = off
-SET enable_mergejoin = off
-SET enable_seqscan = off
-SET jit = off
 AS $$
 DECLARE
     queued       bigint;
@@ -45,21 +34,26 @@ BEGIN
         END;
     END IF;
 
-    -- The (stream, build) pairs the events are queued for: every build being built or active,
-    -- in key order, so that concurrent appends to the same new streams never deadlock.
-    WITH builds AS (
-        SELECT b.build_key FROM wh_perspective_builds b WHERE b.state IN ('building', 'active')
-    ), pairs AS (
-        SELECT DISTINCT s.stream_id, b.build_key
-        FROM unnest(stream_ids) AS s (stream_id) CROSS JOIN builds b
-        ORDER BY 1, 2
-    ), ev AS (
+    -- The (stream, build) pairs the events are queued for: every build being built or active.
+    -- Ordered, so that concurrent appends to the same new streams never deadlock.
+    SELECT array_agg(p.stream_id ORDER BY p.stream_id, p.build_key),
+           array_agg(p.build_key ORDER BY p.stream_id, p.build_key)
+    INTO pair_streams, pair_keys
+    FROM (SELECT DISTINCT s.stream_id, b.build_key
+          FROM unnest(stream_ids) AS s (stream_id)
+          CROSS JOIN wh_perspective_builds b
+          WHERE b.state IN ('building', 'active')) p;
+    want := COALESCE(cardinality(pair_streams), 0);
+
+    WITH ev AS (
         INSERT INTO wh_event_store (event_id, stream_id, event_type, data, created_at)
         SELECT i.event_id, i.stream_id, i.event_type, i.data::jsonb,
                COALESCE(NULLIF(i.created_at, '0001-01-01 00:00:00+00'::timestamptz), now())
         FROM unnest(event_ids, stream_ids, event_types, datas, created_ats)
              AS i (event_id, stream_id, event_type, data, created_at)
         RETURNING event_id, stream_id
+    ), pairs AS (
+        SELECT * FROM unnest(pair_streams, pair_keys) AS p (stream_id, build_key)
     ), cursors AS (
         -- Each pair's cursor row exists from its first event on, so the worker can lock it at
         -- once. Only missing rows are inserted: ON CONFLICT on an existing row that a worker's
@@ -71,25 +65,19 @@ BEGIN
                           WHERE c.stream_id = p.stream_id AND c.perspective_name = p.build_key)
         ON CONFLICT (stream_id, perspective_name) DO NOTHING
     ), queue AS (
-        -- every event for every build (each event's stream is in pairs with each build)
         INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)
-        SELECT ev.stream_id, b.build_key, ev.event_id
-        FROM ev CROSS JOIN builds b
+        SELECT ev.stream_id, p.build_key, ev.event_id
+        FROM ev JOIN pairs p ON p.stream_id = ev.stream_id
         RETURNING 1
     )
-    SELECT (SELECT count(*) FROM queue),
-           array_agg(p.stream_id ORDER BY p.stream_id, p.build_key),
-           array_agg(p.build_key ORDER BY p.stream_id, p.build_key)
-    INTO queued, pair_streams, pair_keys
-    FROM pairs p;
-    want := COALESCE(cardinality(pair_streams), 0);
+    SELECT count(*) INTO queued FROM queue;
 
-    -- Hold every pair's due row until commit (why: 000008_due_pairs), inserting the missing
-    -- ones (a new pair, or one whose row a release deleted meanwhile). Statements of their
-    -- own, after the cursor rows: a catch-up page inserts a stream's cursor rows before its due
-    -- rows too, so the two never wait for each other in opposite orders (in one statement
-    -- with the cursors, an Append and a catch-up page deadlocked). Each sees the rows other
-    -- transactions committed since the one before.
+    -- Hold every pair's due row until commit (see above), inserting the missing ones (a new
+    -- pair, or one whose row a release deleted meanwhile). Statements of their own, after the
+    -- cursor rows: a catch-up page inserts a stream's cursor rows before its due rows too, so
+    -- the two never wait for each other in opposite orders (in one statement with the cursors,
+    -- an Append and a catch-up page deadlocked). Each sees the rows other transactions
+    -- committed since the one before.
     LOOP
         -- (each pair a probe of the key, whatever the statistics say)
         SELECT count(*), count(*) FILTER (WHERE l.due_at = 'infinity') INTO held, parked
