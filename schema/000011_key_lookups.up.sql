@@ -93,8 +93,8 @@ BEGIN
     -- ones (a new pair, or one whose row a release deleted meanwhile). Statements of their
     -- own, after the cursor rows: a catch-up page inserts a stream's cursor rows before its due
     -- rows too, so the two never wait for each other in opposite orders (in one statement
-    -- with the cursors, an Append and a catch-up page deadlocked). Each sees the rows other
-    -- transactions committed since the one before.
+    -- with the cursors, an Append and a catch-up page can deadlock). Each sees the rows
+    -- other transactions committed since the one before.
     LOOP
         -- (each pair a probe of the key, whatever the statistics say)
         SELECT count(*), count(*) FILTER (WHERE l.due_at = 'infinity') INTO held, parked
