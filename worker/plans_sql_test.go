@@ -694,41 +694,47 @@ func TestPlansSQLGroupLookupsWithOneBuild(t *testing.T) {
 	}
 }
 
-// planAppendLock is the statement of wh_append that locks the pairs' due rows, as its source
-// has it, with the pairs (streams, names) as the parameters $1 and $2 (without its INTO),
-// planned under the function's settings.
+// planAppendLock is the statement of wh_append that locks the pairs' due rows, with the pairs
+// (streams, names) as the parameters $1 and $2, planned under the function's settings.
 func planAppendLock(t *testing.T, ctx context.Context, conn *pgx.Conn, streams []uuid.UUID, names []string) planCall {
 	t.Helper()
-	var src string
-	var settings []string
-	require.NoError(t, conn.QueryRow(ctx, `SELECT prosrc, COALESCE(proconfig, '{}') FROM pg_proc WHERE proname = 'wh_append'`).
-		Scan(&src, &settings))
-	start := strings.Index(src, "SELECT count(*), count(*) FILTER")
-	require.GreaterOrEqual(t, start, 0, "wh_append: its lock statement")
-	sql, _, ok := strings.Cut(src[start:], ";")
-	require.True(t, ok, "wh_append: the end of its lock statement")
+	sql, _, settings := planFunctionStatement(t, ctx, conn, "wh_append", "SELECT count(*), count(*) FILTER", " INTO held, parked")
 	const pairArgs = "unnest(pair_streams, pair_keys)"
 	require.Equal(t, 1, strings.Count(sql, pairArgs), "wh_append: the pairs of its lock statement")
 	sql = strings.Replace(sql, pairArgs, "unnest($1::uuid[], $2::text[])", 1)
-	const into = " INTO held, parked" // PL/pgSQL's, not SQL
-	require.Equal(t, 1, strings.Count(sql, into), "wh_append: what its lock statement returns")
-	sql = strings.Replace(sql, into, "", 1)
 	return planCall{sql: sql, args: pgq.Args([]any{streams, names}), settings: settings}
 }
 
-// planFunctionCall is a statement of the PL/pgSQL function name (the first of its body,
-// without RETURN QUERY; or, when from is not "", the one that begins with from, without its
-// PL/pgSQL clause into), with its arguments as $1, $2, … (args, in order) and planned under
+// planFunctionCall is a statement of the PL/pgSQL function name (as planFunctionStatement
+// finds it), with the function's arguments as $1, $2, … (args, in order) and planned under
 // the function's settings.
 func planFunctionCall(t *testing.T, ctx context.Context, conn *pgx.Conn, name, from, into string, args ...any) planCall {
 	t.Helper()
+	sql, params, settings := planFunctionStatement(t, ctx, conn, name, from, into)
+	require.Len(t, params, len(args), "%s: its parameters", name)
+	for i, p := range params {
+		re := regexp.MustCompile(`([^\w.])` + p.name + `\b`)
+		require.True(t, re.MatchString(sql), "%s: %s in its source", name, p.name)
+		sql = re.ReplaceAllString(sql, fmt.Sprintf("${1}$$%d::%s", i+1, p.typ))
+	}
+	return planCall{sql: sql, args: pgq.Args(args), settings: settings}
+}
+
+// planParam is a function's parameter: its name and its type.
+type planParam struct{ name, typ string }
+
+// planFunctionStatement is a statement of the PL/pgSQL function name as its source has it
+// (the first of its body, without RETURN QUERY; or, when from is not "", the one that begins
+// with from), without its PL/pgSQL clause into (when not ""), with the function's parameters
+// and settings ("name=value").
+func planFunctionStatement(t *testing.T, ctx context.Context, conn *pgx.Conn, name, from, into string) (string, []planParam, []string) {
+	t.Helper()
 	var src string
-	var params, settings, types []string
+	var names, settings, types []string
 	require.NoError(t, conn.QueryRow(ctx, `SELECT p.prosrc, p.proargnames[1:p.pronargs], COALESCE(p.proconfig, '{}'),
 		(SELECT array_agg(format_type(a.t, NULL) ORDER BY a.n) FROM unnest(p.proargtypes::oid[]) WITH ORDINALITY AS a (t, n))
 		FROM pg_proc p WHERE p.proname = $1 AND p.prolang = (SELECT oid FROM pg_language WHERE lanname = 'plpgsql')`,
-		name).Scan(&src, &params, &settings, &types))
-	require.Len(t, params, len(args), "%s: its parameters", name)
+		name).Scan(&src, &names, &settings, &types))
 	_, body, ok := strings.Cut(src, "BEGIN")
 	require.True(t, ok, "%s: its body", name)
 	body = strings.TrimPrefix(strings.TrimSpace(body), "RETURN QUERY")
@@ -736,18 +742,17 @@ func planFunctionCall(t *testing.T, ctx context.Context, conn *pgx.Conn, name, f
 		require.Equal(t, 1, strings.Count(body, from), "%s: its statement %q", name, from)
 		body = body[strings.Index(body, from):]
 	}
-	src, _, ok = strings.Cut(body, ";")
+	sql, _, ok := strings.Cut(body, ";")
 	require.True(t, ok, "%s: the end of its statement", name)
-	if into != "" {
-		require.Equal(t, 1, strings.Count(src, into), "%s: its statement's %q", name, into)
-		src = strings.Replace(src, into, "", 1)
+	if into != "" { // PL/pgSQL's, not SQL
+		require.Equal(t, 1, strings.Count(sql, into), "%s: its statement's %q", name, into)
+		sql = strings.Replace(sql, into, "", 1)
 	}
-	for i, p := range params {
-		re := regexp.MustCompile(`([^\w.])` + p + `\b`)
-		require.True(t, re.MatchString(src), "%s: %s in its source", name, p)
-		src = re.ReplaceAllString(src, fmt.Sprintf("${1}$$%d::%s", i+1, types[i]))
+	params := make([]planParam, len(names))
+	for i := range names {
+		params[i] = planParam{names[i], types[i]}
 	}
-	return planCall{sql: src, args: pgq.Args(args), settings: settings}
+	return sql, params, settings
 }
 
 // planConnect opens one direct connection to d, closed when the test ends (session settings
