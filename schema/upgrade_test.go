@@ -65,6 +65,7 @@ var upgradeSteps = []upgradeStep{
 	{filled: []string{"wh_perspectives.sink", "wh_instances.sink_ms", "wh_perspective_builds.promotion_requested"}, write: (*upgrade).writeRelease9},
 	{write: (*upgrade).writeRelease10},
 	{write: (*upgrade).writeRelease11},
+	{write: (*upgrade).writeRelease12},
 }
 
 func TestUpgradeStepByStep(t *testing.T) {
@@ -726,15 +727,24 @@ func (u *upgrade) writeRelease10() {
 // signature) and wh_claim_pairs the settings under which they look up the cursor and due rows
 // by key.
 func (u *upgrade) writeRelease11() {
-	settings := func(name string) []string {
-		var s []string
-		require.NoError(u.t, u.db.QueryRow(u.ctx, `SELECT p.proconfig FROM pg_proc p WHERE p.proname = $1`, name).Scan(&s))
-		return s
-	}
 	require.ElementsMatch(u.t, []string{"plan_cache_mode=force_generic_plan", "enable_hashjoin=off", "enable_mergejoin=off",
-		"enable_seqscan=off", "jit=off"}, settings("wh_append"))
+		"enable_seqscan=off", "jit=off"}, u.settings("wh_append"))
 	require.ElementsMatch(u.t, []string{"plan_cache_mode=force_generic_plan", "enable_sort=off", "enable_bitmapscan=off",
-		"enable_hashjoin=off", "enable_mergejoin=off", "enable_seqscan=off", "jit=off"}, settings("wh_claim_pairs"))
+		"enable_hashjoin=off", "enable_mergejoin=off", "enable_seqscan=off", "jit=off"}, u.settings("wh_claim_pairs"))
+}
+
+// writeRelease12: the release writes what release 11 did; its migration gives wh_pairs_release
+// (same signature) the settings under which it looks up the due rows and the queue by key.
+func (u *upgrade) writeRelease12() {
+	require.ElementsMatch(u.t, []string{"plan_cache_mode=force_generic_plan", "enable_hashjoin=off", "enable_mergejoin=off",
+		"enable_seqscan=off", "jit=off"}, u.settings("wh_pairs_release"))
+}
+
+// settings is the function name's settings ("name=value").
+func (u *upgrade) settings(name string) []string {
+	var s []string
+	require.NoError(u.t, u.db.QueryRow(u.ctx, `SELECT p.proconfig FROM pg_proc p WHERE p.proname = $1`, name).Scan(&s))
+	return s
 }
 
 // carryOn starts a worker of the current release on the upgraded database (pool: the tests'

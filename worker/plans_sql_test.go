@@ -504,6 +504,19 @@ func planStatements(t *testing.T, ctx context.Context, conn *pgx.Conn, hot uuid.
 		name:  "wh_append",
 		call:  planAppendLock(t, ctx, conn, streams, names),
 		other: map[string][]string{planPairs: {planPairsKey}},
+	}, {
+		// A job's release: the due rows of its pairs whose queue is empty are deleted, each
+		// the first entry of its pair's range, or none.
+		name:  "wh_pairs_release (empty queues)",
+		call:  planReleaseDelete(t, ctx, conn, streams, names),
+		queue: planQueuePKey, cond: pairCond,
+		other: map[string][]string{planPairs: {planPairsKey}},
+	}, {
+		// and the others are due at their oldest queued event: the first entry of the range.
+		name:  "wh_pairs_release (due times)",
+		call:  planFunctionCall(t, ctx, conn, "wh_pairs_release", "UPDATE wh_perspective_pairs d", "", uuid.New(), streams, names, make([]float64, len(streams))),
+		queue: planQueuePKey, cond: pairCond, limit: true,
+		other: map[string][]string{planPairs: {planPairsKey}},
 	}}
 	// Promotion's catch-up check, the oldest queued event of a build: the first entry of the
 	// build's range of its index, not a scan of the queue.
@@ -603,15 +616,17 @@ func TestPlansSQLHoldWithoutStatistics(t *testing.T) {
 	}
 }
 
-// An Append and a claim on a small database, its cursors and due rows analyzed (100 rows
-// each): wh_append's statement that writes the events, their queue rows and the missing
-// cursor rows probes the cursors' key for each pair, its lock of the due rows probes their
-// key, and the claim probes the cursors' key for each due row it considers. Without the
-// functions' settings, the planner hashes every cursor row for the first, scans the due rows
-// for each pair in the second and scans the cursors for each due row in the third, and the
-// plans kept for the session do so at every call until the tables are analyzed again,
-// however large they grow meanwhile.
-func TestPlansSQLAppendAndClaimProbeTheKeysOfASmallDatabase(t *testing.T) {
+// An Append, a claim and a release on a small database, analyzed with 100 cursor and due
+// rows and one parked pair's 20,000 queued events: wh_append's statement that writes the
+// events, their queue rows and the missing cursor rows probes the cursors' key for each pair,
+// its lock of the due rows probes their key, the claim probes the cursors' key for each due
+// row it considers, and the release probes the due rows' key and reads the first entry of
+// each pair's range of the queue. Without the functions' settings, the planner hashes every
+// cursor row for the first, scans the due rows for each pair in the second, scans the
+// cursors for each due row in the third and the due rows for the release's due times; the
+// plans kept for the session do so at every call until the tables are analyzed
+// again, however large they grow meanwhile.
+func TestPlansSQLAppendClaimAndReleaseProbeTheKeysOfASmallDatabase(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -628,10 +643,32 @@ func TestPlansSQLAppendAndClaimProbeTheKeysOfASmallDatabase(t *testing.T) {
 		    RETURNING stream_id, perspective_name)
 		INSERT INTO wh_perspective_pairs (stream_id, perspective_name, due_at)
 		SELECT stream_id, perspective_name, now() FROM c`, build)
-	planExec(t, ctx, conn, "ANALYZE wh_perspective_cursors, wh_perspective_pairs")
+	// and one pair parked with 20,000 events queued: the queue's statistics know one stream.
+	parked := uuid.New()
+	planExec(t, ctx, conn, `WITH e AS (
+		    INSERT INTO wh_event_store (event_id, stream_id, event_type, data)
+		    SELECT gen_random_uuid(), $1, 't', '{}' FROM generate_series(1, 20000)
+		    RETURNING event_id, stream_id
+		), c AS (
+		    INSERT INTO wh_perspective_cursors (stream_id, perspective_name) VALUES ($1, $2)
+		), d AS (
+		    INSERT INTO wh_perspective_pairs (stream_id, perspective_name, due_at) VALUES ($1, $2, 'infinity')
+		)
+		INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)
+		SELECT stream_id, $2, event_id FROM e`, parked, build)
+	planExec(t, ctx, conn, "ANALYZE wh_perspective_cursors, wh_perspective_pairs, wh_perspective_events")
 	var stream uuid.UUID
-	require.NoError(t, conn.QueryRow(ctx, `SELECT stream_id FROM wh_perspective_cursors LIMIT 1`).Scan(&stream))
+	require.NoError(t, conn.QueryRow(ctx, `SELECT stream_id FROM wh_perspective_cursors WHERE stream_id <> $1 LIMIT 1`, parked).Scan(&stream))
+	released, releasedNames := []uuid.UUID{stream, parked}, []string{build, build}
+	pairCond := []string{"(stream_id = ", "(perspective_name = "}
 
+	releaseDelete := planStatement{
+		name:  "wh_pairs_release's delete",
+		call:  planReleaseDelete(t, ctx, conn, released, releasedNames),
+		queue: planQueuePKey, cond: pairCond,
+		other:  map[string][]string{planPairs: {planPairsKey}},
+		probed: []string{planPairs},
+	}
 	for _, s := range []planStatement{{
 		name: "wh_append's writes",
 		call: planFunctionCall(t, ctx, conn, "wh_append", "WITH builds AS", " INTO queued, pair_streams, pair_keys",
@@ -648,15 +685,44 @@ func TestPlansSQLAppendAndClaimProbeTheKeysOfASmallDatabase(t *testing.T) {
 		call:   planFunctionCall(t, ctx, conn, "wh_claim_pairs", "", "", uuid.New(), []string{build}, 100, 30.0),
 		other:  map[string][]string{planPairs: {planPairsDue, planPairsKey}, "wh_perspective_cursors": planPairIndexes},
 		probed: []string{"wh_perspective_cursors"},
+	}, releaseDelete, {
+		name: "wh_pairs_release's due times",
+		call: planFunctionCall(t, ctx, conn, "wh_pairs_release", "UPDATE wh_perspective_pairs d", "",
+			uuid.New(), released, releasedNames, []float64{-1, -1}),
+		queue: planQueuePKey, cond: pairCond, limit: true,
+		other:  map[string][]string{planPairs: {planPairsKey}},
+		probed: []string{planPairs},
 	}} {
 		require.Contains(t, s.call.settings, "enable_seqscan=off", s.name)
 		planCheck(t, ctx, conn, s)
+		if s.name == releaseDelete.name {
+			continue // written to hold without the settings too: checked below
+		}
 
 		// The check can fail: planned without the function's settings, the plan is reported.
 		s.call.settings = nil
 		plan, err := planExplain(ctx, conn, "force_generic_plan", s.call)
 		require.NoError(t, err)
 		require.NotEmpty(t, planProblems(plan, s), "%s without its settings: %s", s.name, planSummary(plan))
+	}
+
+	// The release's check that a pair's queue is empty, written as NOT EXISTS, is an anti-join
+	// free to read the queue through any index: without the settings it scanned the whole queue
+	// for every due row, and with them it walks the build's range of the queue's other index
+	// for every pair. It must read the first entry of the pair's range of the primary key.
+	const first = `(SELECT q.event_id FROM wh_perspective_events q
+               WHERE q.stream_id = d.stream_id AND q.perspective_name = d.perspective_name
+               ORDER BY q.event_id
+               LIMIT 1) IS NULL`
+	require.Equal(t, 1, strings.Count(releaseDelete.call.sql, first), "wh_pairs_release: its delete's check")
+	for _, settings := range [][]string{releaseDelete.call.settings, nil} {
+		c := releaseDelete.call
+		c.settings = settings
+		c.sql = strings.Replace(c.sql, first, `NOT EXISTS (SELECT 1 FROM wh_perspective_events q
+		    WHERE q.stream_id = d.stream_id AND q.perspective_name = d.perspective_name)`, 1)
+		plan, err := planExplain(ctx, conn, "force_generic_plan", c)
+		require.NoError(t, err)
+		require.NotEmpty(t, planProblems(plan, releaseDelete), "NOT EXISTS, settings %v: %s", settings, planSummary(plan))
 	}
 }
 
@@ -705,6 +771,18 @@ func planAppendLock(t *testing.T, ctx context.Context, conn *pgx.Conn, streams [
 	return planCall{sql: sql, args: pgq.Args([]any{streams, names}), settings: settings}
 }
 
+// planReleaseDelete is the statement of wh_pairs_release that deletes the due rows of the
+// pairs it locked whose queue is empty, with the pairs (streams, names) as the locked ones,
+// planned under the function's settings.
+func planReleaseDelete(t *testing.T, ctx context.Context, conn *pgx.Conn, streams []uuid.UUID, names []string) planCall {
+	t.Helper()
+	sql, _, settings := planFunctionStatement(t, ctx, conn, "wh_pairs_release", "DELETE FROM wh_perspective_pairs d", "")
+	const locked = "unnest(locked_streams, locked_names)"
+	require.Equal(t, 1, strings.Count(sql, locked), "wh_pairs_release: the pairs of its delete")
+	sql = strings.Replace(sql, locked, "unnest($1::uuid[], $2::text[])", 1)
+	return planCall{sql: sql, args: pgq.Args([]any{streams, names}), settings: settings}
+}
+
 // planFunctionCall is a statement of the PL/pgSQL function name (as planFunctionStatement
 // finds it), with the function's arguments as $1, $2, … (args, in order) and planned under
 // the function's settings.
@@ -713,7 +791,7 @@ func planFunctionCall(t *testing.T, ctx context.Context, conn *pgx.Conn, name, f
 	sql, params, settings := planFunctionStatement(t, ctx, conn, name, from, into)
 	require.Len(t, params, len(args), "%s: its parameters", name)
 	for i, p := range params {
-		re := regexp.MustCompile(`([^\w.])` + p.name + `\b`)
+		re := regexp.MustCompile(`([^\w.])(?:` + name + `\.)?` + p.name + `\b`) // also as name.param
 		require.True(t, re.MatchString(sql), "%s: %s in its source", name, p.name)
 		sql = re.ReplaceAllString(sql, fmt.Sprintf("${1}$$%d::%s", i+1, p.typ))
 	}
