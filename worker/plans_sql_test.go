@@ -505,14 +505,14 @@ func planStatements(t *testing.T, ctx context.Context, conn *pgx.Conn, hot uuid.
 		call:  planAppendLock(t, ctx, conn, streams, names),
 		other: map[string][]string{planPairs: {planPairsKey}},
 	}, {
-		// A job's release: the due rows of its pairs whose queue is empty are deleted, each
-		// the first entry of its pair's range, or none.
+		// A job's release deletes the due rows of its pairs whose queue is empty (each found
+		// by the first entry of the pair's range, or none) ...
 		name:  "wh_pairs_release (empty queues)",
 		call:  planReleaseDelete(t, ctx, conn, streams, names),
 		queue: planQueuePKey, cond: pairCond,
 		other: map[string][]string{planPairs: {planPairsKey}},
 	}, {
-		// and the others are due at their oldest queued event: the first entry of the range.
+		// ... and makes the others due at their oldest queued event (the same entry).
 		name:  "wh_pairs_release (due times)",
 		call:  planFunctionCall(t, ctx, conn, "wh_pairs_release", "UPDATE wh_perspective_pairs d", "", uuid.New(), streams, names, make([]float64, len(streams))),
 		queue: planQueuePKey, cond: pairCond, limit: true,
@@ -764,22 +764,26 @@ func TestPlansSQLGroupLookupsWithOneBuild(t *testing.T) {
 // (streams, names) as the parameters $1 and $2, planned under the function's settings.
 func planAppendLock(t *testing.T, ctx context.Context, conn *pgx.Conn, streams []uuid.UUID, names []string) planCall {
 	t.Helper()
-	sql, _, settings := planFunctionStatement(t, ctx, conn, "wh_append", "SELECT count(*), count(*) FILTER", " INTO held, parked")
-	const pairArgs = "unnest(pair_streams, pair_keys)"
-	require.Equal(t, 1, strings.Count(sql, pairArgs), "wh_append: the pairs of its lock statement")
-	sql = strings.Replace(sql, pairArgs, "unnest($1::uuid[], $2::text[])", 1)
-	return planCall{sql: sql, args: pgq.Args([]any{streams, names}), settings: settings}
+	return planPairsStatement(t, ctx, conn, "wh_append", "SELECT count(*), count(*) FILTER", " INTO held, parked",
+		"unnest(pair_streams, pair_keys)", streams, names)
 }
 
 // planReleaseDelete is the statement of wh_pairs_release that deletes the due rows of the
-// pairs it locked whose queue is empty, with the pairs (streams, names) as the locked ones,
-// planned under the function's settings.
+// pairs it locked whose queue is empty, with the pairs (streams, names) as the locked ones.
 func planReleaseDelete(t *testing.T, ctx context.Context, conn *pgx.Conn, streams []uuid.UUID, names []string) planCall {
 	t.Helper()
-	sql, _, settings := planFunctionStatement(t, ctx, conn, "wh_pairs_release", "DELETE FROM wh_perspective_pairs d", "")
-	const locked = "unnest(locked_streams, locked_names)"
-	require.Equal(t, 1, strings.Count(sql, locked), "wh_pairs_release: the pairs of its delete")
-	sql = strings.Replace(sql, locked, "unnest($1::uuid[], $2::text[])", 1)
+	return planPairsStatement(t, ctx, conn, "wh_pairs_release", "DELETE FROM wh_perspective_pairs d", "",
+		"unnest(locked_streams, locked_names)", streams, names)
+}
+
+// planPairsStatement is a statement of the PL/pgSQL function name (as planFunctionStatement
+// finds it) whose pairs are the unnest of two of its variables, pairs, with those pairs
+// (streams, names) as the parameters $1 and $2, planned under the function's settings.
+func planPairsStatement(t *testing.T, ctx context.Context, conn *pgx.Conn, name, from, into, pairs string, streams []uuid.UUID, names []string) planCall {
+	t.Helper()
+	sql, _, settings := planFunctionStatement(t, ctx, conn, name, from, into)
+	require.Equal(t, 1, strings.Count(sql, pairs), "%s: the pairs of its statement %q", name, from)
+	sql = strings.Replace(sql, pairs, "unnest($1::uuid[], $2::text[])", 1)
 	return planCall{sql: sql, args: pgq.Args([]any{streams, names}), settings: settings}
 }
 
