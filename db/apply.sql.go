@@ -13,16 +13,8 @@ import (
 )
 
 const cursorsEnsure = `-- name: CursorsEnsure :many
-INSERT INTO wh_perspective_cursors (stream_id, perspective_name)
-SELECT p.stream_id, p.perspective_name
-FROM (SELECT unnest($1::uuid[]) AS stream_id, unnest($2::text[]) AS perspective_name) p
-WHERE NOT EXISTS (
-    SELECT 1 FROM wh_perspective_cursors c
-    WHERE c.stream_id = p.stream_id AND c.perspective_name = p.perspective_name
-)
-ORDER BY p.stream_id, p.perspective_name
-ON CONFLICT (stream_id, perspective_name) DO NOTHING
-RETURNING stream_id, perspective_name
+SELECT c.stream_id, c.perspective_name
+FROM wh_ensure_cursors($1::uuid[], $2::text[]) c
 `
 
 type CursorsEnsureParams struct {
@@ -42,6 +34,8 @@ type CursorsEnsureRow struct {
 // would wait for that transaction). A row another transaction is inserting at the same time
 // is waited for, then left alone; one another transaction is deleting counts as existing (a
 // lock of it that waits then finds no row).
+// The statement is wh_ensure_cursors (schema/000013_apply_key_lookups.up.sql): each pair a
+// probe of the cursors' key, whatever the statistics say.
 func (q *Queries) CursorsEnsure(ctx context.Context, arg CursorsEnsureParams) ([]CursorsEnsureRow, error) {
 	rows, err := q.db.Query(ctx, cursorsEnsure, arg.StreamIds, arg.PerspectiveNames)
 	if err != nil {
@@ -114,42 +108,9 @@ func (q *Queries) ModelsGet(ctx context.Context, arg ModelsGetParams) ([]ModelsG
 }
 
 const pairsApplyCommit = `-- name: PairsApplyCommit :one
-WITH input AS (
-    SELECT unnest($1::uuid[]) AS stream_id,
-           unnest($2::text[]) AS perspective_name,
-           unnest($3::text[])::jsonb AS model,
-           unnest($4::uuid[]) AS last_event_id,
-           unnest($5::int[]) AS since_snapshot
-), model AS (
-    INSERT INTO wh_perspective_models (stream_id, perspective_name, model, last_event_id)
-    SELECT i.stream_id, i.perspective_name, i.model, i.last_event_id FROM input i
-    ON CONFLICT (stream_id, perspective_name) DO UPDATE
-    SET model = EXCLUDED.model,
-        last_event_id = EXCLUDED.last_event_id,
-        updated_at = now()
-), cursor_rows AS (
-    UPDATE wh_perspective_cursors c
-    SET last_event_id = i.last_event_id,
-        version = c.version + 1,
-        events_since_snapshot = i.since_snapshot,
-        -- A failure clears once its event is applied; events applied before it (a late one,
-        -- or ones queued before it since) leave it as it is, count and all.
-        status = CASE WHEN i.last_event_id < c.failed_event_id THEN c.status ELSE 'ok' END,
-        last_error = CASE WHEN i.last_event_id < c.failed_event_id THEN c.last_error END,
-        failed_event_id = CASE WHEN i.last_event_id < c.failed_event_id THEN c.failed_event_id END,
-        failed_since = CASE WHEN i.last_event_id < c.failed_event_id THEN c.failed_since END,
-        attempts = CASE WHEN i.last_event_id < c.failed_event_id THEN c.attempts ELSE 0 END,
-        updated_at = now()
-    FROM input i
-    WHERE c.stream_id = i.stream_id AND c.perspective_name = i.perspective_name
-), applied AS (
-    -- by primary-key probes, whatever the statistics say (see wh_delete_applied, migration 5);
-    -- a SELECT in a WITH runs only when referenced: the final SELECT reads it
-    SELECT wh_delete_applied($6::uuid[], $7::text[],
-                             $8::uuid[]) AS deleted
-)
-SELECT (SELECT a.deleted FROM applied a)::bigint AS deleted
-FROM (SELECT pg_notify('wh_applied', '')) notified
+SELECT wh_apply_commit($1::uuid[], $2::text[], $3::text[], $4::uuid[],
+                       $5::int[], $6::uuid[],
+                       $7::text[], $8::uuid[])::bigint AS deleted
 `
 
 type PairsApplyCommitParams struct {
@@ -170,8 +131,9 @@ type PairsApplyCommitParams struct {
 // It notifies wh_applied (WaitFor wakes; once per transaction, since PostgreSQL folds a
 // transaction's identical notifications): the normal path, a rewind's commit and a
 // catch-up's page all make their events visible through this statement.
-// The notification is in a one-row FROM, so it is sent even when no queue row was deleted
-// (a catch-up page applies events that were never queued).
+// The statement is wh_apply_commit (schema/000013_apply_key_lookups.up.sql): each pair's
+// cursor row by its key, each applied row by the queue's primary key, whatever the statistics
+// say.
 func (q *Queries) PairsApplyCommit(ctx context.Context, arg PairsApplyCommitParams) (int64, error) {
 	row := q.db.QueryRow(ctx, pairsApplyCommit,
 		arg.StreamIds,
@@ -190,30 +152,16 @@ func (q *Queries) PairsApplyCommit(ctx context.Context, arg PairsApplyCommitPara
 
 const pairsLockForApply = `-- name: PairsLockForApply :many
 
-SELECT l.stream_id, l.perspective_name, l.last_event_id, l.events_since_snapshot, l.attempts, l.failed_event_id, l.lock_holder, l.snapshot_ids
-FROM (SELECT unnest((SELECT $1::uuid[])) AS stream_id, unnest((SELECT $2::text[])) AS perspective_name) p
-CROSS JOIN LATERAL (
-    SELECT c.stream_id,
-           c.perspective_name,
-           c.last_event_id,
-           c.events_since_snapshot,
-           c.attempts,
-           c.failed_event_id,
-           COALESCE(CASE WHEN c.stream_lock_expiry > clock_timestamp() THEN c.stream_lock_instance_id END,
-                    '00000000-0000-0000-0000-000000000000')::uuid AS lock_holder,
-           (SELECT COALESCE(array_agg(s.snapshot_event_id ORDER BY s.snapshot_event_id DESC), '{}')
-            FROM wh_perspective_snapshots s
-            WHERE s.stream_id = c.stream_id AND s.perspective_name = c.perspective_name
-           )::uuid[] AS snapshot_ids
-    FROM wh_perspective_cursors c
-    WHERE c.stream_id = p.stream_id AND c.perspective_name = p.perspective_name
-    -- A retired build is never written again (its rows are being deleted).
-    AND NOT EXISTS (
-        SELECT 1 FROM wh_perspective_builds b
-        WHERE b.build_key = c.perspective_name AND b.state = 'retired'
-    )
-    FOR UPDATE OF c SKIP LOCKED
-) l
+SELECT c.stream_id,
+       c.perspective_name,
+       c.last_event_id,
+       c.events_since_snapshot,
+       c.attempts,
+       c.failed_event_id,
+       COALESCE(CASE WHEN c.stream_lock_expiry > clock_timestamp() THEN c.stream_lock_instance_id END,
+                '00000000-0000-0000-0000-000000000000')::uuid AS lock_holder,
+       wh_snapshot_ids(c.stream_id, c.perspective_name)::uuid[] AS snapshot_ids
+FROM wh_lock_cursors((SELECT $1::uuid[]), (SELECT $2::text[])) c
 `
 
 type PairsLockForApplyParams struct {
@@ -252,10 +200,13 @@ type PairsLockForApplyRow struct {
 // while rows joined from other tables stay as of the statement's snapshot, so a model read
 // here could predate the cursor it came with (a rewind that committed meanwhile keeps the
 // cursor position but changes the model).
-// Each pair is looked up by the cursors' key in a LATERAL subquery of its own, whatever the
-// statistics say: planned as a join, a single build's cursors (all of them matching its key)
-// were once estimated at one row after the retired-build check, and the join scanned every
-// cursor for each pair (31 ms for 50 pairs of 2,000 cursors).
+// The cursor rows are locked by wh_lock_cursors and the snapshots read by wh_snapshot_ids
+// (schema/000013_apply_key_lookups.up.sql), each pair a probe of the tables' keys, with
+// sequential scans (and hash and merge joins) off, whatever the statistics say: planned as a
+// join, a single build's cursors (all of them matching its key) were once estimated at one
+// row after the retired-build check, and the join scanned every cursor for each pair (31 ms
+// for 50 pairs of 2,000 cursors); planned while the cursors were few, the lookup scanned them
+// all for each pair once they were many.
 func (q *Queries) PairsLockForApply(ctx context.Context, arg PairsLockForApplyParams) ([]PairsLockForApplyRow, error) {
 	rows, err := q.db.Query(ctx, pairsLockForApply, arg.StreamIds, arg.PerspectiveNames)
 	if err != nil {

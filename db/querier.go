@@ -99,6 +99,8 @@ type Querier interface {
 	// would wait for that transaction). A row another transaction is inserting at the same time
 	// is waited for, then left alone; one another transaction is deleting counts as existing (a
 	// lock of it that waits then finds no row).
+	// The statement is wh_ensure_cursors (schema/000013_apply_key_lookups.up.sql): each pair a
+	// probe of the cursors' key, whatever the statistics say.
 	CursorsEnsure(ctx context.Context, arg CursorsEnsureParams) ([]CursorsEnsureRow, error)
 	// when it is retried (none while parked: 'infinity')
 	CursorsFailed(ctx context.Context) ([]CursorsFailedRow, error)
@@ -186,8 +188,9 @@ type Querier interface {
 	// It notifies wh_applied (WaitFor wakes; once per transaction, since PostgreSQL folds a
 	// transaction's identical notifications): the normal path, a rewind's commit and a
 	// catch-up's page all make their events visible through this statement.
-	// The notification is in a one-row FROM, so it is sent even when no queue row was deleted
-	// (a catch-up page applies events that were never queued).
+	// The statement is wh_apply_commit (schema/000013_apply_key_lookups.up.sql): each pair's
+	// cursor row by its key, each applied row by the queue's primary key, whatever the statistics
+	// say.
 	PairsApplyCommit(ctx context.Context, arg PairsApplyCommitParams) (int64, error)
 	// The claim (worker/claim.go): lease the oldest due pairs, and end the leases after the job.
 	// The claim: leases up to max_pairs due pairs of the builds this instance runs (build_keys),
@@ -233,10 +236,13 @@ type Querier interface {
 	// while rows joined from other tables stay as of the statement's snapshot, so a model read
 	// here could predate the cursor it came with (a rewind that committed meanwhile keeps the
 	// cursor position but changes the model).
-	// Each pair is looked up by the cursors' key in a LATERAL subquery of its own, whatever the
-	// statistics say: planned as a join, a single build's cursors (all of them matching its key)
-	// were once estimated at one row after the retired-build check, and the join scanned every
-	// cursor for each pair (31 ms for 50 pairs of 2,000 cursors).
+	// The cursor rows are locked by wh_lock_cursors and the snapshots read by wh_snapshot_ids
+	// (schema/000013_apply_key_lookups.up.sql), each pair a probe of the tables' keys, with
+	// sequential scans (and hash and merge joins) off, whatever the statistics say: planned as a
+	// join, a single build's cursors (all of them matching its key) were once estimated at one
+	// row after the retired-build check, and the join scanned every cursor for each pair (31 ms
+	// for 50 pairs of 2,000 cursors); planned while the cursors were few, the lookup scanned them
+	// all for each pair once they were many.
 	PairsLockForApply(ctx context.Context, arg PairsLockForApplyParams) ([]PairsLockForApplyRow, error)
 	// Records a failure of each given pair on its cursor and its due row: errors[i] caused by
 	// event_ids[i] (the nil UUID: not one event's), and does what actions[i] says (the worker's

@@ -20,34 +20,23 @@
 -- while rows joined from other tables stay as of the statement's snapshot, so a model read
 -- here could predate the cursor it came with (a rewind that committed meanwhile keeps the
 -- cursor position but changes the model).
--- Each pair is looked up by the cursors' key in a LATERAL subquery of its own, whatever the
--- statistics say: planned as a join, a single build's cursors (all of them matching its key)
--- were once estimated at one row after the retired-build check, and the join scanned every
--- cursor for each pair (31 ms for 50 pairs of 2,000 cursors).
-SELECT l.stream_id, l.perspective_name, l.last_event_id, l.events_since_snapshot, l.attempts, l.failed_event_id, l.lock_holder, l.snapshot_ids
-FROM (SELECT unnest((SELECT @stream_ids::uuid[])) AS stream_id, unnest((SELECT @perspective_names::text[])) AS perspective_name) p
-CROSS JOIN LATERAL (
-    SELECT c.stream_id,
-           c.perspective_name,
-           c.last_event_id,
-           c.events_since_snapshot,
-           c.attempts,
-           c.failed_event_id,
-           COALESCE(CASE WHEN c.stream_lock_expiry > clock_timestamp() THEN c.stream_lock_instance_id END,
-                    '00000000-0000-0000-0000-000000000000')::uuid AS lock_holder,
-           (SELECT COALESCE(array_agg(s.snapshot_event_id ORDER BY s.snapshot_event_id DESC), '{}')
-            FROM wh_perspective_snapshots s
-            WHERE s.stream_id = c.stream_id AND s.perspective_name = c.perspective_name
-           )::uuid[] AS snapshot_ids
-    FROM wh_perspective_cursors c
-    WHERE c.stream_id = p.stream_id AND c.perspective_name = p.perspective_name
-    -- A retired build is never written again (its rows are being deleted).
-    AND NOT EXISTS (
-        SELECT 1 FROM wh_perspective_builds b
-        WHERE b.build_key = c.perspective_name AND b.state = 'retired'
-    )
-    FOR UPDATE OF c SKIP LOCKED
-) l;
+-- The cursor rows are locked by wh_lock_cursors and the snapshots read by wh_snapshot_ids
+-- (schema/000013_apply_key_lookups.up.sql), each pair a probe of the tables' keys, with
+-- sequential scans (and hash and merge joins) off, whatever the statistics say: planned as a
+-- join, a single build's cursors (all of them matching its key) were once estimated at one
+-- row after the retired-build check, and the join scanned every cursor for each pair (31 ms
+-- for 50 pairs of 2,000 cursors); planned while the cursors were few, the lookup scanned them
+-- all for each pair once they were many.
+SELECT c.stream_id,
+       c.perspective_name,
+       c.last_event_id,
+       c.events_since_snapshot,
+       c.attempts,
+       c.failed_event_id,
+       COALESCE(CASE WHEN c.stream_lock_expiry > clock_timestamp() THEN c.stream_lock_instance_id END,
+                '00000000-0000-0000-0000-000000000000')::uuid AS lock_holder,
+       wh_snapshot_ids(c.stream_id, c.perspective_name)::uuid[] AS snapshot_ids
+FROM wh_lock_cursors((SELECT @stream_ids::uuid[]), (SELECT @perspective_names::text[])) c;
 
 -- name: CursorsEnsure :many
 -- Creates the cursor rows of the given pairs that do not exist, in key order (two
@@ -57,16 +46,10 @@ CROSS JOIN LATERAL (
 -- would wait for that transaction). A row another transaction is inserting at the same time
 -- is waited for, then left alone; one another transaction is deleting counts as existing (a
 -- lock of it that waits then finds no row).
-INSERT INTO wh_perspective_cursors (stream_id, perspective_name)
-SELECT p.stream_id, p.perspective_name
-FROM (SELECT unnest(@stream_ids::uuid[]) AS stream_id, unnest(@perspective_names::text[]) AS perspective_name) p
-WHERE NOT EXISTS (
-    SELECT 1 FROM wh_perspective_cursors c
-    WHERE c.stream_id = p.stream_id AND c.perspective_name = p.perspective_name
-)
-ORDER BY p.stream_id, p.perspective_name
-ON CONFLICT (stream_id, perspective_name) DO NOTHING
-RETURNING stream_id, perspective_name;
+-- The statement is wh_ensure_cursors (schema/000013_apply_key_lookups.up.sql): each pair a
+-- probe of the cursors' key, whatever the statistics say.
+SELECT c.stream_id, c.perspective_name
+FROM wh_ensure_cursors(@stream_ids::uuid[], @perspective_names::text[]) c;
 
 -- name: QueueEventsForPairs :many
 -- The queued events of the given pairs: at most per_pair_limit per pair, the lowest event
@@ -124,41 +107,9 @@ CROSS JOIN LATERAL (
 -- It notifies wh_applied (WaitFor wakes; once per transaction, since PostgreSQL folds a
 -- transaction's identical notifications): the normal path, a rewind's commit and a
 -- catch-up's page all make their events visible through this statement.
-WITH input AS (
-    SELECT unnest(@stream_ids::uuid[]) AS stream_id,
-           unnest(@perspective_names::text[]) AS perspective_name,
-           unnest(@models::text[])::jsonb AS model,
-           unnest(@last_event_ids::uuid[]) AS last_event_id,
-           unnest(@events_since_snapshot::int[]) AS since_snapshot
-), model AS (
-    INSERT INTO wh_perspective_models (stream_id, perspective_name, model, last_event_id)
-    SELECT i.stream_id, i.perspective_name, i.model, i.last_event_id FROM input i
-    ON CONFLICT (stream_id, perspective_name) DO UPDATE
-    SET model = EXCLUDED.model,
-        last_event_id = EXCLUDED.last_event_id,
-        updated_at = now()
-), cursor_rows AS (
-    UPDATE wh_perspective_cursors c
-    SET last_event_id = i.last_event_id,
-        version = c.version + 1,
-        events_since_snapshot = i.since_snapshot,
-        -- A failure clears once its event is applied; events applied before it (a late one,
-        -- or ones queued before it since) leave it as it is, count and all.
-        status = CASE WHEN i.last_event_id < c.failed_event_id THEN c.status ELSE 'ok' END,
-        last_error = CASE WHEN i.last_event_id < c.failed_event_id THEN c.last_error END,
-        failed_event_id = CASE WHEN i.last_event_id < c.failed_event_id THEN c.failed_event_id END,
-        failed_since = CASE WHEN i.last_event_id < c.failed_event_id THEN c.failed_since END,
-        attempts = CASE WHEN i.last_event_id < c.failed_event_id THEN c.attempts ELSE 0 END,
-        updated_at = now()
-    FROM input i
-    WHERE c.stream_id = i.stream_id AND c.perspective_name = i.perspective_name
-), applied AS (
-    -- by primary-key probes, whatever the statistics say (see wh_delete_applied, migration 5);
-    -- a SELECT in a WITH runs only when referenced: the final SELECT reads it
-    SELECT wh_delete_applied(@applied_stream_ids::uuid[], @applied_perspective_names::text[],
-                             @applied_event_ids::uuid[]) AS deleted
-)
--- The notification is in a one-row FROM, so it is sent even when no queue row was deleted
--- (a catch-up page applies events that were never queued).
-SELECT (SELECT a.deleted FROM applied a)::bigint AS deleted
-FROM (SELECT pg_notify('wh_applied', '')) notified;
+-- The statement is wh_apply_commit (schema/000013_apply_key_lookups.up.sql): each pair's
+-- cursor row by its key, each applied row by the queue's primary key, whatever the statistics
+-- say.
+SELECT wh_apply_commit(@stream_ids::uuid[], @perspective_names::text[], @models::text[], @last_event_ids::uuid[],
+                       @events_since_snapshot::int[], @applied_stream_ids::uuid[],
+                       @applied_perspective_names::text[], @applied_event_ids::uuid[])::bigint AS deleted;

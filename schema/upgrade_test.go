@@ -66,6 +66,7 @@ var upgradeSteps = []upgradeStep{
 	{write: (*upgrade).writeRelease10},
 	{write: (*upgrade).writeRelease11},
 	{write: (*upgrade).writeRelease12},
+	{write: (*upgrade).writeRelease13},
 }
 
 func TestUpgradeStepByStep(t *testing.T) {
@@ -738,6 +739,19 @@ func (u *upgrade) writeRelease11() {
 func (u *upgrade) writeRelease12() {
 	require.ElementsMatch(u.t, []string{"plan_cache_mode=force_generic_plan", "enable_hashjoin=off", "enable_mergejoin=off",
 		"enable_seqscan=off", "jit=off"}, u.settings("wh_pairs_release"))
+}
+
+// writeRelease13: the release writes what release 12 did; its migration adds the functions
+// the apply transaction's statements run (the lock of the cursor rows, the snapshots' read,
+// the commit and the creation of missing cursor rows), each with the settings under which it
+// looks up the cursor and snapshot rows by key.
+func (u *upgrade) writeRelease13() {
+	for _, fn := range []string{"wh_lock_cursors", "wh_apply_commit", "wh_ensure_cursors"} {
+		require.ElementsMatch(u.t, []string{"plan_cache_mode=force_generic_plan", "enable_hashjoin=off", "enable_mergejoin=off",
+			"enable_seqscan=off", "jit=off"}, u.settings(fn), fn)
+	}
+	require.ElementsMatch(u.t, []string{"plan_cache_mode=force_generic_plan", "enable_seqscan=off", "jit=off"},
+		u.settings("wh_snapshot_ids"))
 }
 
 // settings is the function name's settings ("name=value").

@@ -9,8 +9,10 @@ package worker_test
 // Index (Only) Scans under their Limit, with no Sort: a Sort there reads all of a hot pair's
 // rows for a few. QueueIDsForPair, which returns all of
 // a pair's rows, may also find them with a bitmap scan of the primary key and sort them, but
-// never scan the table. The pair lookups of the group path (PairsLockForApply, ModelsGet,
-// PairsApplyCommit's UPDATE) must go through the cursors', snapshots' and models' keys.
+// never scan the table. The pair lookups of the group path (PairsLockForApply's functions
+// wh_lock_cursors and wh_snapshot_ids, ModelsGet, PairsApplyCommit's wh_apply_commit,
+// CursorsEnsure's wh_ensure_cursors) must go through the cursors', snapshots' and models'
+// keys.
 //
 // The test loads a database of its own in one go (a hot stream of 20,000 queued events per
 // build beside thousands of ordinary pairs), with autovacuum off for the loaded tables so that
@@ -486,38 +488,29 @@ func planStatements(t *testing.T, ctx context.Context, conn *pgx.Conn, hot uuid.
 			return err
 		}),
 		queue: planQueuePKey, cond: pairCond, whole: true,
-	}, {
-		name: "PairsApplyCommit",
-		call: planRecord(t, func(q *db.Queries) error {
-			_, err := q.PairsApplyCommit(ctx, db.PairsApplyCommitParams{
-				StreamIds: streams, PerspectiveNames: names, Models: models, LastEventIds: lastIDs, EventsSinceSnapshot: since,
-				AppliedStreamIds: appliedStreams, AppliedPerspectiveNames: appliedNames, AppliedEventIds: applied,
-			})
-			return err
-		}),
-		other: map[string][]string{"wh_perspective_cursors": planPairIndexes},
-	}, {
-		name:  "wh_delete_applied",
-		call:  planFunctionCall(t, ctx, conn, "wh_delete_applied", "", "", delStreams, delNames, delIDs),
-		queue: planQueuePKey, cond: append(slices.Clip(pairCond), "(event_id = "),
-	}, {
-		name:  "wh_append",
-		call:  planAppendLock(t, ctx, conn, streams, names),
-		other: map[string][]string{planPairs: {planPairsKey}},
-	}, {
-		// A job's release deletes the due rows of its pairs whose queue is empty (each found
-		// by the first entry of the pair's range, or none) ...
-		name:  "wh_pairs_release (empty queues)",
-		call:  planReleaseDelete(t, ctx, conn, streams, names),
-		queue: planQueuePKey, cond: pairCond,
-		other: map[string][]string{planPairs: {planPairsKey}},
-	}, {
-		// ... and makes the others due at their oldest queued event (the same entry).
-		name:  "wh_pairs_release (due times)",
-		call:  planFunctionCall(t, ctx, conn, "wh_pairs_release", "UPDATE wh_perspective_pairs d", "", uuid.New(), streams, names, make([]float64, len(streams))),
-		queue: planQueuePKey, cond: pairCond, limit: true,
-		other: map[string][]string{planPairs: {planPairsKey}},
-	}}
+	}, planApplyCommit(t, ctx, conn, streams, names, models, lastIDs, since, appliedStreams, appliedNames, applied),
+		planEnsureCursors(t, ctx, conn, streams, names), {
+			name:  "wh_delete_applied",
+			call:  planFunctionCall(t, ctx, conn, "wh_delete_applied", "", "", delStreams, delNames, delIDs),
+			queue: planQueuePKey, cond: append(slices.Clip(pairCond), "(event_id = "),
+		}, {
+			name:  "wh_append",
+			call:  planAppendLock(t, ctx, conn, streams, names),
+			other: map[string][]string{planPairs: {planPairsKey}},
+		}, {
+			// A job's release deletes the due rows of its pairs whose queue is empty (each found
+			// by the first entry of the pair's range, or none) ...
+			name:  "wh_pairs_release (empty queues)",
+			call:  planReleaseDelete(t, ctx, conn, streams, names),
+			queue: planQueuePKey, cond: pairCond,
+			other: map[string][]string{planPairs: {planPairsKey}},
+		}, {
+			// ... and makes the others due at their oldest queued event (the same entry).
+			name:  "wh_pairs_release (due times)",
+			call:  planFunctionCall(t, ctx, conn, "wh_pairs_release", "UPDATE wh_perspective_pairs d", "", uuid.New(), streams, names, make([]float64, len(streams))),
+			queue: planQueuePKey, cond: pairCond, limit: true,
+			other: map[string][]string{planPairs: {planPairsKey}},
+		}}
 	// Promotion's catch-up check, the oldest queued event of a build: the first entry of the
 	// build's range of its index, not a scan of the queue.
 	statements = append(statements, planStatement{
@@ -525,9 +518,9 @@ func planStatements(t *testing.T, ctx context.Context, conn *pgx.Conn, hot uuid.
 		call:  planRecord(t, func(q *db.Queries) error { _, err := q.BuildQueueAge(ctx, planBuildA); return err }),
 		queue: planQueueBuildAge, cond: []string{"(perspective_name = "}, limit: true,
 	})
-	statements = append(statements, planGroupLookups(t, ctx, streams, names)...)
+	statements = append(statements, planGroupLookups(t, ctx, conn, streams, names)...)
 	// The apply commit deletes its rows through the function whose plan is checked here.
-	commit := slices.IndexFunc(statements, func(s planStatement) bool { return s.name == "PairsApplyCommit" })
+	commit := slices.IndexFunc(statements, func(s planStatement) bool { return s.name == "wh_apply_commit" })
 	require.GreaterOrEqual(t, commit, 0)
 	require.Contains(t, statements[commit].call.sql, "wh_delete_applied(")
 	return statements
@@ -643,6 +636,8 @@ func TestPlansSQLAppendClaimAndReleaseProbeTheKeysOfASmallDatabase(t *testing.T)
 		    RETURNING stream_id, perspective_name)
 		INSERT INTO wh_perspective_pairs (stream_id, perspective_name, due_at)
 		SELECT stream_id, perspective_name, now() FROM c`, build)
+	planExec(t, ctx, conn, `INSERT INTO wh_perspective_snapshots (stream_id, perspective_name, snapshot_event_id, model)
+		SELECT stream_id, perspective_name, gen_random_uuid(), '{}' FROM wh_perspective_cursors`)
 	// and one pair parked with 20,000 events queued: the queue's statistics know one stream.
 	parked := uuid.New()
 	planExec(t, ctx, conn, `WITH e AS (
@@ -656,7 +651,7 @@ func TestPlansSQLAppendClaimAndReleaseProbeTheKeysOfASmallDatabase(t *testing.T)
 		)
 		INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)
 		SELECT stream_id, $2, event_id FROM e`, parked, build)
-	planExec(t, ctx, conn, "ANALYZE wh_perspective_cursors, wh_perspective_pairs, wh_perspective_events")
+	planExec(t, ctx, conn, "ANALYZE wh_perspective_cursors, wh_perspective_pairs, wh_perspective_events, wh_perspective_snapshots")
 	var stream uuid.UUID
 	require.NoError(t, conn.QueryRow(ctx, `SELECT stream_id FROM wh_perspective_cursors WHERE stream_id <> $1 LIMIT 1`, parked).Scan(&stream))
 	released, releasedNames := []uuid.UUID{stream, parked}, []string{build, build}
@@ -685,14 +680,17 @@ func TestPlansSQLAppendClaimAndReleaseProbeTheKeysOfASmallDatabase(t *testing.T)
 		call:   planFunctionCall(t, ctx, conn, "wh_claim_pairs", "", "", uuid.New(), []string{build}, 100, 30.0),
 		other:  map[string][]string{planPairs: {planPairsDue, planPairsKey}, "wh_perspective_cursors": planPairIndexes},
 		probed: []string{"wh_perspective_cursors"},
-	}, releaseDelete, {
-		name: "wh_pairs_release's due times",
-		call: planFunctionCall(t, ctx, conn, "wh_pairs_release", "UPDATE wh_perspective_pairs d", "",
-			uuid.New(), released, releasedNames, []float64{-1, -1}),
-		queue: planQueuePKey, cond: pairCond, limit: true,
-		other:  map[string][]string{planPairs: {planPairsKey}},
-		probed: []string{planPairs},
-	}} {
+	}, lockCursors(t, ctx, conn, released, releasedNames), snapshotIDs(t, ctx, conn, stream, build),
+		planApplyCommit(t, ctx, conn, released, releasedNames, []string{"{}", "{}"}, []uuid.UUID{uuid.New(), uuid.New()}, []int32{1, 1},
+			released, releasedNames, []uuid.UUID{uuid.New(), uuid.New()}),
+		planEnsureCursors(t, ctx, conn, released, releasedNames), releaseDelete, {
+			name: "wh_pairs_release's due times",
+			call: planFunctionCall(t, ctx, conn, "wh_pairs_release", "UPDATE wh_perspective_pairs d", "",
+				uuid.New(), released, releasedNames, []float64{-1, -1}),
+			queue: planQueuePKey, cond: pairCond, limit: true,
+			other:  map[string][]string{planPairs: {planPairsKey}},
+			probed: []string{planPairs},
+		}} {
 		require.Contains(t, s.call.settings, "enable_seqscan=off", s.name)
 		planCheck(t, ctx, conn, s)
 		if s.name == releaseDelete.name {
@@ -704,6 +702,11 @@ func TestPlansSQLAppendClaimAndReleaseProbeTheKeysOfASmallDatabase(t *testing.T)
 		plan, err := planExplain(ctx, conn, "force_generic_plan", s.call)
 		require.NoError(t, err)
 		require.NotEmpty(t, planProblems(plan, s), "%s without its settings: %s", s.name, planSummary(plan))
+	}
+
+	// The group path's lookups of the same pairs.
+	for _, s := range planGroupLookups(t, ctx, conn, released, releasedNames) {
+		planCheck(t, ctx, conn, s)
 	}
 
 	// The release's check that a pair's queue is empty, written as NOT EXISTS, is an anti-join
@@ -755,7 +758,7 @@ func TestPlansSQLGroupLookupsWithOneBuild(t *testing.T) {
 	require.NoError(t, err)
 	names := slices.Repeat([]string{build}, len(streams))
 
-	for _, s := range planGroupLookups(t, ctx, streams, names) {
+	for _, s := range planGroupLookups(t, ctx, conn, streams, names) {
 		planCheck(t, ctx, conn, s)
 	}
 }
@@ -853,18 +856,16 @@ func planConnect(t *testing.T, ctx context.Context, d *pgtest.DB) *pgx.Conn {
 
 // planGroupLookups is the group path's pair lookups of the given pairs, each of which must
 // probe its table's key.
-func planGroupLookups(t *testing.T, ctx context.Context, streams []uuid.UUID, names []string) []planStatement {
-	return []planStatement{{
-		name: "PairsLockForApply",
-		call: planRecord(t, func(q *db.Queries) error {
-			_, err := q.PairsLockForApply(ctx, db.PairsLockForApplyParams{StreamIds: streams, PerspectiveNames: names})
-			return err
-		}),
-		other: map[string][]string{
-			"wh_perspective_cursors":   planPairIndexes,
-			"wh_perspective_snapshots": {"wh_perspective_snapshots_pkey"},
-		},
-	}, {
+func planGroupLookups(t *testing.T, ctx context.Context, conn *pgx.Conn, streams []uuid.UUID, names []string) []planStatement {
+	t.Helper()
+	// PairsLockForApply reads no table itself: its two functions do, each pair a probe.
+	lock := planRecord(t, func(q *db.Queries) error {
+		_, err := q.PairsLockForApply(ctx, db.PairsLockForApplyParams{StreamIds: streams, PerspectiveNames: names})
+		return err
+	})
+	require.Contains(t, lock.sql, "wh_lock_cursors(")
+	require.Contains(t, lock.sql, "wh_snapshot_ids(")
+	return []planStatement{lockCursors(t, ctx, conn, streams, names), snapshotIDs(t, ctx, conn, streams[0], names[0]), {
 		name: "ModelsGet",
 		call: planRecord(t, func(q *db.Queries) error {
 			_, err := q.ModelsGet(ctx, db.ModelsGetParams{StreamIds: streams, PerspectiveNames: names})
@@ -872,6 +873,66 @@ func planGroupLookups(t *testing.T, ctx context.Context, streams []uuid.UUID, na
 		}),
 		other: map[string][]string{"wh_perspective_models": {"wh_perspective_models_pkey"}},
 	}}
+}
+
+// planApplyCommit is the statement of wh_apply_commit (PairsApplyCommit's) for the given
+// pairs and applied rows: a probe of the cursors' key for each pair.
+func planApplyCommit(t *testing.T, ctx context.Context, conn *pgx.Conn, streams []uuid.UUID, names, models []string,
+	lastIDs []uuid.UUID, since []int32, appliedStreams []uuid.UUID, appliedNames []string, applied []uuid.UUID) planStatement {
+	t.Helper()
+	c := planRecord(t, func(q *db.Queries) error {
+		_, err := q.PairsApplyCommit(ctx, db.PairsApplyCommitParams{StreamIds: streams, PerspectiveNames: names})
+		return err
+	})
+	require.Contains(t, c.sql, "wh_apply_commit(")
+	return planStatement{
+		name: "wh_apply_commit",
+		call: planFunctionCall(t, ctx, conn, "wh_apply_commit", "", " INTO deleted",
+			streams, names, models, lastIDs, since, appliedStreams, appliedNames, applied),
+		other:  map[string][]string{"wh_perspective_cursors": planPairIndexes},
+		probed: []string{"wh_perspective_cursors"},
+	}
+}
+
+// planEnsureCursors is the statement of wh_ensure_cursors (CursorsEnsure's) for the given
+// pairs: a probe of the cursors' key for each.
+func planEnsureCursors(t *testing.T, ctx context.Context, conn *pgx.Conn, streams []uuid.UUID, names []string) planStatement {
+	t.Helper()
+	c := planRecord(t, func(q *db.Queries) error {
+		_, err := q.CursorsEnsure(ctx, db.CursorsEnsureParams{StreamIds: streams, PerspectiveNames: names})
+		return err
+	})
+	require.Contains(t, c.sql, "wh_ensure_cursors(")
+	return planStatement{
+		name:   "wh_ensure_cursors",
+		call:   planFunctionCall(t, ctx, conn, "wh_ensure_cursors", "", "", streams, names),
+		other:  map[string][]string{"wh_perspective_cursors": planPairIndexes},
+		probed: []string{"wh_perspective_cursors"},
+	}
+}
+
+// snapshotIDs is the statement of wh_snapshot_ids (PairsLockForApply's read of a pair's
+// snapshots) for the pair (stream, name): a probe of the snapshots' key.
+func snapshotIDs(t *testing.T, ctx context.Context, conn *pgx.Conn, stream uuid.UUID, name string) planStatement {
+	t.Helper()
+	return planStatement{
+		name:   "wh_snapshot_ids",
+		call:   planFunctionCall(t, ctx, conn, "wh_snapshot_ids", "", " INTO ids", stream, name),
+		other:  map[string][]string{"wh_perspective_snapshots": {"wh_perspective_snapshots_pkey"}},
+		probed: []string{"wh_perspective_snapshots"},
+	}
+}
+
+// lockCursors is the statement of wh_lock_cursors (PairsLockForApply's lock of the cursor
+// rows) for the given pairs: a probe of the cursors' key for each.
+func lockCursors(t *testing.T, ctx context.Context, conn *pgx.Conn, streams []uuid.UUID, names []string) planStatement {
+	t.Helper()
+	return planStatement{
+		name:   "wh_lock_cursors",
+		call:   planFunctionCall(t, ctx, conn, "wh_lock_cursors", "", "", streams, names),
+		other:  map[string][]string{"wh_perspective_cursors": planPairIndexes},
+		probed: []string{"wh_perspective_cursors"},
+	}
 }
 
 // A hot pair alone in its group, with statistics that know it (200,000 queued events, a

@@ -31,9 +31,10 @@ import (
 // statement, it can be older than the cursor it came with.
 //
 // The rig: on instance B's pool only, search_path puts public before pg_catalog, and a
-// public.clock_timestamp() waits on an advisory lock the test holds when called from a
-// statement containing SKIP LOCKED. So B's normal-path statement takes its snapshot, then
-// waits (as a descheduled backend would) before it reaches the row lock. Meanwhile:
+// public.unnest(anyarray) waits on an advisory lock the test holds when called on behalf of
+// the statement that locks the cursor rows (PairsLockForApply, whose wh_lock_cursors unnests
+// the pairs before it locks their rows). So B's normal-path statement takes its snapshot,
+// then waits (as a descheduled backend would) before it reaches the row lock. Meanwhile:
 //
 //	e2..e5 applied; e1 arrives late; B's statement starts (snapshot: model e2..e5)
 //	instance R rewinds: model e1..e5, cursor still at e5 (version bumped), e1's row deleted; R releases
@@ -61,18 +62,18 @@ func TestReliabilityNormalPathAfterConcurrentRewind(t *testing.T) {
 
 	// The gate. Advisory key: classid 0, objid key.
 	key := int64(1_000_000 + rand.IntN(1_000_000))
-	_, err := testDB.Pool.Exec(ctx, fmt.Sprintf(`CREATE FUNCTION public.clock_timestamp() RETURNS timestamptz
+	_, err := testDB.Pool.Exec(ctx, fmt.Sprintf(`CREATE FUNCTION public.unnest(a anyarray) RETURNS SETOF anyelement
 		LANGUAGE plpgsql VOLATILE AS $f$
 		BEGIN
-			IF pg_catalog.current_query() LIKE '%%SKIP LOCKED%%' THEN
+			IF pg_catalog.current_query() LIKE '%%wh_lock_cursors(%%' THEN
 				PERFORM pg_catalog.pg_advisory_lock_shared(%d);
 				PERFORM pg_catalog.pg_advisory_unlock_shared(%d);
 			END IF;
-			RETURN pg_catalog.clock_timestamp();
+			RETURN QUERY SELECT pg_catalog.unnest(a);
 		END $f$`, key, key))
 	require.NoError(t, err)
 	t.Cleanup(func() {
-		_, err := testDB.Pool.Exec(context.Background(), `DROP FUNCTION public.clock_timestamp()`)
+		_, err := testDB.Pool.Exec(context.Background(), `DROP FUNCTION public.unnest(anyarray)`)
 		require.NoError(t, err)
 	})
 	gate, err := pgx.Connect(ctx, testDB.DirectURL) // a session advisory lock: no pooler
@@ -115,7 +116,7 @@ func TestReliabilityNormalPathAfterConcurrentRewind(t *testing.T) {
 		require.NoError(t, b.Stop(sctx))
 	})
 	require.NoError(t, worker.Append(ctx, testDB.Pool, all[0])) // late
-	eventually(t, 10*time.Second, "B's normal-path statement waiting at the gate (the rig needs a SKIP LOCKED statement calling clock_timestamp())", func() bool {
+	eventually(t, 10*time.Second, "B's normal-path statement waiting at the gate (the rig needs wh_lock_cursors to unnest the pairs before it locks their rows)", func() bool {
 		var waiting int
 		require.NoError(t, testDB.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks
 			WHERE locktype = 'advisory' AND NOT granted AND classid = 0 AND objid = $1`, key).Scan(&waiting))
