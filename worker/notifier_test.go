@@ -56,8 +56,8 @@ func listenSessions(t *testing.T, ctx context.Context, app string) int {
 }
 
 // 100 WaitFor calls wait at once with no pool connection held: their checks take one for
-// a statement each, and they wait on the pool's notifier, one LISTEN session that is not a
-// pool connection. No worker runs on their pool (the worker that applies the events runs on
+// a statement each (as the notifier's probe does), and they wait on the pool's notifier, one
+// LISTEN session that is not a pool connection. No worker runs on their pool (the worker that applies the events runs on
 // another), and on a database of its own no other test's commit makes them check: what the
 // pool counts as acquired is theirs alone, and is 0 while all wait. They all return once
 // the events are applied.
@@ -98,6 +98,11 @@ func TestWaitForWaitersHoldNoPoolConnection(t *testing.T) {
 	}
 	eventually(t, 30*time.Second, "every WaitFor subscribed and checked", func() bool {
 		return subscribed.Load() == waiters
+	})
+	// The notifier sends its probe through the pool once its session is subscribed, which
+	// may be just after the waiters' checks: a statement's connection, given back at once.
+	eventually(t, 5*time.Second, "the pool's connections given back", func() bool {
+		return pool.Stat().AcquiredConns() == 0
 	})
 	for range 20 {
 		require.Zero(t, pool.Stat().AcquiredConns(), "a waiting WaitFor holds no pool connection")
