@@ -57,9 +57,10 @@ func listenSessions(t *testing.T, ctx context.Context, app string) int {
 
 // 100 WaitFor calls wait at once with no pool connection held: their checks take one for
 // a statement each (as the notifier's probe does), and they wait on the pool's notifier, one
-// LISTEN session that is not a pool connection. No worker runs on their pool (the worker that applies the events runs on
-// another), and on a database of its own no other test's commit makes them check: what the
-// pool counts as acquired is theirs alone, and is 0 while all wait. They all return once
+// LISTEN session that is not a pool connection. No worker runs on their pool (the worker
+// that applies the events runs on another), and on a database of its own no other test's
+// commit makes them check: what the pool counts as acquired is theirs alone, and is 0 while
+// all wait. They all return once
 // the events are applied.
 func TestWaitForWaitersHoldNoPoolConnection(t *testing.T) {
 	t.Parallel()
