@@ -82,6 +82,7 @@ type drainVariant struct {
 	// installed PgBouncer, pgx exec mode) or "prepared" (>= 1.21 keeping prepared
 	// statements, pgx's default mode); "": direct
 	pooler string
+	mode   string // pgx's query exec mode of a direct pool ("": its default)
 }
 
 var drainVariants = []drainVariant{
@@ -94,6 +95,7 @@ var drainVariants = []drainVariant{
 	{name: "x2", cfg: worker.Config{Concurrency: 2}, instances: 2}, // two instances, 2 slots each
 	{name: "pooled", cfg: worker.Config{}, pooler: "exec"},         // defaults, through the installed PgBouncer
 	{name: "prepared", cfg: worker.Config{}, pooler: "prepared"},   // defaults, through PgBouncer >= 1.21
+	{name: "exec", cfg: worker.Config{}, mode: "exec"},             // defaults, direct in pgx's exec mode
 }
 
 var drainRound int
@@ -103,7 +105,8 @@ var drainRound int
 // registered; the worker only drains), for the default configuration, Concurrency 1, 2 and
 // 8, BatchSize 1000, two instances, through each of two PgBouncers (pooled: the installed
 // one with pgx's exec mode; prepared: one keeping prepared statements, pgx's default mode),
-// and the hand-written baseline. Each iteration is one round of every variant; the figures
+// direct in pgx's exec mode (exec: what the mode costs without the pooler's hop), and the
+// hand-written baseline. Each iteration is one round of every variant; the figures
 // are events/s per variant and worker/baseline, and where the time goes: statements and
 // commits per stream, streams per claim (PairsClaim), statements in flight on average
 // (time inside statements / wall time), and the CPU cores used by the server processes of
@@ -146,6 +149,7 @@ func BenchmarkWorkerDrain(b *testing.B) {
 		fig[v][k] = append(fig[v][k], x)
 	}
 	pooled := map[string]*pgxpool.Pool{} // through PgBouncers of the benchmark's own, started on first use
+	direct := map[string]*pgxpool.Pool{"": pool}
 	for range b.N {
 		for j := range variants {
 			v := variants[(drainRound+j)%len(variants)]
@@ -172,7 +176,10 @@ func BenchmarkWorkerDrain(b *testing.B) {
 				}
 				el = backlog.drainWorker(b, ctx, pooled[v.pooler], v.cfg, 1, nil)
 			default:
-				el = backlog.drainWorker(b, ctx, pool, v.cfg, max(v.instances, 1), nil)
+				if direct[v.mode] == nil {
+					direct[v.mode] = benchPool(b, pgtest.WithExecMode(testDB.URL, v.mode), tracer)
+				}
+				el = backlog.drainWorker(b, ctx, direct[v.mode], v.cfg, max(v.instances, 1), nil)
 			}
 			pgCPU, goCPU := cpu.stop(b)
 			st := tracer.take()
@@ -207,8 +214,9 @@ func BenchmarkWorkerDrain(b *testing.B) {
 	if len(fig["worker"]) > 0 && len(fig["baseline"]) > 0 {
 		b.ReportMetric(medianOf(fig["worker"]["events/s"])/medianOf(fig["baseline"]["events/s"]), "worker/baseline")
 	}
-	// The drain's time through each pooler over its time direct (default configuration).
-	for _, name := range []string{"pooled", "prepared"} {
+	// The drain's time through each pooler, and direct in exec mode, over its time direct in
+	// pgx's default mode (default configuration).
+	for _, name := range []string{"pooled", "prepared", "exec"} {
 		if len(fig["worker"]) > 0 && len(fig[name]) > 0 {
 			b.ReportMetric(medianOf(fig["worker"]["events/s"])/medianOf(fig[name]["events/s"]), name+"/direct-time")
 		}
