@@ -19,7 +19,7 @@ var benchmarks = []benchmark{
 		"the same lock cycle through PgBouncer in transaction mode: in pgx's exec mode, and through a PgBouncer >= 1.21 that keeps prepared statements",
 		"the same cycle direct (pgx's default mode) and the floor, interleaved cycle by cycle"},
 	{"BenchmarkWorkerDrain", "worker/throughput_bench_test.go",
-		"events applied per second draining a backlog of 1,000 streams × 50 events, by the default worker and eight other variants",
+		"events applied per second draining a backlog of 1,000 streams × 50 events, by the default worker and nine other variants",
 		"a hand-written drain doing the same reads and writes in as few batched statements as it can; every variant from the same restored backlog, in a rotating order"},
 	{"BenchmarkDrainFloor", "worker/bench_floor_test.go",
 		"events applied per second by the default worker draining 4,000 streams × 50 events for a perspective whose model lists its event IDs",
