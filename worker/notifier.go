@@ -42,15 +42,15 @@ var topicStatements = map[string]struct {
 // a session each. A notifier starts with its first subscriber and stops when its last one
 // leaves.
 //
-// Its session is never a pool connection: it is ListenConnect's connection when a
-// subscriber gave one (the worker's Config.ListenConnect; the first given is kept), else a
+// Its session is never a pool connection: it is ListenConnect's connection when a started
+// worker offered one (its Config.ListenConnect, see offerListenConnect), else a
 // connection of its own opened with the pool's ConnConfig (the pool's BeforeConnect and
 // AfterConnect hooks do not run for it). A waiting subscriber holds no pool connection.
 //
 // Opened with the pool's ConnConfig, a session that goes through a transaction pooler (its
 // backend is not the one it was opened with, see pgq.Pooled) cannot receive notifications:
-// the notifier then polls (its subscribers are told, and poll on their own) until a
-// subscriber gives a ListenConnect. Once subscribed, the session sends itself a probe
+// the notifier then polls (its subscribers are told, and poll on their own) until a worker
+// offers a ListenConnect. Once subscribed, the session sends itself a probe
 // through the pool and waits up to probeTimeout for it. A session that fails (the probe
 // does not arrive, the connection is lost) is opened again after a backoff (1 s doubling
 // to 30 s); its subscribers are told it was lost, and told again once it is subscribed
@@ -89,15 +89,37 @@ type offeredConnect struct {
 	owner   any
 }
 
-// offerListenConnect makes connect the session of pool's notifier for every subscriber that
-// brings none (a WaitFor that subscribes before the worker's loop does), from now until
-// withdrawn by owner; the first offer for a pool stands.
+// offerListenConnect makes connect the session of pool's notifier, from now until withdrawn
+// by owner; the first offer for a pool stands. It is the only way a notifier gets a
+// ListenConnect: a started worker offers its Config.ListenConnect before its loop
+// subscribes, and a notifier already running (a WaitFor subscribed first) takes it when it
+// has none, and stops polling to try it.
 func offerListenConnect(pool *pgxpool.Pool, connect func(context.Context) (*pgx.Conn, error), owner any) {
 	notifiers.mu.Lock()
 	defer notifiers.mu.Unlock()
-	if _, taken := notifiers.connects[pool]; !taken && connect != nil {
-		notifiers.connects[pool] = offeredConnect{connect: connect, owner: owner}
+	if _, taken := notifiers.connects[pool]; taken || connect == nil {
+		return
 	}
+	notifiers.connects[pool] = offeredConnect{connect: connect, owner: owner}
+	n := notifiers.m[pool]
+	if n == nil {
+		return
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.connect != nil {
+		return // kept from an offer withdrawn since
+	}
+	n.connect = connect
+	if n.polling {
+		n.polling = false // try again, with the direct session
+		for _, subs := range n.subs {
+			for t := range subs {
+				t.update(func() { t.polling = false })
+			}
+		}
+	}
+	n.poke()
 }
 
 // withdrawListenConnect withdraws owner's offer for pool, if it stands.
@@ -110,18 +132,15 @@ func withdrawListenConnect(pool *pgxpool.Pool, owner any) {
 }
 
 // subscribe subscribes to topic on pool's notifier, starting the notifier when it has no
-// other subscriber. connect, when not nil, is a ListenConnect for the session (see
-// notifier). Close the subscription when done.
-func subscribe(pool *pgxpool.Pool, topic string, connect func(context.Context) (*pgx.Conn, error)) *subscription {
+// other subscriber; its session is the ListenConnect offered for pool, if any (see
+// offerListenConnect). Close the subscription when done.
+func subscribe(pool *pgxpool.Pool, topic string) *subscription {
 	notifiers.mu.Lock()
 	defer notifiers.mu.Unlock()
-	if connect == nil {
-		connect = notifiers.connects[pool].connect // a started worker's, if any
-	}
 	n := notifiers.m[pool]
 	if n == nil {
 		// connect is the notifier's before its goroutine starts, which reads it to dial.
-		n = &notifier{pool: pool, connect: connect, subs: map[string]map[*subscription]bool{}, listening: map[string]bool{}, kick: make(chan struct{}, 1)}
+		n = &notifier{pool: pool, connect: notifiers.connects[pool].connect, subs: map[string]map[*subscription]bool{}, listening: map[string]bool{}, kick: make(chan struct{}, 1)}
 		notifiers.m[pool] = n
 		_ = n.svc.Start(context.Background()) // a fresh service: it starts
 		n.svc.Go(n.run)
@@ -129,18 +148,6 @@ func subscribe(pool *pgxpool.Pool, topic string, connect func(context.Context) (
 	s := &subscription{n: n, topic: topic, c: make(chan struct{}, 1)}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if connect != nil && n.connect == nil {
-		n.connect = connect
-		if n.polling {
-			n.polling = false // try again, with the direct session
-			for _, subs := range n.subs {
-				for t := range subs {
-					t.update(func() { t.polling = false })
-				}
-			}
-		}
-		n.poke()
-	}
 	if n.subs[topic] == nil {
 		n.subs[topic] = map[*subscription]bool{}
 	}
@@ -275,7 +282,7 @@ func (n *notifier) run(_, stopping context.Context) {
 			return
 		}
 		if errors.Is(err, ErrNotificationsLost) && n.setPolling() {
-			select { // until a subscriber gives a ListenConnect
+			select { // until a worker offers a ListenConnect
 			case <-stopping.Done():
 				return
 			case <-n.kick:
@@ -297,7 +304,7 @@ func (n *notifier) run(_, stopping context.Context) {
 }
 
 // setPolling tells every subscriber that the notifier cannot LISTEN, and reports true;
-// false when a subscriber gave a ListenConnect meanwhile (try it).
+// false when a worker offered a ListenConnect meanwhile (try it).
 func (n *notifier) setPolling() bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -486,11 +493,12 @@ func (n *notifier) subscribeTopics(ctx context.Context, q *db.Queries, id uint64
 }
 
 // Listen subscribes to the queue's notification on the pool's notifier (see notifier),
-// which the process's WaitFor calls share: its session is listenConnect's when given, else
-// a connection of its own (never a pool connection). Behind a transaction pooler without
-// listenConnect, Listen returns ErrNotificationsLost.
+// which the process's WaitFor calls share: its session is the ListenConnect offered for the
+// pool (startBackground offers the store's), else a connection of its own (never a pool
+// connection). Behind a transaction pooler without a ListenConnect, Listen returns
+// ErrNotificationsLost.
 func (s *pgStore) Listen(ctx context.Context, notify func(), state func(error)) error {
-	sub := subscribe(s.pool, topicQueue, s.listenConnect)
+	sub := subscribe(s.pool, topicQueue)
 	defer sub.close()
 	var session uint64
 	for {

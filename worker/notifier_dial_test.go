@@ -13,10 +13,10 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// The first subscriber's ListenConnect dials the notifier's first session: the notifier's
-// goroutine never dials with the pool's ConnConfig before the subscription's ListenConnect
-// is the notifier's. Neither dial reaches a server (both fail at once, the notifier backs
-// off); the test counts which was tried first, on fresh pools, many times, since the
+// A ListenConnect offered for a pool dials its notifier's first session: the notifier's
+// goroutine never dials with the pool's ConnConfig when a ListenConnect was offered before
+// the first subscription. Neither dial reaches a server (both fail at once, the notifier
+// backs off); the test counts which was tried first, on fresh pools, many times, since the
 // notifier's goroutine races the rest of subscribe.
 func TestUnitNotifierFirstSessionIsTheFirstSubscribersListenConnect(t *testing.T) {
 	for i := range 200 {
@@ -31,11 +31,12 @@ func TestUnitNotifierFirstSessionIsTheFirstSubscribersListenConnect(t *testing.T
 		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 		require.NoError(t, err)
 		var connects atomic.Int32
-		sub := subscribe(pool, "wh_test_topic", func(context.Context) (*pgx.Conn, error) {
+		offerListenConnect(pool, func(context.Context) (*pgx.Conn, error) {
 			connects.Add(1)
 			dials <- dial{}
 			return nil, errors.New("no server: ListenConnect")
-		})
+		}, t)
+		sub := subscribe(pool, "wh_test_topic")
 		select {
 		case d := <-dials:
 			require.False(t, d.viaPool, "subscription %d: the notifier dialled with the pool's ConnConfig, not the subscriber's ListenConnect", i)
@@ -43,6 +44,7 @@ func TestUnitNotifierFirstSessionIsTheFirstSubscribersListenConnect(t *testing.T
 			t.Fatalf("subscription %d: the notifier dialled nothing within a minute", i)
 		}
 		sub.close()
+		withdrawListenConnect(pool, t)
 		pool.Close()
 		require.Equal(t, int32(1), connects.Load(), "subscription %d: one session tried before the backoff", i)
 	}
@@ -58,7 +60,9 @@ func TestUnitNotifierTellsALateSubscriberWhyItHasNoSession(t *testing.T) {
 	require.NoError(t, err)
 	defer pool.Close()
 	dialErr := errors.New("no server: ListenConnect")
-	first := subscribe(pool, "wh_test_topic", func(context.Context) (*pgx.Conn, error) { return nil, dialErr })
+	offerListenConnect(pool, func(context.Context) (*pgx.Conn, error) { return nil, dialErr }, t)
+	defer withdrawListenConnect(pool, t)
+	first := subscribe(pool, "wh_test_topic")
 	defer first.close()
 	select {
 	case <-first.c:
@@ -67,7 +71,7 @@ func TestUnitNotifierTellsALateSubscriberWhyItHasNoSession(t *testing.T) {
 	}
 	require.ErrorIs(t, first.take().err, dialErr, "the first subscriber is told why")
 
-	late := subscribe(pool, "wh_test_topic_late", nil) // within the notifier's first backoff (1 s)
+	late := subscribe(pool, "wh_test_topic_late") // within the notifier's first backoff (1 s)
 	defer late.close()
 	select {
 	case <-late.c:

@@ -81,3 +81,35 @@ func TestListenConnectWakesTheWorkerBehindAPooler(t *testing.T) {
 	require.NotContains(t, logs.String(), lostMsg)
 	require.NotContains(t, logs.String(), "probe notification did not arrive")
 }
+
+// Behind a pooler, a WaitFor polls until a worker on its pool offers its ListenConnect; a
+// WaitFor that subscribes after the offer listens on that session, and the worker's commit
+// ends its wait with no poll (its safety re-check is an hour away).
+func TestWaitForListensOnAWorkersOfferedListenConnect(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool := poolerPool(t)
+	name, other := uniqueName("offer_wait"), uniqueName("offer_other")
+	// Registered by a worker that stops at once: the event waits in the queue, unapplied.
+	registrar, err := worker.New(pool, worker.Config{Perspectives: []worker.Perspective{ledgerPerspective(name)}, Logger: quietLogger()})
+	require.NoError(t, err)
+	require.NoError(t, registrar.Start(ctx))
+	require.NoError(t, registrar.Stop(ctx))
+	stream := uuid.New()
+	ids := newIDs(t, 1)
+	require.NoError(t, worker.Append(ctx, pool, events(stream, ids)...))
+
+	before, stBefore := waitAsync(t, pool, name, stream, ids[0])
+	require.Zero(t, stBefore.listening.Load(), "no ListenConnect offered: WaitFor polls")
+	direct := func(ctx context.Context) (*pgx.Conn, error) { return pgx.Connect(ctx, testDB.DirectURL) }
+	startWorkerOn(t, pool, &utLogBuf{}, worker.Config{Perspectives: []worker.Perspective{ledgerPerspective(other)},
+		PollInterval: time.Hour, ListenConnect: direct})
+	after, stAfter := waitAsync(t, pool, name, stream, ids[0])
+	require.Positive(t, stAfter.listening.Load(), "WaitFor listens on the offered session")
+
+	startWorkerOn(t, pool, &utLogBuf{}, worker.Config{Perspectives: []worker.Perspective{ledgerPerspective(name)}, PollInterval: time.Hour})
+	require.NoError(t, waitResult(t, after))
+	require.Equal(t, int32(1), stAfter.polled.Load(), "woken by the notification: only the first check was made before LISTEN")
+	require.NoError(t, waitResult(t, before))
+	require.Zero(t, stBefore.listening.Load(), "the WaitFor from before the offer found the event by polling")
+}

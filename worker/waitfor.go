@@ -149,7 +149,7 @@ func (w *waiter) fail(ctx context.Context, err error) error {
 // on the pool at each notification and every recheck; it polls when the notifier cannot
 // LISTEN.
 func (w *waiter) listen(ctx context.Context, pool *pgxpool.Pool) error {
-	sub := subscribe(pool, topicApplied, nil)
+	sub := subscribe(pool, topicApplied)
 	defer sub.close()
 	q := pgq.New(pool)
 	t := time.NewTimer(w.o.recheck)
