@@ -183,9 +183,10 @@ func (w *waiter) listen(ctx context.Context, pool *pgxpool.Pool) error {
 // poll checks on the pool with a growing delay, for a pool whose sessions cannot LISTEN.
 func (w *waiter) poll(ctx context.Context, pool *pgxpool.Pool) error {
 	q := pgq.New(pool)
-	t := time.NewTimer(w.o.pollMin)
+	delay := backoff{first: w.o.pollMin, max: w.o.pollMax} // each check that finds nothing doubles it
+	t := time.NewTimer(delay.fail(time.Now()))
 	defer t.Stop()
-	for delay := w.o.pollMin; ; {
+	for {
 		select {
 		case <-ctx.Done():
 			return w.fail(ctx, ctx.Err())
@@ -194,7 +195,6 @@ func (w *waiter) poll(ctx context.Context, pool *pgxpool.Pool) error {
 		if done, err := w.check(ctx, q, false); done {
 			return err
 		}
-		delay = min(2*delay, w.o.pollMax)
-		t.Reset(delay)
+		t.Reset(delay.fail(time.Now()))
 	}
 }

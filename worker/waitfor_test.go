@@ -294,6 +294,35 @@ func TestWaitForEndsWithTheContext(t *testing.T) {
 	require.ErrorIs(t, worker.WaitFor(done, testDB.Pool, name, stream, ids[1]), context.Canceled)
 }
 
+// Polling, WaitFor waits PollMin before its second check and doubles the wait after each
+// check that finds nothing, up to PollMax: the waits between checks never fall short of
+// that schedule, and capped at PollMax the checks keep coming (doubling without a cap would
+// make some six in the second).
+func TestWaitForPollsOnADoublingScheduleUpToItsMaximum(t *testing.T) {
+	t.Parallel()
+	ctx := waitCtx(t)
+	name := uniqueName("waitsched")
+	stream := uuid.New()
+	ids := newIDs(t, 2)
+	stoppedPair(t, ctx, name, events(stream, ids))
+
+	const pollMin, pollMax = 10 * time.Millisecond, 40 * time.Millisecond
+	var checks []time.Time
+	bounded, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	err := worker.WaitForWith(bounded, testDB.Pool, name, stream, ids[1], worker.WaitOptions{
+		PollOnly: true, PollMin: pollMin, PollMax: pollMax,
+		Checked: func(bool) { checks = append(checks, time.Now()) },
+	})
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.GreaterOrEqual(t, len(checks), 10, "capped at PollMax, the checks keep coming")
+	want := pollMin
+	for i := 1; i < len(checks); i++ {
+		require.GreaterOrEqual(t, checks[i].Sub(checks[i-1]), want, "the wait before check %d", i+1)
+		want = min(2*want, pollMax)
+	}
+}
+
 // Cancelled while it waits for a notification, WaitFor gives its connection back to the
 // pool, unsubscribed and reusable. On a database of its own (no other test's notification
 // wakes it) and a pool of one connection.
