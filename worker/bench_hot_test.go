@@ -6,7 +6,9 @@ package worker_test
 // every drain, interleaved. The hot stream is one pair, applied a batch (BatchSize) at a time,
 // up to ten batches per claim (a full batch keeps the lease for the next): its throughput is
 // that of its transactions in a row, and the time of its last tenth against its first tells
-// whether a batch costs more with the backlog behind it or the rows applied before it.
+// whether a batch costs more with the backlog behind it or the rows applied before it. A
+// third variant drains the hot stream with BatchSize 1000: what a larger batch buys a long
+// backlog.
 
 import (
 	"context"
@@ -30,7 +32,7 @@ const (
 	hotAppendsTx  = 200 // Appends per transaction of the setup
 	hotStreams    = 4000
 	hotPerStream  = hotEvents / hotStreams
-	hotRounds     = 1 // rounds of both variants per run (the order alternates from run to run)
+	hotRounds     = 1 // rounds of every variant per run (the order rotates from run to run)
 	hotTenth      = hotEvents / 10
 	hotAppendData = 55 // the sum of one Append's amounts (events: 1..10)
 )
@@ -38,8 +40,9 @@ const (
 var hotRound int
 
 // BenchmarkHotStream reports the events per second of one default worker draining one hot
-// stream and draining as many events spread over 4,000 streams, their ratio, and the time of
-// the hot stream's last tenth over its first.
+// stream and draining as many events spread over 4,000 streams, their ratio, the time of
+// the hot stream's last tenth over its first, and the hot stream's drain with BatchSize 1000
+// against the same spread drain.
 //
 // PERSPECTIVES_BENCH_VERBOSE=1 logs every drain's statements (count and time by name).
 func BenchmarkHotStream(b *testing.B) {
@@ -72,17 +75,21 @@ func BenchmarkHotStream(b *testing.B) {
 		spread.save(b, ctx)
 		pool := benchPool(b, d.URL, tracer)
 		cfg := worker.Config{PollInterval: worker.DefaultPollInterval} // the defaults
-		variants := []string{"hot", "spread"}
+		variants := []string{"hot", "spread", "hot-b1000"}
 		for range hotRounds {
 			for j := range variants {
 				v := variants[(hotRound+j)%len(variants)]
 				tracer.take()
 				var el time.Duration
 				switch v {
-				case "hot":
+				case "hot", "hot-b1000":
 					hotBacklog.reset(b, ctx)
+					hcfg := cfg
+					if v == "hot-b1000" {
+						hcfg.BatchSize = 1000
+					}
 					var begun, tenth, ninth time.Duration // first applied, a tenth applied, nine tenths
-					el = hotBacklog.drainWorker(b, ctx, pool, cfg, 1, func(applied int64, at time.Duration) {
+					el = hotBacklog.drainWorker(b, ctx, pool, hcfg, 1, func(applied int64, at time.Duration) {
 						if begun == 0 && applied > 0 {
 							begun = at
 						}
@@ -94,9 +101,11 @@ func BenchmarkHotStream(b *testing.B) {
 						}
 					})
 					require.Positive(b, ninth, "nine tenths of the hot stream were seen applied before the end")
-					first, last := tenth-begun, el-ninth
-					firstMs, lastMs = append(firstMs, ms(first)), append(lastMs, ms(last))
-					tenths = append(tenths, last.Seconds()/first.Seconds())
+					if v == "hot" {
+						first, last := tenth-begun, el-ninth
+						firstMs, lastMs = append(firstMs, ms(first)), append(lastMs, ms(last))
+						tenths = append(tenths, last.Seconds()/first.Seconds())
+					}
 					var c, s int
 					require.NoError(b, d.Pool.QueryRow(ctx, `SELECT (model->>'c')::int, (model->>'s')::int FROM wh_perspective_models
 						WHERE perspective_name = $1 AND stream_id = $2`, hotName, hot).Scan(&c, &s))
@@ -125,6 +134,8 @@ func BenchmarkHotStream(b *testing.B) {
 	b.ReportMetric(medianOf(rates["hot"]), "hot-events/s")
 	b.ReportMetric(medianOf(rates["spread"]), "spread-events/s")
 	b.ReportMetric(medianOf(rates["hot"])/medianOf(rates["spread"]), "hot/spread")
+	b.ReportMetric(medianOf(rates["hot-b1000"]), "hot-b1000-events/s")
+	b.ReportMetric(medianOf(rates["hot-b1000"])/medianOf(rates["spread"]), "hot-b1000/spread")
 	b.ReportMetric(medianOf(firstMs), "hot-first-tenth-ms")
 	b.ReportMetric(medianOf(lastMs), "hot-last-tenth-ms")
 	b.ReportMetric(medianOf(tenths), "hot-last/first-tenth")
