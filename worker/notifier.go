@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -43,7 +44,7 @@ var topicStatements = map[string]struct {
 // leaves.
 //
 // Its session is never a pool connection: it is ListenConnect's connection when a started
-// worker offered one (its Config.ListenConnect, see offerListenConnect), else a
+// worker offers one (its Config.ListenConnect, see offerListenConnect), else a
 // connection of its own opened with the pool's ConnConfig (the pool's BeforeConnect and
 // AfterConnect hooks do not run for it). A waiting subscriber holds no pool connection.
 //
@@ -75,13 +76,13 @@ type notifier struct {
 	kick      chan struct{}                            // wakes the reader from polling
 }
 
-// notifiers holds the notifier of each pool that has subscribers, and the ListenConnect a
-// started worker offers for its pool (offerListenConnect).
+// notifiers holds the notifier of each pool that has subscribers, and the ListenConnects
+// that started workers offer for their pool (offerListenConnect), earliest first.
 var notifiers = struct {
 	mu       sync.Mutex
 	m        map[*pgxpool.Pool]*notifier
-	connects map[*pgxpool.Pool]offeredConnect
-}{m: map[*pgxpool.Pool]*notifier{}, connects: map[*pgxpool.Pool]offeredConnect{}}
+	connects map[*pgxpool.Pool][]offeredConnect
+}{m: map[*pgxpool.Pool]*notifier{}, connects: map[*pgxpool.Pool][]offeredConnect{}}
 
 // offeredConnect is a ListenConnect a worker offers for its pool, and whose it is.
 type offeredConnect struct {
@@ -89,18 +90,28 @@ type offeredConnect struct {
 	owner   any
 }
 
-// offerListenConnect makes connect the session of pool's notifier, from now until withdrawn
-// by owner; the first offer for a pool stands. It is the only way a notifier gets a
-// ListenConnect: a started worker offers its Config.ListenConnect before its loop
-// subscribes, and a notifier already running (a WaitFor subscribed first) takes it when it
-// has none, and stops polling to try it.
+// offeredFor is the ListenConnect a notifier of pool starts with: the earliest offer that
+// stands (nil: none). notifiers.mu is held.
+func offeredFor(pool *pgxpool.Pool) func(context.Context) (*pgx.Conn, error) {
+	if offers := notifiers.connects[pool]; len(offers) > 0 {
+		return offers[0].connect
+	}
+	return nil
+}
+
+// offerListenConnect offers connect as the session of pool's notifier, from now until
+// withdrawn by owner; of the offers that stand, the earliest serves. It is the only way a
+// notifier gets a ListenConnect: a started worker offers its Config.ListenConnect before its
+// loop subscribes; a notifier starts with the earliest offer standing, and one already
+// running without any (a WaitFor subscribed first) takes the offer when it is made, and stops
+// polling to try it. A running notifier keeps the session it has.
 func offerListenConnect(pool *pgxpool.Pool, connect func(context.Context) (*pgx.Conn, error), owner any) {
 	notifiers.mu.Lock()
 	defer notifiers.mu.Unlock()
-	if _, taken := notifiers.connects[pool]; taken || connect == nil {
+	if connect == nil {
 		return
 	}
-	notifiers.connects[pool] = offeredConnect{connect: connect, owner: owner}
+	notifiers.connects[pool] = append(notifiers.connects[pool], offeredConnect{connect: connect, owner: owner})
 	n := notifiers.m[pool]
 	if n == nil {
 		return
@@ -108,7 +119,7 @@ func offerListenConnect(pool *pgxpool.Pool, connect func(context.Context) (*pgx.
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.connect != nil {
-		return // kept from an offer withdrawn since
+		return
 	}
 	n.connect = connect
 	if n.polling {
@@ -122,25 +133,28 @@ func offerListenConnect(pool *pgxpool.Pool, connect func(context.Context) (*pgx.
 	n.poke()
 }
 
-// withdrawListenConnect withdraws owner's offer for pool, if it stands.
+// withdrawListenConnect withdraws owner's offers for pool.
 func withdrawListenConnect(pool *pgxpool.Pool, owner any) {
 	notifiers.mu.Lock()
 	defer notifiers.mu.Unlock()
-	if notifiers.connects[pool].owner == owner {
+	offers := slices.DeleteFunc(notifiers.connects[pool], func(o offeredConnect) bool { return o.owner == owner })
+	if len(offers) == 0 {
 		delete(notifiers.connects, pool)
+	} else {
+		notifiers.connects[pool] = offers
 	}
 }
 
 // subscribe subscribes to topic on pool's notifier, starting the notifier when it has no
-// other subscriber; its session is the ListenConnect offered for pool, if any (see
-// offerListenConnect). Close the subscription when done.
+// other subscriber; its session is the earliest ListenConnect offered for pool that stands,
+// if any (see offerListenConnect). Close the subscription when done.
 func subscribe(pool *pgxpool.Pool, topic string) *subscription {
 	notifiers.mu.Lock()
 	defer notifiers.mu.Unlock()
 	n := notifiers.m[pool]
 	if n == nil {
 		// connect is the notifier's before its goroutine starts, which reads it to dial.
-		n = &notifier{pool: pool, connect: notifiers.connects[pool].connect, subs: map[string]map[*subscription]bool{}, listening: map[string]bool{}, kick: make(chan struct{}, 1)}
+		n = &notifier{pool: pool, connect: offeredFor(pool), subs: map[string]map[*subscription]bool{}, listening: map[string]bool{}, kick: make(chan struct{}, 1)}
 		notifiers.m[pool] = n
 		_ = n.svc.Start(context.Background()) // a fresh service: it starts
 		n.svc.Go(n.run)

@@ -82,3 +82,45 @@ func TestUnitNotifierTellsALateSubscriberWhyItHasNoSession(t *testing.T) {
 	require.Zero(t, nt.session)
 	require.ErrorIs(t, nt.err, dialErr, "the late subscriber is told why")
 }
+
+// Of the ListenConnects offered for a pool, the earliest that stands serves: once the first
+// worker's offer is withdrawn (it stopped), a notifier that starts afterwards dials the next
+// worker's, not the pool's ConnConfig. No dial reaches a server.
+func TestUnitNotifierStartsWithTheEarliestOfferThatStands(t *testing.T) {
+	cfg, err := pgxpool.ParseConfig("postgres://127.0.0.1:1/none?sslmode=disable&connect_timeout=1")
+	require.NoError(t, err)
+	dials := make(chan string, 8)
+	cfg.ConnConfig.DialFunc = func(context.Context, string, string) (net.Conn, error) {
+		dials <- "pool"
+		return nil, errors.New("no server: the pool's ConnConfig")
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	offer := func(name string) func(context.Context) (*pgx.Conn, error) {
+		return func(context.Context) (*pgx.Conn, error) {
+			dials <- name
+			return nil, errors.New("no server: " + name)
+		}
+	}
+	first, second := new(int), new(int) // two owners
+	offerListenConnect(pool, offer("first"), first)
+	offerListenConnect(pool, offer("second"), second)
+	defer withdrawListenConnect(pool, second)
+	firstDial := func() string {
+		sub := subscribe(pool, "wh_test_topic")
+		defer sub.close()
+		select {
+		case d := <-dials:
+			return d
+		case <-time.After(time.Minute):
+			t.Fatal("the notifier dialled nothing within a minute")
+			return ""
+		}
+	}
+	require.Equal(t, "first", firstDial(), "both offers stand: the earliest serves")
+	withdrawListenConnect(pool, first)
+	require.Equal(t, "second", firstDial(), "the first offer withdrawn: the next one serves")
+	withdrawListenConnect(pool, second)
+	require.Equal(t, "pool", firstDial(), "no offer stands: the pool's ConnConfig")
+}
