@@ -66,6 +66,7 @@ type notifier struct {
 
 	mu        sync.Mutex
 	connect   func(context.Context) (*pgx.Conn, error) // ListenConnect; nil: the pool's ConnConfig
+	owner     any                                      // whose offer connect is
 	subs      map[string]map[*subscription]bool        // per topic
 	session   uint64                                   // the session subscribed now (0: none)
 	listening map[string]bool                          // the topics the session is subscribed to
@@ -90,21 +91,21 @@ type offeredConnect struct {
 	owner   any
 }
 
-// offeredFor is the ListenConnect a notifier of pool starts with: the earliest offer that
-// stands (nil: none). notifiers.mu is held.
-func offeredFor(pool *pgxpool.Pool) func(context.Context) (*pgx.Conn, error) {
+// offeredFor is the ListenConnect a notifier of pool dials: the earliest offer that stands
+// (zero: none). notifiers.mu is held.
+func offeredFor(pool *pgxpool.Pool) offeredConnect {
 	if offers := notifiers.connects[pool]; len(offers) > 0 {
-		return offers[0].connect
+		return offers[0]
 	}
-	return nil
+	return offeredConnect{}
 }
 
 // offerListenConnect offers connect as the session of pool's notifier, from now until
 // withdrawn by owner; of the offers that stand, the earliest serves. It is the only way a
 // notifier gets a ListenConnect: a started worker offers its Config.ListenConnect before its
-// loop subscribes; a notifier starts with the earliest offer standing, and one already
-// running without any (a WaitFor subscribed first) takes the offer when it is made, and stops
-// polling to try it. A running notifier keeps the session it has.
+// loop subscribes; a notifier dials the earliest offer standing, and one already running
+// without any (a WaitFor subscribed first) takes the offer when it is made, and stops polling
+// to try it. A withdrawn offer serves no later session (see withdrawListenConnect).
 func offerListenConnect(pool *pgxpool.Pool, connect func(context.Context) (*pgx.Conn, error), owner any) {
 	notifiers.mu.Lock()
 	defer notifiers.mu.Unlock()
@@ -121,7 +122,7 @@ func offerListenConnect(pool *pgxpool.Pool, connect func(context.Context) (*pgx.
 	if n.connect != nil {
 		return
 	}
-	n.connect = connect
+	n.connect, n.owner = connect, owner
 	if n.polling {
 		n.polling = false // try again, with the direct session
 		for _, subs := range n.subs {
@@ -133,7 +134,9 @@ func offerListenConnect(pool *pgxpool.Pool, connect func(context.Context) (*pgx.
 	n.poke()
 }
 
-// withdrawListenConnect withdraws owner's offers for pool.
+// withdrawListenConnect withdraws owner's offers for pool. A running notifier that dials
+// owner's keeps its session, and dials the next offer standing (or the pool's ConnConfig)
+// for the sessions after it.
 func withdrawListenConnect(pool *pgxpool.Pool, owner any) {
 	notifiers.mu.Lock()
 	defer notifiers.mu.Unlock()
@@ -142,6 +145,14 @@ func withdrawListenConnect(pool *pgxpool.Pool, owner any) {
 		delete(notifiers.connects, pool)
 	} else {
 		notifiers.connects[pool] = offers
+	}
+	if n := notifiers.m[pool]; n != nil {
+		n.mu.Lock()
+		if n.owner == owner {
+			next := offeredFor(pool)
+			n.connect, n.owner = next.connect, next.owner
+		}
+		n.mu.Unlock()
 	}
 }
 
@@ -154,7 +165,8 @@ func subscribe(pool *pgxpool.Pool, topic string) *subscription {
 	n := notifiers.m[pool]
 	if n == nil {
 		// connect is the notifier's before its goroutine starts, which reads it to dial.
-		n = &notifier{pool: pool, connect: offeredFor(pool), subs: map[string]map[*subscription]bool{}, listening: map[string]bool{}, kick: make(chan struct{}, 1)}
+		offer := offeredFor(pool)
+		n = &notifier{pool: pool, connect: offer.connect, owner: offer.owner, subs: map[string]map[*subscription]bool{}, listening: map[string]bool{}, kick: make(chan struct{}, 1)}
 		notifiers.m[pool] = n
 		_ = n.svc.Start(context.Background()) // a fresh service: it starts
 		n.svc.Go(n.run)
@@ -296,12 +308,10 @@ func (n *notifier) run(_, stopping context.Context) {
 			return
 		}
 		if errors.Is(err, ErrNotificationsLost) && n.setPolling() {
-			select { // until a worker offers a ListenConnect
-			case <-stopping.Done():
+			if !n.waitForOffer(stopping) {
 				return
-			case <-n.kick:
-				continue
 			}
+			continue
 		}
 		n.lost(err)
 		if time.Since(started) > time.Minute {
@@ -313,6 +323,24 @@ func (n *notifier) run(_, stopping context.Context) {
 			t.Stop()
 			return
 		case <-t.C:
+		}
+	}
+}
+
+// waitForOffer waits, while the notifier polls, until a worker offers a ListenConnect (true)
+// or stopping ends (false). Other pokes (a topic's last subscriber left) do not end it.
+func (n *notifier) waitForOffer(stopping context.Context) bool {
+	for {
+		select {
+		case <-stopping.Done():
+			return false
+		case <-n.kick:
+		}
+		n.mu.Lock()
+		offered := n.connect != nil
+		n.mu.Unlock()
+		if offered {
+			return true
 		}
 	}
 }
@@ -470,6 +498,11 @@ func (n *notifier) subscribeTopics(ctx context.Context, q *db.Queries, id uint64
 				drop = append(drop, topic)
 			}
 		}
+		// A dropped topic is not listened to from now: a subscriber that comes while its
+		// UNLISTEN runs is served by the LISTEN of the next round, and told so then.
+		for _, topic := range drop {
+			delete(n.listening, topic)
+		}
 		n.mu.Unlock()
 		if len(add) == 0 && len(drop) == 0 {
 			break
@@ -487,9 +520,6 @@ func (n *notifier) subscribeTopics(ctx context.Context, q *db.Queries, id uint64
 		n.mu.Lock()
 		for _, topic := range add {
 			n.listening[topic] = true
-		}
-		for _, topic := range drop {
-			delete(n.listening, topic)
 		}
 		n.mu.Unlock()
 	}

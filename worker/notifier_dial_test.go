@@ -124,3 +124,34 @@ func TestUnitNotifierStartsWithTheEarliestOfferThatStands(t *testing.T) {
 	withdrawListenConnect(pool, second)
 	require.Equal(t, "pool", firstDial(), "no offer stands: the pool's ConnConfig")
 }
+
+// A running notifier whose ListenConnect is withdrawn (its worker stopped) dials the next
+// offer that stands for its next session, not the withdrawn one. No dial reaches a server.
+func TestUnitNotifierDialsTheNextOfferOnceItsOwnIsWithdrawn(t *testing.T) {
+	cfg, err := pgxpool.ParseConfig("postgres://127.0.0.1:1/none?sslmode=disable&connect_timeout=1")
+	require.NoError(t, err)
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	dials := make(chan string, 16)
+	offer := func(name string) func(context.Context) (*pgx.Conn, error) {
+		return func(context.Context) (*pgx.Conn, error) {
+			dials <- name
+			return nil, errors.New("no server: " + name)
+		}
+	}
+	first, second := new(int), new(int) // two owners
+	offerListenConnect(pool, offer("first"), first)
+	sub := subscribe(pool, "wh_test_topic")
+	defer sub.close()
+	require.Equal(t, "first", <-dials)
+	offerListenConnect(pool, offer("second"), second)
+	defer withdrawListenConnect(pool, second)
+	withdrawListenConnect(pool, first)
+	select {
+	case d := <-dials: // after the notifier's backoff (1 s)
+		require.Equal(t, "second", d, "the session after the withdrawal dials the offer that stands")
+	case <-time.After(notifierRetryMin + 10*time.Second):
+		t.Fatal("the notifier dialled no second session")
+	}
+}

@@ -41,6 +41,10 @@ import (
 // in transaction mode, detected as the worker's LISTEN is) with no worker's ListenConnect in
 // the process, a session cannot LISTEN: WaitFor then polls, every 10 ms at first, doubling
 // to every 500 ms.
+//
+// It returns once ctx ends, except that a WaitFor that was the notifier's last subscriber
+// stops the notifier before it returns: when the notifier was opening its session at that
+// moment (the database slow to answer or unreachable), up to 3 seconds more.
 func WaitFor(ctx context.Context, pool *pgxpool.Pool, perspectiveName string, streamID, eventID uuid.UUID) error {
 	return waitFor(ctx, pool, perspectiveName, streamID, eventID, waitOptions{})
 }
@@ -167,10 +171,11 @@ func (w *waiter) listen(ctx context.Context, pool *pgxpool.Pool) error {
 			}
 			changed := nt.session != session
 			session = nt.session
-			if session == 0 || (!changed && !nt.notified) {
-				continue // not subscribed (yet, or any more): the re-check timer runs
+			if !nt.notified && (session == 0 || !changed) {
+				continue // nothing new, or not subscribed (yet, or any more): the re-check timer runs
 			}
-			// Subscribed (afresh: what was sent meanwhile is answered too), or notified.
+			// Notified (even if the session was lost since), or subscribed afresh (what was
+			// sent meanwhile is answered too).
 		case <-t.C:
 		}
 		if done, err := w.check(ctx, q, session != 0); done {
