@@ -169,13 +169,10 @@ func (w *waiter) listen(ctx context.Context, pool *pgxpool.Pool) error {
 				sub.close()
 				return w.poll(ctx, pool)
 			}
-			changed := nt.session != session
-			session = nt.session
-			if !nt.notified && (session == 0 || !changed) {
-				continue // nothing new, or not subscribed (yet, or any more): the re-check timer runs
+			var due bool
+			if due, session = checkDue(nt, session); !due {
+				continue // the re-check timer runs
 			}
-			// Notified (even if the session was lost since), or subscribed afresh (what was
-			// sent meanwhile is answered too).
 		case <-t.C:
 		}
 		if done, err := w.check(ctx, q, session != 0); done {
@@ -183,6 +180,15 @@ func (w *waiter) listen(ctx context.Context, pool *pgxpool.Pool) error {
 		}
 		t.Reset(w.o.recheck)
 	}
+}
+
+// checkDue says whether a subscription's notice calls for a check, given the session that
+// served the subscription so far, and returns the session that serves it now (0: none). A
+// notification calls for one even when the session was lost since it came; a session that
+// newly serves the subscription calls for one too (what was sent before it subscribed is
+// answered so).
+func checkDue(nt notice, session uint64) (bool, uint64) {
+	return nt.notified || (nt.session != 0 && nt.session != session), nt.session
 }
 
 // poll checks on the pool with a growing delay, for a pool whose sessions cannot LISTEN.
