@@ -39,7 +39,9 @@ func leaseMargin(opts locker.Options) time.Duration { return opts.LockTimeout / 
 // leaseMargin has passed since the last successful acquire or renewal was sent (the lease
 // may have run out: fencing at commit would refuse the work anyway, so stop doing it). Each
 // renewal is bounded by the interval and by that deadline; a failed one is logged and
-// retried at the next tick.
+// retried at the next tick. When the first failure since the last success would leave the
+// next tick at or past that deadline (an interval near LockTimeout/2), the retry comes
+// halfway to the deadline instead, so that one failed renewal never cancels the operation.
 func startKeepAlive(parent context.Context, l locker.Locker, k Pair, instance uuid.UUID, opts locker.Options, acquired time.Time, log *slog.Logger, attrs []any, hooks keepAliveHooks) (context.Context, *keepAlive) {
 	ctx, cancel := context.WithCancelCause(parent)
 	ka := &keepAlive{cancel: cancel}
@@ -57,8 +59,9 @@ func startKeepAlive(parent context.Context, l locker.Locker, k Pair, instance uu
 		deadline := acquired.Add(trust)
 		expire := time.NewTimer(time.Until(deadline))
 		defer expire.Stop()
-		tick := time.NewTicker(opts.KeepAliveInterval)
+		tick := time.NewTimer(opts.KeepAliveInterval)
 		defer tick.Stop()
+		failed := 0 // renewals failed since the last successful one
 		for {
 			select {
 			case <-ctx.Done():
@@ -69,6 +72,7 @@ func startKeepAlive(parent context.Context, l locker.Locker, k Pair, instance uu
 			case <-tick.C:
 			}
 			sent := time.Now()
+			tick.Reset(opts.KeepAliveInterval)
 			bound := sent.Add(opts.KeepAliveInterval)
 			if deadline.Before(bound) {
 				bound = deadline
@@ -87,11 +91,16 @@ func startKeepAlive(parent context.Context, l locker.Locker, k Pair, instance uu
 					lost("deadline", "stream lock lease ran out before a renewal succeeded; cancelling operation")
 					return
 				}
+				failed++
+				if failed == 1 && !sent.Add(opts.KeepAliveInterval).Before(deadline) {
+					tick.Reset(time.Until(deadline) / 2)
+				}
 				log.Warn("stream lock renewal failed; retrying at next tick", append(attrs, slog.Any("error", err))...)
 			case !held:
 				lost("renew", "stream lock lost; cancelling operation")
 				return
 			default:
+				failed = 0
 				deadline = sent.Add(trust)
 				expire.Reset(time.Until(deadline))
 			}

@@ -169,6 +169,39 @@ func TestKeepAliveLeaseDeadlineCancelsWhenRenewalsKeepFailing(t *testing.T) {
 	})
 }
 
+// With an interval near LockTimeout/2 (valid options: 14s against 30s), the tick after a
+// failed renewal would come after the local deadline (27s): the retry comes halfway to it
+// instead, and one failed renewal does not cancel the operation. A second failure in a row
+// is retried at the next tick, as every other failure is.
+func TestKeepAliveRetriesOneFailedRenewalBeforeTheDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newKAFixture(t, func(n int) (bool, error) {
+			if n == 1 {
+				return false, errors.New("network blip")
+			}
+			return true, nil
+		})
+		opts := locker.Options{LockTimeout: 30 * time.Second, KeepAliveInterval: 14 * time.Second}
+		require.NoError(t, opts.Validate())
+		ctx, ka := f.startWith(context.Background(), opts)
+		defer ka.Stop()
+
+		time.Sleep(14 * time.Second)
+		synctest.Wait()
+		require.Len(t, f.locker.RenewCalls(), 1, "the renewal at 14s failed")
+		time.Sleep(13*time.Second/2 - time.Millisecond)
+		synctest.Wait()
+		require.Len(t, f.locker.RenewCalls(), 1, "no retry before halfway to the deadline")
+		time.Sleep(time.Millisecond)
+		synctest.Wait()
+		require.Len(t, f.locker.RenewCalls(), 2, "retried at 20.5s, halfway from 14s to 27s")
+		time.Sleep(40 * time.Second)
+		synctest.Wait()
+		require.NoError(t, ctx.Err(), "one failed renewal does not cancel the operation")
+		require.Len(t, f.locker.RenewCalls(), 4, "renewals every 14s from the retry: 34.5s and 48.5s")
+	})
+}
+
 func TestKeepAliveBoundsEachRenewal(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := &kaFixture{stream: utNewID(t), instance: utNewID(t), logs: &utLogBuf{}}
