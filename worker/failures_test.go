@@ -291,3 +291,28 @@ func TestFailurePolicyValidation(t *testing.T) {
 		require.ErrorContains(t, err, tc.want)
 	}
 }
+
+// A failing pair is retried once its backoff is over, however short, without waiting for a
+// poll (an hour away here): the claim after the failure sees it due soon, and the loop
+// claims again then, or at once when that moment has passed by the time it looks.
+func TestAFailingPairIsRetriedAfterItsBackoffWithoutAPoll(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := uniqueName("retry_wake")
+	cfg := fastFailures(name, worker.FailurePolicy{Attempts: 4})
+	cfg.PollInterval, cfg.RetryBackoff, cfg.MaxRetryBackoff = time.Hour, time.Millisecond, time.Millisecond
+	startWorker(t, cfg)
+	admin := newAdmin(t)
+	for range 8 {
+		stream := uuid.New()
+		evs := events(stream, newIDs(t, 2))
+		evs[0].Type = "poison"
+		require.NoError(t, worker.Append(ctx, testDB.Pool, evs...))
+		var fp *worker.FailedPair
+		eventually(t, 10*time.Second, "the pair retried to its fourth failure", func() bool {
+			fp = failedPair(t, admin, name, stream)
+			return fp != nil && fp.Parked
+		})
+		require.Equal(t, 4, fp.Attempts)
+	}
+}

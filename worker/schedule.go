@@ -258,6 +258,15 @@ func (w *Worker) loop(loopCtx, opsCtx context.Context) {
 		}
 		if !stopping {
 			now := time.Now()
+			if !s.nextDue.IsZero() && !now.Before(s.nextDue) {
+				// The pair the last claim saw due soon is due already (a backoff of a few
+				// milliseconds can pass before this): claim as soon as a slot is free, not
+				// after PollInterval.
+				s.nextDue, poll = time.Time{}, true
+				if running < w.cfg.Concurrency {
+					continue
+				}
+			}
 			for _, d := range []time.Duration{s.followUpWait(now), claims.refused.waiting(now), s.nextDue.Sub(now)} {
 				if d > 0 {
 					wait = min(wait, d)
