@@ -68,3 +68,22 @@ func (q *Queries) ModelDelete(ctx context.Context, arg ModelDeleteParams) (int64
 	}
 	return result.RowsAffected(), nil
 }
+
+const pairNotifyIfDue = `-- name: PairNotifyIfDue :exec
+SELECT pg_notify('wh_perspective_events', '')
+FROM wh_perspective_pairs d
+WHERE d.stream_id = $1 AND d.perspective_name = $2 AND d.due_at <= now()
+`
+
+type PairNotifyIfDueParams struct {
+	StreamID        uuid.UUID
+	PerspectiveName string
+}
+
+// Tells the listening workers that the pair is due, when it is (its due row due now): after
+// its stream lock is released, whose holder made it due meanwhile (a purge resetting a
+// failing pair's cursor, a rebuild queueing the stream again) while the claims skipped it.
+func (q *Queries) PairNotifyIfDue(ctx context.Context, arg PairNotifyIfDueParams) error {
+	_, err := q.db.Exec(ctx, pairNotifyIfDue, arg.StreamID, arg.PerspectiveName)
+	return err
+}

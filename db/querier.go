@@ -181,6 +181,10 @@ type Querier interface {
 	NotifierProbe(ctx context.Context, payload string) error
 	NotifierUnlistenApplied(ctx context.Context) error
 	NotifierUnlistenQueue(ctx context.Context) error
+	// Tells the listening workers that the pair is due, when it is (its due row due now): after
+	// its stream lock is released, whose holder made it due meanwhile (a purge resetting a
+	// failing pair's cursor, a rebuild queueing the stream again) while the claims skipped it.
+	PairNotifyIfDue(ctx context.Context, arg PairNotifyIfDueParams) error
 	// Pair i's model becomes models[i] at last_event_ids[i] with events_since_snapshot[i]; its
 	// cursor advances (bumping its version) and its failure state clears; the applied queue rows
 	// are deleted, given as three parallel arrays (applied_stream_ids,

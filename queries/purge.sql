@@ -30,3 +30,11 @@ SELECT pg_notify('wh_perspective_events', '') WHERE EXISTS (SELECT 1 FROM due);
 -- name: ModelDelete :execrows
 DELETE FROM wh_perspective_models
 WHERE stream_id = @stream_id AND perspective_name = @perspective_name;
+
+-- name: PairNotifyIfDue :exec
+-- Tells the listening workers that the pair is due, when it is (its due row due now): after
+-- its stream lock is released, whose holder made it due meanwhile (a purge resetting a
+-- failing pair's cursor, a rebuild queueing the stream again) while the claims skipped it.
+SELECT pg_notify('wh_perspective_events', '')
+FROM wh_perspective_pairs d
+WHERE d.stream_id = @stream_id AND d.perspective_name = @perspective_name AND d.due_at <= now();

@@ -239,7 +239,10 @@ func (a *Admin) eachBuild(ctx context.Context, streamID uuid.UUID, perspectiveNa
 
 // withLock runs fn on k under its stream lock when the Admin has a locker. A release that
 // fails is part of its error (the lock lapses after LockTimeout; until then the workers leave
-// the pair alone), whether fn succeeded or not.
+// the pair alone), whether fn succeeded or not. Once the lock is released, the workers are
+// told when the pair is due (fn made it due while their claims skipped it), so that they
+// claim it at once rather than at their next poll; a failure to tell them is part of the
+// error too.
 func (a *Admin) withLock(ctx context.Context, k Pair, fn func(k Pair, holder uuid.UUID) error) (err error) {
 	if a.locker == nil {
 		return fn(k, uuid.Nil)
@@ -256,6 +259,10 @@ func (a *Admin) withLock(ctx context.Context, k Pair, fn func(k Pair, holder uui
 		defer cancel()
 		if rerr := a.locker.Release(rctx, k.Stream, k.Perspective, a.instance); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("release stream lock: %w", rerr))
+			return
+		}
+		if nerr := a.store.notifyIfDue(rctx, k); nerr != nil {
+			err = errors.Join(err, fmt.Errorf("tell the workers the pair is due: %w", nerr))
 		}
 	}()
 	return fn(k, a.instance)

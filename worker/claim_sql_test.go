@@ -20,6 +20,7 @@ import (
 	"github.com/perspectives-go/perspectives/db"
 	"github.com/perspectives-go/perspectives/internal/pgq"
 	"github.com/perspectives-go/perspectives/internal/pgtest"
+	"github.com/perspectives-go/perspectives/locker"
 	"github.com/perspectives-go/perspectives/worker"
 )
 
@@ -504,4 +505,69 @@ func TestClaimSQLStatementsMakingPairsDueWakeTheWorkers(t *testing.T) {
 	_, err = admin.Skip(ctx, skipped, name, ids[0], "alice")
 	require.NoError(t, err)
 	woken("a skip", skipped)
+}
+
+// slowRelease is a Postgres locker whose Release waits a while first: the claims that a
+// stream-locked operation's commit triggers surely run while its lock is still held.
+type slowRelease struct{ *locker.Postgres }
+
+func (l slowRelease) Release(ctx context.Context, stream uuid.UUID, name string, instance uuid.UUID) error {
+	time.Sleep(300 * time.Millisecond)
+	return l.Postgres.Release(ctx, stream, name, instance)
+}
+
+// An operator's rebuild of a stream queues its events under the stream lock, which keeps the
+// claims off the pair; once the lock is released the workers are told, and the worker applies
+// the stream at once, not at its next poll (an hour away here).
+func TestAdminRebuildWakesTheWorkersOnceItsLockIsReleased(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := uniqueName("rebuild_wake")
+	startWorker(t, worker.Config{Perspectives: []worker.Perspective{ledgerPerspective(name)}, PollInterval: time.Hour})
+	stream := uuid.New()
+	ids := newIDs(t, 3)
+	require.NoError(t, worker.Append(ctx, testDB.Pool, events(stream, ids)...))
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, worker.WaitFor(wctx, testDB.Pool, name, stream, ids[2]))
+
+	lk, err := locker.NewPostgres(testDB.Pool, locker.Options{})
+	require.NoError(t, err)
+	admin, err := worker.NewAdmin(testDB.Pool, slowRelease{lk})
+	require.NoError(t, err)
+	n, err := admin.Rebuild(ctx, stream, name)
+	require.NoError(t, err)
+	require.EqualValues(t, 3, n)
+	wctx, cancel = context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, worker.WaitFor(wctx, testDB.Pool, name, stream, ids[2]), "rebuilt without waiting for a poll")
+}
+
+// A worker's purge of a parked pair makes its queued events due under the stream lock, which
+// keeps the claims off the pair; once the lock is released the worker claims the pair at
+// once, not at its next poll (an hour away here): its poison event is tried again from a
+// fresh count and the pair parks anew (a purge deletes the model; it queues nothing again).
+func TestWorkerPurgeClaimsThePairOnceItsLockIsReleased(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := uniqueName("purge_wake")
+	lk, err := locker.NewPostgres(testDB.Pool, locker.Options{})
+	require.NoError(t, err)
+	cfg := fastFailures(name, worker.FailurePolicy{Attempts: 2})
+	cfg.PollInterval, cfg.Locker = time.Hour, slowRelease{lk}
+	w := startWorker(t, cfg)
+	admin := newAdmin(t)
+	stream := uuid.New()
+	evs := events(stream, newIDs(t, 3))
+	evs[1].Type = "poison"
+	require.NoError(t, worker.Append(ctx, testDB.Pool, evs...))
+	before := waitParked(t, admin, name, stream, 2)
+
+	require.NoError(t, w.Purge(ctx, stream, name))
+	_, found := loadLedger(t, ctx, name, stream)
+	require.False(t, found, "purged")
+	eventually(t, 10*time.Second, "the pair tried again and parked anew", func() bool {
+		fp := failedPair(t, admin, name, stream)
+		return fp != nil && fp.Parked && fp.Since.After(before.Since)
+	})
 }

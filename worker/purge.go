@@ -64,6 +64,10 @@ func (w *Worker) purge(ctx context.Context, k Pair) (err error) {
 		w.tel.purges.Add(context.WithoutCancel(ctx), 1, w.metricPair(k, attrResult.String(result)))
 		endSpan(span, err)
 	}()
+	// The purge may make the pair due (a failing or parked pair's queued events) while its
+	// stream lock and the apply coordinator keep the claims and jobs off it: once both are
+	// released, this instance's loop claims it at once (it applies the pair).
+	defer w.Notify()
 	releaseCoord, err := w.coord.lock(ctx, k)
 	if err != nil {
 		return err
@@ -117,6 +121,11 @@ func (s *pgStore) purgeIn(ctx context.Context, tx pgx.Tx, q *db.Queries, p Pair,
 		return err
 	}
 	return s.w.writeSinks(ctx, tx, []pairChange{{Pair: p}})
+}
+
+// notifyIfDue tells the listening workers that p is due, when it is (see PairNotifyIfDue).
+func (s *pgStore) notifyIfDue(ctx context.Context, p Pair) error {
+	return s.q.PairNotifyIfDue(ctx, db.PairNotifyIfDueParams{StreamID: p.Stream, PerspectiveName: p.Perspective})
 }
 
 // PurgeStore is what a purge asks of the database.
