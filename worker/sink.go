@@ -60,7 +60,12 @@ type Promoter interface {
 // It runs after the build's own rows are deleted, before the build is marked cleaned: an
 // error leaves the build to clean, and Retired is called again at the next cleanup. It runs
 // on the instance that holds the perspective's cleanup lease, whichever version that
-// instance runs: each version's Retired must be able to delete an older build's rows.
+// instance runs: each version's Retired must be able to delete an older build's rows. It
+// runs on the pool, outside the lease's fence (it may take as many transactions as it
+// likes), so when the lease passes to another instance during a call (the holder stopped,
+// or its lease lapsed in a long call), the new holder may call it for the same build while
+// the first call still runs: make it idempotent and safe to run twice at once, as a
+// deletion by the build's key is.
 type Retirer interface {
 	Retired(ctx context.Context, db DBTX, b Build) error
 }
