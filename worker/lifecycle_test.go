@@ -547,6 +547,44 @@ func TestStartBesideAnOpenAppendTransactionHoldsUpNoAppend(t *testing.T) {
 	}
 }
 
+// A Stop called while Start waits in its registration (for a transaction that appended and
+// stays open) ends that wait: Stop returns by its deadline, Start returns an error that says
+// it was stopped, and the worker stays stopped (a later Start is refused).
+func TestStopDuringAStartWaitingForAnOpenAppendEndsTheStart(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := isolatedDB(t)
+	open, err := d.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = open.Rollback(context.Background()) }()
+	require.NoError(t, worker.Append(ctx, open, events(uuid.New(), newIDs(t, 1))...))
+
+	w, err := worker.New(d.Pool, worker.Config{Perspectives: []worker.Perspective{newVLedger(uniqueName("stop_start"), 1)},
+		Logger: quietLogger(), PollInterval: 20 * time.Millisecond})
+	require.NoError(t, err)
+	started := make(chan error, 1)
+	go func() { started <- w.Start(ctx) }()
+	time.Sleep(300 * time.Millisecond) // Start waits for the open transaction
+	select {
+	case err := <-started:
+		t.Fatalf("Start returned while a transaction that appended was open: %v", err)
+	default:
+	}
+
+	sctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
+	defer cancel()
+	began := time.Now()
+	require.NoError(t, w.Stop(sctx), "the worker never started: nothing to stop")
+	require.Less(t, time.Since(began), 2*time.Second, "Stop returned by its deadline and one bounded statement")
+	select {
+	case err := <-started:
+		require.ErrorContains(t, err, "stopped during start")
+	case <-time.After(10 * time.Second):
+		t.Fatal("Start did not return after Stop")
+	}
+	require.ErrorContains(t, w.Start(ctx), "worker was stopped")
+}
+
 // A first build's catch-up over a store holding one stream longer than a page's share of one
 // stream (CatchUpStreamShare) and short streams after it: the long stream's share is caught up,
 // its rest handed to the normal path, and every model ends as the fold of its stream's events

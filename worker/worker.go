@@ -40,6 +40,13 @@ type Worker struct {
 	counts []perspectiveCounter
 	idle   map[string]bool // the loop's: the perspectives of which this instance applies nothing (logged once each)
 
+	// startMu guards starting and stopAsked, which Stop sets before it takes mu: a Stop
+	// during a Start ends the Start's registration (which can wait for the appending
+	// transactions in flight) rather than wait for it.
+	startMu   sync.Mutex
+	starting  context.CancelCauseFunc // cancels the registration of the Start in progress
+	stopAsked bool
+
 	mu        sync.Mutex // guards the lifecycle fields below
 	started   bool
 	stopped   bool
@@ -138,10 +145,27 @@ func (w *Worker) Start(ctx context.Context) error {
 	if w.started {
 		return errors.New("worker: start: already started")
 	}
+	rctx, cancelRegister := context.WithCancelCause(ctx)
+	defer cancelRegister(nil)
+	w.startMu.Lock()
+	if w.stopAsked {
+		w.startMu.Unlock()
+		return errors.New("worker: start: worker was stopped")
+	}
+	w.starting = cancelRegister
+	w.startMu.Unlock()
+	defer func() {
+		w.startMu.Lock()
+		w.starting = nil
+		w.startMu.Unlock()
+	}()
 	var all []Build
 	for _, name := range w.names {
-		builds, err := w.store.Register(ctx, name, versionOf(w.persp[name]))
+		builds, err := w.store.Register(rctx, name, versionOf(w.persp[name]))
 		if err != nil {
+			if cause := context.Cause(rctx); errors.Is(cause, errStoppedDuringStart) {
+				err = cause
+			}
 			return fmt.Errorf("worker: register perspective %q: %w", name, err)
 		}
 		all = append(all, builds...)
@@ -199,6 +223,12 @@ func (w *Worker) Start(ctx context.Context) error {
 // goroutine left running. It returns ctx's error when ctx ended first, joined with the error of
 // unregistering its queue gauges if that fails. It is idempotent.
 func (w *Worker) Stop(ctx context.Context) error {
+	w.startMu.Lock()
+	w.stopAsked = true
+	if w.starting != nil {
+		w.starting(errStoppedDuringStart)
+	}
+	w.startMu.Unlock()
 	w.mu.Lock()
 	if w.stopped || !w.started {
 		w.stopped = true
@@ -242,6 +272,9 @@ func (w *Worker) Stop(ctx context.Context) error {
 	w.log.Info("perspective worker stopped")
 	return err
 }
+
+// errStoppedDuringStart is why a Start's registration ended when Stop was called meanwhile.
+var errStoppedDuringStart = errors.New("stopped during start")
 
 // backgroundStore is a Store with background work of its own (the pgStore's catch-up
 // read-aheads): started by the worker's Start, stopped by its Stop once the loop has ended.
