@@ -585,6 +585,51 @@ func TestStopDuringAStartWaitingForAnOpenAppendEndsTheStart(t *testing.T) {
 	require.ErrorContains(t, w.Start(ctx), "worker was stopped")
 }
 
+// A Stop called while another Stop waits for an operation returns only once that Stop has
+// returned: a caller that stops twice (a signal handler and a deferred Stop) never proceeds
+// while the worker is still running.
+func TestASecondStopWaitsForTheFirst(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := uniqueName("stop_twice")
+	g := newGated(name)
+	w, err := worker.New(testDB.Pool, worker.Config{Perspectives: []worker.Perspective{g}, Logger: quietLogger(),
+		PollInterval: 20 * time.Millisecond, ListenConnect: directListen()})
+	require.NoError(t, err)
+	require.NoError(t, w.Start(ctx))
+	ids := newIDs(t, 1)
+	entered, release := g.arm(ids[0])
+	defer release() // if the test fails first
+	require.NoError(t, worker.Append(ctx, testDB.Pool, events(uuid.New(), ids)...))
+	<-entered // an operation runs, blocked in Apply
+
+	type returned struct {
+		err error
+		at  time.Time
+	}
+	first, second := make(chan returned, 1), make(chan returned, 1)
+	stop := func(c chan<- returned) {
+		sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		err := w.Stop(sctx)
+		c <- returned{err, time.Now()}
+	}
+	go stop(first)
+	time.Sleep(100 * time.Millisecond) // the first Stop waits for the operation
+	go stop(second)
+	time.Sleep(200 * time.Millisecond)
+	select {
+	case r := <-second:
+		t.Fatalf("the second Stop returned (%v) while the first waited for the operation", r.err)
+	default:
+	}
+	release()
+	a, b := <-first, <-second
+	require.NoError(t, a.err)
+	require.NoError(t, b.err)
+	require.False(t, b.at.Before(a.at), "the second Stop returned after the first")
+}
+
 // A first build's catch-up over a store holding one stream longer than a page's share of one
 // stream (CatchUpStreamShare) and short streams after it: the long stream's share is caught up,
 // its rest handed to the normal path, and every model ends as the fold of its stream's events

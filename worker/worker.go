@@ -53,6 +53,7 @@ type Worker struct {
 	stopLoop  context.CancelFunc  // graceful stop: no new work
 	cancelOps context.CancelFunc  // hard stop: cancels the operations in progress
 	done      chan struct{}       // closed when the loop and the listener have returned
+	stopEnded chan struct{}       // closed when the first Stop returns
 	gauges    metric.Registration // queue gauges, while started
 	beats     *heartbeat          // this instance's heartbeats, while started (nil: the Store records none)
 	// lead says which leader leases this instance holds (maintenance services), from Start
@@ -218,10 +219,13 @@ func (w *Worker) Start(ctx context.Context) error {
 // services under ctx: a catch-up page read ahead is let finish until ctx ends, then
 // cancelled; the instance's last heartbeat and the deletion of its row run under ctx
 // (bounded by 2 and 5 seconds: with ctx already ended, the row is left to lapse after three
-// heartbeat intervals). So Stop returns
-// by ctx's deadline plus at most those 5 seconds and one bounded statement, with no
-// goroutine left running. It returns ctx's error when ctx ended first, joined with the error of
-// unregistering its queue gauges if that fails. It is idempotent.
+// heartbeat intervals). So Stop returns by ctx's deadline plus at most those 5 seconds and
+// one bounded statement, with no goroutine left running, unless an operation outlasts them
+// (an Apply that ignores its context): Stop then logs a warning and returns, and the
+// operation ends on its own, its lock lapsing. It returns ctx's error when ctx ended first,
+// joined with the error of unregistering its queue gauges if that fails. A Stop during a
+// Start ends the Start's registration (Start returns an error). It is idempotent: a Stop
+// while another runs waits for that one to return, or for its own ctx to end.
 func (w *Worker) Stop(ctx context.Context) error {
 	w.startMu.Lock()
 	w.stopAsked = true
@@ -232,10 +236,22 @@ func (w *Worker) Stop(ctx context.Context) error {
 	w.mu.Lock()
 	if w.stopped || !w.started {
 		w.stopped = true
+		ended := w.stopEnded
 		w.mu.Unlock()
-		return nil
+		if ended == nil {
+			return nil
+		}
+		select { // another Stop is under way: wait for it
+		case <-ended:
+			return nil
+		case <-ctx.Done():
+			return fmt.Errorf("worker: stop: %w", ctx.Err())
+		}
 	}
 	w.stopped = true
+	ended := make(chan struct{})
+	w.stopEnded = ended
+	defer close(ended)
 	w.stopLoop()
 	done := w.done
 	w.mu.Unlock()
