@@ -38,6 +38,9 @@ func (w *Worker) claimAndStart(ctx context.Context, s *schedule, free int, start
 		return false, err
 	}
 	s.nextDue = claimed.NextDue
+	if claimed.NextDue.IsZero() || claimed.NextDue.After(time.Now()) {
+		s.nextDueMissed = false
+	}
 	// A pair may still be in a job here whose report the loop has not taken yet (the job
 	// released it first), or whose lease lapsed (a slow Apply): its new job finds it held
 	// by the apply coordinator and releases it due again after busyWait, so it is never left

@@ -34,10 +34,13 @@ type schedule struct {
 	// unknown: since the last look at this instance's leases, a lost connection cut off a
 	// claim or a release, so the instance may lease pairs no job here holds (releaseUnknown)
 	unknown bool
-	nextDue time.Time     // when the first pair not due at the last claim becomes due (zero: none)
-	window  time.Duration // LockTimeout: contention longer than this is warned of
-	log     *slog.Logger
-	logPair func(Pair, ...any) []any // how a pair is named in the log
+	nextDue time.Time // when the first pair not due at the last claim becomes due (zero: none)
+	// nextDueMissed: a nextDue had passed when the loop looked, and no claim since returned
+	// one still ahead (see loop)
+	nextDueMissed bool
+	window        time.Duration // LockTimeout: contention longer than this is warned of
+	log           *slog.Logger
+	logPair       func(Pair, ...any) []any // how a pair is named in the log
 }
 
 func newSchedule(lockTimeout time.Duration, log *slog.Logger, logPair func(Pair, ...any) []any) *schedule {
@@ -261,10 +264,14 @@ func (w *Worker) loop(loopCtx, opsCtx context.Context) {
 			if !s.nextDue.IsZero() && !now.Before(s.nextDue) {
 				// The pair the last claim saw due soon is due already (a backoff of a few
 				// milliseconds can pass before this): claim as soon as a slot is free, not
-				// after PollInterval.
-				s.nextDue, poll = time.Time{}, true
-				if running < w.cfg.Concurrency {
-					continue
+				// after PollInterval. Once only: when the claim that follows says the same
+				// (the database's clock behind this host's), PollInterval it is.
+				s.nextDue = time.Time{}
+				if !s.nextDueMissed {
+					s.nextDueMissed, poll = true, true
+					if running < w.cfg.Concurrency {
+						continue
+					}
 				}
 			}
 			for _, d := range []time.Duration{s.followUpWait(now), claims.refused.waiting(now), s.nextDue.Sub(now)} {
