@@ -97,12 +97,7 @@ func TestUnitNotifierStartsWithTheEarliestOfferThatStands(t *testing.T) {
 	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
 	require.NoError(t, err)
 	defer pool.Close()
-	offer := func(name string) func(context.Context) (*pgx.Conn, error) {
-		return func(context.Context) (*pgx.Conn, error) {
-			dials <- name
-			return nil, errors.New("no server: " + name)
-		}
-	}
+	offer := func(name string) func(context.Context) (*pgx.Conn, error) { return failingOffer(dials, name) }
 	first, second := new(int), new(int) // two owners
 	offerListenConnect(pool, offer("first"), first)
 	offerListenConnect(pool, offer("second"), second)
@@ -134,12 +129,7 @@ func TestUnitNotifierDialsTheNextOfferOnceItsOwnIsWithdrawn(t *testing.T) {
 	require.NoError(t, err)
 	defer pool.Close()
 	dials := make(chan string, 16)
-	offer := func(name string) func(context.Context) (*pgx.Conn, error) {
-		return func(context.Context) (*pgx.Conn, error) {
-			dials <- name
-			return nil, errors.New("no server: " + name)
-		}
-	}
+	offer := func(name string) func(context.Context) (*pgx.Conn, error) { return failingOffer(dials, name) }
 	first, second := new(int), new(int) // two owners
 	offerListenConnect(pool, offer("first"), first)
 	sub := subscribe(pool, "wh_test_topic")
@@ -153,5 +143,13 @@ func TestUnitNotifierDialsTheNextOfferOnceItsOwnIsWithdrawn(t *testing.T) {
 		require.Equal(t, "second", d, "the session after the withdrawal dials the offer that stands")
 	case <-time.After(notifierRetryMin + 10*time.Second):
 		t.Fatal("the notifier dialled no second session")
+	}
+}
+
+// failingOffer is a ListenConnect that says on dials that it was tried, as name, and fails.
+func failingOffer(dials chan<- string, name string) func(context.Context) (*pgx.Conn, error) {
+	return func(context.Context) (*pgx.Conn, error) {
+		dials <- name
+		return nil, errors.New("no server: " + name)
 	}
 }
