@@ -587,7 +587,8 @@ func TestStopDuringAStartWaitingForAnOpenAppendEndsTheStart(t *testing.T) {
 
 // A Stop called while another Stop waits for an operation returns only once that Stop has
 // returned: a caller that stops twice (a signal handler and a deferred Stop) never proceeds
-// while the worker is still running.
+// while the worker is still running. When the second Stop returns, the operation the first
+// one waited for has committed.
 func TestASecondStopWaitsForTheFirst(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -597,37 +598,33 @@ func TestASecondStopWaitsForTheFirst(t *testing.T) {
 		PollInterval: 20 * time.Millisecond, ListenConnect: directListen()})
 	require.NoError(t, err)
 	require.NoError(t, w.Start(ctx))
+	stream := uuid.New()
 	ids := newIDs(t, 1)
 	entered, release := g.arm(ids[0])
 	defer release() // if the test fails first
-	require.NoError(t, worker.Append(ctx, testDB.Pool, events(uuid.New(), ids)...))
+	require.NoError(t, worker.Append(ctx, testDB.Pool, events(stream, ids)...))
 	<-entered // an operation runs, blocked in Apply
 
-	type returned struct {
-		err error
-		at  time.Time
-	}
-	first, second := make(chan returned, 1), make(chan returned, 1)
-	stop := func(c chan<- returned) {
+	stop := func(c chan<- error) {
 		sctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 		defer cancel()
-		err := w.Stop(sctx)
-		c <- returned{err, time.Now()}
+		c <- w.Stop(sctx)
 	}
+	first, second := make(chan error, 1), make(chan error, 1)
 	go stop(first)
 	time.Sleep(100 * time.Millisecond) // the first Stop waits for the operation
 	go stop(second)
 	time.Sleep(200 * time.Millisecond)
 	select {
-	case r := <-second:
-		t.Fatalf("the second Stop returned (%v) while the first waited for the operation", r.err)
+	case err := <-second:
+		t.Fatalf("the second Stop returned (%v) while the first waited for the operation", err)
 	default:
 	}
 	release()
-	a, b := <-first, <-second
-	require.NoError(t, a.err)
-	require.NoError(t, b.err)
-	require.False(t, b.at.Before(a.at), "the second Stop returned after the first")
+	require.NoError(t, <-second)
+	_, applied := loadLedger(t, ctx, name, stream)
+	require.True(t, applied, "the operation the first Stop waited for committed before the second Stop returned")
+	require.NoError(t, <-first)
 }
 
 // A first build's catch-up over a store holding one stream longer than a page's share of one
