@@ -20,16 +20,9 @@ import (
 // notifier's goroutine races the rest of subscribe.
 func TestUnitNotifierFirstSessionIsTheFirstSubscribersListenConnect(t *testing.T) {
 	for i := range 200 {
-		cfg, err := pgxpool.ParseConfig("postgres://127.0.0.1:1/none?sslmode=disable&connect_timeout=1")
-		require.NoError(t, err)
 		type dial struct{ viaPool bool }
 		dials := make(chan dial, 2)
-		cfg.ConnConfig.DialFunc = func(context.Context, string, string) (net.Conn, error) {
-			dials <- dial{viaPool: true}
-			return nil, errors.New("no server: the pool's ConnConfig")
-		}
-		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-		require.NoError(t, err)
+		pool := unreachablePool(t, func() { dials <- dial{viaPool: true} })
 		var connects atomic.Int32
 		offerListenConnect(pool, func(context.Context) (*pgx.Conn, error) {
 			connects.Add(1)
@@ -54,11 +47,7 @@ func TestUnitNotifierFirstSessionIsTheFirstSubscribersListenConnect(t *testing.T
 // is told at once why the last session was lost (the worker's loop then claims every
 // reconnectInterval), not only at the notifier's next failure, up to 30 s later.
 func TestUnitNotifierTellsALateSubscriberWhyItHasNoSession(t *testing.T) {
-	cfg, err := pgxpool.ParseConfig("postgres://127.0.0.1:1/none?sslmode=disable&connect_timeout=1")
-	require.NoError(t, err)
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	defer pool.Close()
+	pool := unreachablePool(t, nil)
 	dialErr := errors.New("no server: ListenConnect")
 	offerListenConnect(pool, func(context.Context) (*pgx.Conn, error) { return nil, dialErr }, t)
 	defer withdrawListenConnect(pool, t)
@@ -87,16 +76,8 @@ func TestUnitNotifierTellsALateSubscriberWhyItHasNoSession(t *testing.T) {
 // worker's offer is withdrawn (it stopped), a notifier that starts afterwards dials the next
 // worker's, not the pool's ConnConfig. No dial reaches a server.
 func TestUnitNotifierStartsWithTheEarliestOfferThatStands(t *testing.T) {
-	cfg, err := pgxpool.ParseConfig("postgres://127.0.0.1:1/none?sslmode=disable&connect_timeout=1")
-	require.NoError(t, err)
 	dials := make(chan string, 8)
-	cfg.ConnConfig.DialFunc = func(context.Context, string, string) (net.Conn, error) {
-		dials <- "pool"
-		return nil, errors.New("no server: the pool's ConnConfig")
-	}
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	defer pool.Close()
+	pool := unreachablePool(t, func() { dials <- "pool" })
 	offer := func(name string) func(context.Context) (*pgx.Conn, error) { return failingOffer(dials, name) }
 	first, second := new(int), new(int) // two owners
 	offerListenConnect(pool, offer("first"), first)
@@ -123,11 +104,7 @@ func TestUnitNotifierStartsWithTheEarliestOfferThatStands(t *testing.T) {
 // A running notifier whose ListenConnect is withdrawn (its worker stopped) dials the next
 // offer that stands for its next session, not the withdrawn one. No dial reaches a server.
 func TestUnitNotifierDialsTheNextOfferOnceItsOwnIsWithdrawn(t *testing.T) {
-	cfg, err := pgxpool.ParseConfig("postgres://127.0.0.1:1/none?sslmode=disable&connect_timeout=1")
-	require.NoError(t, err)
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	require.NoError(t, err)
-	defer pool.Close()
+	pool := unreachablePool(t, nil)
 	dials := make(chan string, 16)
 	offer := func(name string) func(context.Context) (*pgx.Conn, error) { return failingOffer(dials, name) }
 	first, second := new(int), new(int) // two owners
@@ -152,4 +129,23 @@ func failingOffer(dials chan<- string, name string) func(context.Context) (*pgx.
 		dials <- name
 		return nil, errors.New("no server: " + name)
 	}
+}
+
+// unreachablePool is a pool of a server that does not exist, closed when the test ends (or
+// before, by the test). Every dial with its ConnConfig fails at once, after calling dialled
+// when it is not nil.
+func unreachablePool(t *testing.T, dialled func()) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig("postgres://127.0.0.1:1/none?sslmode=disable&connect_timeout=1")
+	require.NoError(t, err)
+	if dialled != nil {
+		cfg.ConnConfig.DialFunc = func(context.Context, string, string) (net.Conn, error) {
+			dialled()
+			return nil, errors.New("no server: the pool's ConnConfig")
+		}
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
 }
