@@ -11,18 +11,28 @@ import (
 
 const buildQueueAge = `-- name: BuildQueueAge :one
 
-SELECT COALESCE((extract(epoch FROM clock_timestamp() - min(enqueued_at)) * 1000000)::bigint, -1)::bigint AS oldest_micros
-FROM wh_perspective_events
-WHERE perspective_name = $1
+SELECT COALESCE((extract(epoch FROM clock_timestamp() - o.oldest) * 1000000)::bigint, -1)::bigint AS oldest_micros,
+       COALESCE(o.oldest <= (SELECT b.catchup_done_at FROM wh_perspective_builds b WHERE b.build_key = $1),
+                false)::bool AS from_catchup
+FROM (SELECT min(q.enqueued_at) AS oldest FROM wh_perspective_events q WHERE q.perspective_name = $1) o
 `
 
+type BuildQueueAgeRow struct {
+	OldestMicros int64
+	FromCatchup  bool
+}
+
 // Promotion of a caught-up build (worker/promotion.go).
-// The age of the oldest event queued for a build, in microseconds (-1: none queued).
-func (q *Queries) BuildQueueAge(ctx context.Context, buildKey string) (int64, error) {
+// The age of the oldest event queued for a build, in microseconds (-1: none queued), and
+// whether that event was queued by the time the build's catch-up ended (from_catchup): one
+// the catch-up handed to the queue (the rest of a long stream, a failing or locked stream)
+// or an Append queued while it ran. Such an event is part of the build's history however
+// recently it was queued: the build is not caught up while it waits.
+func (q *Queries) BuildQueueAge(ctx context.Context, buildKey string) (BuildQueueAgeRow, error) {
 	row := q.db.QueryRow(ctx, buildQueueAge, buildKey)
-	var oldest_micros int64
-	err := row.Scan(&oldest_micros)
-	return oldest_micros, err
+	var i BuildQueueAgeRow
+	err := row.Scan(&i.OldestMicros, &i.FromCatchup)
+	return i, err
 }
 
 const buildRequestPromotion = `-- name: BuildRequestPromotion :execrows

@@ -49,8 +49,12 @@ type Querier interface {
 	// fails or a lock that deletes nothing; the next cleanup deletes them.
 	BuildMarkCleaned(ctx context.Context, buildKey string) error
 	// Promotion of a caught-up build (worker/promotion.go).
-	// The age of the oldest event queued for a build, in microseconds (-1: none queued).
-	BuildQueueAge(ctx context.Context, buildKey string) (int64, error)
+	// The age of the oldest event queued for a build, in microseconds (-1: none queued), and
+	// whether that event was queued by the time the build's catch-up ended (from_catchup): one
+	// the catch-up handed to the queue (the rest of a long stream, a failing or locked stream)
+	// or an Append queued while it ran. Such an event is part of the build's history however
+	// recently it was queued: the build is not caught up while it waits.
+	BuildQueueAge(ctx context.Context, buildKey string) (BuildQueueAgeRow, error)
 	// Asks the workers to promote a caught-up building build (an operator's promotion of a
 	// sink's perspective): the holder of its version's promotion lease promotes it, forced.
 	BuildRequestPromotion(ctx context.Context, buildKey string) (int64, error)

@@ -1,10 +1,15 @@
 -- Promotion of a caught-up build (worker/promotion.go).
 
 -- name: BuildQueueAge :one
--- The age of the oldest event queued for a build, in microseconds (-1: none queued).
-SELECT COALESCE((extract(epoch FROM clock_timestamp() - min(enqueued_at)) * 1000000)::bigint, -1)::bigint AS oldest_micros
-FROM wh_perspective_events
-WHERE perspective_name = @build_key;
+-- The age of the oldest event queued for a build, in microseconds (-1: none queued), and
+-- whether that event was queued by the time the build's catch-up ended (from_catchup): one
+-- the catch-up handed to the queue (the rest of a long stream, a failing or locked stream)
+-- or an Append queued while it ran. Such an event is part of the build's history however
+-- recently it was queued: the build is not caught up while it waits.
+SELECT COALESCE((extract(epoch FROM clock_timestamp() - o.oldest) * 1000000)::bigint, -1)::bigint AS oldest_micros,
+       COALESCE(o.oldest <= (SELECT b.catchup_done_at FROM wh_perspective_builds b WHERE b.build_key = @build_key),
+                false)::bool AS from_catchup
+FROM (SELECT min(q.enqueued_at) AS oldest FROM wh_perspective_events q WHERE q.perspective_name = @build_key) o;
 
 -- name: BuildSetState :exec
 -- The times are the statement's, not the transaction's start: a promotion sets them under the

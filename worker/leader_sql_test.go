@@ -253,7 +253,7 @@ func TestPromotionHoldsTheExclusiveAppendLockForKeyLookupsOnly(t *testing.T) {
 	ctx := context.Background()
 	d := isolatedDB(t)
 	name, v1, v2 := psPromoteFixture(t, ctx, d, psStore(d))
-	gsExec(t, ctx, d.Pool, `UPDATE wh_perspective_builds SET catchup_done = true, catchup_done_at = now() WHERE build_key = $1`, v2)
+	gsExec(t, ctx, d.Pool, `UPDATE wh_perspective_builds SET catchup_done = true, catchup_done_at = now() - interval '1 minute' WHERE build_key = $1`, v2)
 	psQueuedSince(t, ctx, d, v2, "10 seconds")
 	psQueuedSince(t, ctx, d, v1, "9.5 seconds")
 	me := uuid.New()

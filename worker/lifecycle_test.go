@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -658,4 +659,46 @@ func TestCatchUpHandsALongStreamsRestToTheQueue(t *testing.T) {
 		})
 		require.Equal(t, expectedLedger(t, evs), loadLedgerIn(t, d, name, s))
 	}
+}
+
+// A new version whose catch-up handed the rest of a long stream to the queue is not promoted
+// while those events wait: they were queued at the catch-up's end, so they look new, but
+// they are the stream's history, and readers would get a partial model.
+func TestABuildIsNotPromotedWhileWhatItsCatchUpQueuedWaits(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := isolatedDB(t)
+	name := uniqueName("handoff")
+	s := uuid.New()
+	evs := events(s, newIDs(t, worker.CatchUpStreamShare+200))
+	require.NoError(t, worker.Append(ctx, d.Pool, evs...))
+	lcWorker(t, d, worker.Config{Perspectives: []worker.Perspective{newVLedger(name, 1)}})
+	lcConverged(t, d, name, 1, 30*time.Second)
+
+	// Version 2 applies the stream's first CatchUpStreamShare events in its catch-up; the rest
+	// goes through the queue, where it waits for gate.
+	gate := make(chan struct{})
+	var once sync.Once
+	open := func() { once.Do(func() { close(gate) }) }
+	defer open()
+	v2 := vledgerPerspective{v: 2, Perspective: worker.JSONPerspective(name, func(m vledger, ev worker.Event) (vledger, error) {
+		if len(m.IDs) >= worker.CatchUpStreamShare {
+			<-gate
+		}
+		m.V = 2
+		m.IDs = append(m.IDs, ev.ID)
+		return m, nil
+	})}
+	lcWorker(t, d, worker.Config{Perspectives: []worker.Perspective{v2}})
+	eventually(t, 30*time.Second, "version 2's catch-up done", func() bool {
+		return lcCount(t, d, `SELECT count(*) FROM wh_perspective_builds WHERE perspective_name = $1 AND version = 2 AND catchup_done`, name) == 1
+	})
+	time.Sleep(time.Second) // about 50 looks at the builds
+	m, ok := loadVLedger(t, ctx, d, name, s)
+	require.True(t, ok)
+	require.Equal(t, 1, m.V, "readers keep version 1 while version 2's handed-off events wait")
+	require.Len(t, m.IDs, len(evs))
+
+	open()
+	lcConverged(t, d, name, 2, 30*time.Second)
 }

@@ -1439,8 +1439,8 @@ func psQueuedSince(t *testing.T, ctx context.Context, d *pgtest.DB, key string, 
 }
 
 // Promote refuses a build whose catch-up is not done (even forced) and, unless forced,
-// one whose queue is more than a second behind the active build's; otherwise it makes the
-// build active and retires the active one.
+// one with an event queued by the end of its catch-up or whose queue is more than a second
+// behind the active build's; otherwise it makes the build active and retires the active one.
 func TestPGStorePromoteWhenCaughtUp(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -1481,8 +1481,9 @@ func TestPGStorePromoteWhenCaughtUp(t *testing.T) {
 	_, err := store.Promote(ctx, name, name+"@v9.1", true, worker.LeaderLease{})
 	require.Error(t, err, "no such build")
 
+	// The catch-up ended a minute ago: the queue rows below came after it (but see the end).
 	done := func(key string) {
-		gsExec(t, ctx, d.Pool, `UPDATE wh_perspective_builds SET catchup_done = true, catchup_done_at = now() WHERE build_key = $1`, key)
+		gsExec(t, ctx, d.Pool, `UPDATE wh_perspective_builds SET catchup_done = true, catchup_done_at = now() - interval '1 minute' WHERE build_key = $1`, key)
 	}
 	// Caught up, its queue 10 s old and the active build's empty: refused; forced: promoted.
 	done(v2)
@@ -1519,6 +1520,28 @@ func TestPGStorePromoteWhenCaughtUp(t *testing.T) {
 	done(v2)
 	psQueuedSince(t, ctx, d, v1, "5 seconds")
 	require.True(t, promote(name, v2, false))
+	requirePromoted(v1, v2)
+
+	// Its oldest queued row queued by the end of its catch-up (handed to the queue by it),
+	// younger than the active build's: refused, until that row is applied; forced: promoted.
+	caughtUpAgo := func(key string) {
+		gsExec(t, ctx, d.Pool, `UPDATE wh_perspective_builds SET catchup_done = true, catchup_done_at = now() - interval '2 seconds' WHERE build_key = $1`, key)
+	}
+	name, v1, v2 = psPromoteFixture(t, ctx, d, store)
+	caughtUpAgo(v2)
+	psQueuedSince(t, ctx, d, v2, "3 seconds")
+	psQueuedSince(t, ctx, d, v1, "5 seconds")
+	b1, b2 = psBuild(t, ctx, d, v1), psBuild(t, ctx, d, v2)
+	require.False(t, promote(name, v2, false), "what the catch-up queued waits")
+	requireUnchanged(v1, v2, b1, b2)
+	gsExec(t, ctx, d.Pool, `DELETE FROM wh_perspective_events WHERE perspective_name = $1`, v2)
+	psQueuedSince(t, ctx, d, v2, "1 second") // an Append after the catch-up's end
+	require.True(t, promote(name, v2, false), "what the catch-up queued is applied")
+	requirePromoted(v1, v2)
+	name, v1, v2 = psPromoteFixture(t, ctx, d, store)
+	caughtUpAgo(v2)
+	psQueuedSince(t, ctx, d, v2, "3 seconds")
+	require.True(t, promote(name, v2, true), "forced: the queue does not matter")
 	requirePromoted(v1, v2)
 }
 

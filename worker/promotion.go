@@ -16,8 +16,9 @@ import (
 
 // Promotion checks: a maintenance service. At each look at the builds, the holder of a
 // version's promotion lease (leasePromotion) asks the Store to promote each caught-up build
-// of that version that is building, unless ManualPromotion; the Store promotes it when its
-// queue is no further behind than the active build's (caughtUp), fenced by the lease. A
+// of that version that is building, unless ManualPromotion; the Store promotes it when
+// nothing its catch-up handed to the queue waits and its queue is no further behind than
+// the active build's (caughtUp), fenced by the lease. A
 // build whose promotion an operator requested (Admin.Promote of a sink's perspective) is
 // promoted whatever ManualPromotion says and however far its queue is behind, as
 // Admin.Promote does.
@@ -61,7 +62,10 @@ func (w *Worker) promote(ctx context.Context, key string) (bool, error) {
 
 func (s *pgStore) Promote(ctx context.Context, perspective, key string, force bool, fence LeaderLease) (bool, error) {
 	// The checks that read the queue run first, outside any transaction: the oldest queued
-	// event of each build, through its index (BuildQueueAge). Only the flip holds the append
+	// event of each build, through its index (BuildQueueAge). The candidate is behind while
+	// its oldest was queued by the end of its catch-up (what the catch-up handed to the
+	// queue is history, however recently queued), else when it is older than the active
+	// build's by more than promoteLag. Only the flip holds the append
 	// lock's exclusive side, for which Appends wait: a few key lookups that re-check what
 	// may have changed since (the states, the catch-up, which build is active), and the two
 	// updates. The queue ages are not read again there: an Append queues its events for both
@@ -80,7 +84,7 @@ func (s *pgStore) Promote(ctx context.Context, perspective, key string, force bo
 		if err != nil {
 			return false, err
 		}
-		if !caughtUp(micros(candAge), micros(activeAge)) {
+		if candAge.FromCatchup || !caughtUp(micros(candAge.OldestMicros), micros(activeAge.OldestMicros)) {
 			return false, nil
 		}
 	}
@@ -153,8 +157,9 @@ func (s *pgStore) promotionBuilds(ctx context.Context, q *db.Queries, perspectiv
 // PromotionStore is what a promotion asks of the database.
 type PromotionStore interface {
 	// Promote makes the build key the perspective's active one and retires the active
-	// one, in one transaction, when key's catch-up is done and (unless forced) its queue is
-	// no further behind than the active build's. It reports whether it promoted. The queue
+	// one, in one transaction, when key's catch-up is done and (unless forced) no event
+	// queued by the end of its catch-up waits and its queue is no further behind than the
+	// active build's. It reports whether it promoted. The queue
 	// check runs before that transaction, which holds the exclusive side of the append lock
 	// for key lookups and the flip only. Fenced by fence (see LeaderLease): ErrNotLeader,
 	// and nothing written, unless its holder holds the lease.
