@@ -114,14 +114,20 @@ func (a *Admin) RebuildPerspective(ctx context.Context, perspectiveName string) 
 // still building, with PromotionRequested, and the worker holding the version's promotion
 // lease promotes it at its next look at the builds (within PollInterval).
 func (a *Admin) Promote(ctx context.Context, perspectiveName string, version int) (Build, error) {
+	if err := locker.ValidatePerspectiveName(perspectiveName); err != nil {
+		return Build{}, fmt.Errorf("worker: promote: %w", err)
+	}
 	builds, err := a.store.Builds(ctx, []string{perspectiveName})
 	if err != nil {
 		return Build{}, fmt.Errorf("worker: promote: %w", err)
 	}
-	var cand *Build
+	var cand, active *Build
 	for i, b := range builds {
 		if b.Version == version && b.State != BuildRetired {
 			cand = &builds[i]
+		}
+		if b.State == BuildActive {
+			active = &builds[i]
 		}
 	}
 	switch {
@@ -131,6 +137,8 @@ func (a *Admin) Promote(ctx context.Context, perspectiveName string, version int
 		return Build{}, fmt.Errorf("worker: promote: %w: perspective %q has no build of version %d", locker.ErrInvalidArgument, perspectiveName, version)
 	case cand.State == BuildActive:
 		return *cand, fmt.Errorf("worker: promote: version %d of %q is already active", version, perspectiveName)
+	case active != nil && olderBuild(*cand, *active):
+		return *cand, fmt.Errorf("worker: promote: version %d of %q is older than its active version %d: versions only go up", version, perspectiveName, active.Version)
 	case !cand.CatchUpDone:
 		return *cand, fmt.Errorf("worker: promote: version %d of %q has not caught up with the event store yet (see: perspectives versions)", version, perspectiveName)
 	}

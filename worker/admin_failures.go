@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 
@@ -159,6 +160,8 @@ func (a *Admin) Skip(ctx context.Context, streamID uuid.UUID, perspectiveName st
 		return nil, fmt.Errorf("worker: skip: %w: event ID is the nil UUID", locker.ErrInvalidArgument)
 	case strings.TrimSpace(by) == "":
 		return nil, fmt.Errorf("worker: skip: %w: by is empty: say who skips the event", locker.ErrInvalidArgument)
+	case !utf8.ValidString(by) || strings.IndexByte(by, 0) >= 0:
+		return nil, fmt.Errorf("worker: skip: %w: by is not text PostgreSQL can store (invalid UTF-8 or a NUL byte)", locker.ErrInvalidArgument)
 	}
 	builds, err := a.store.Builds(ctx, []string{perspectiveName})
 	if err != nil {

@@ -213,8 +213,8 @@ func TestLatePoisonEventParksAndSkippingItResumes(t *testing.T) {
 	require.Equal(t, expectedLedger(t, rest), waitModel(t, ctx, name, stream, 3))
 }
 
-// Bad input to Failed, Retry and Skip is refused with locker.ErrInvalidArgument, and Skip
-// writes nothing.
+// Bad input to Failed, Retry, Skip and Promote is refused with locker.ErrInvalidArgument,
+// and Skip writes nothing.
 func TestAdminFailureActionsRefuseBadInput(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -237,6 +237,9 @@ func TestAdminFailureActionsRefuseBadInput(t *testing.T) {
 			return err
 		}(), "neither queued"},
 		{"no one", func() error { _, err := admin.Skip(ctx, stream, name, evs[0].ID, " "); return err }(), "by is empty"},
+		{"by with a NUL byte", func() error { _, err := admin.Skip(ctx, stream, name, evs[0].ID, "al\x00ice"); return err }(), "by is not text"},
+		{"by not UTF-8", func() error { _, err := admin.Skip(ctx, stream, name, evs[0].ID, "al\xffice"); return err }(), "by is not text"},
+		{"promote a bad name", func() error { _, err := admin.Promote(ctx, "bad\x00name", 2); return err }(), "perspective name"},
 		{"nil event", func() error { _, err := admin.Skip(ctx, stream, name, uuid.Nil, "alice"); return err }(), "nil UUID"},
 		{"unknown perspective", func() error {
 			_, err := admin.Skip(ctx, stream, name+"_nope", evs[0].ID, "alice")

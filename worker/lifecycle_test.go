@@ -702,3 +702,47 @@ func TestABuildIsNotPromotedWhileWhatItsCatchUpQueuedWaits(t *testing.T) {
 	open()
 	lcConverged(t, d, name, 2, 30*time.Second)
 }
+
+// Promoting a version retires, with the active build, the building builds older than it (a
+// lower version, left building by instances that stopped before it caught up): left
+// building, such a build took every Append's events for ever, and an instance of its version
+// coming back promoted it over the newer one. A building build older than the active one
+// (as a database may hold) is refused by Admin.Promote and retired, not promoted, by its
+// version's workers: versions only go up.
+func TestPromotionRetiresTheOlderBuildsAndVersionsOnlyGoUp(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := isolatedDB(t)
+	name := uniqueName("olderv")
+	s := uuid.New()
+	require.NoError(t, worker.Append(ctx, d.Pool, events(s, newIDs(t, 5))...))
+	lcWorker(t, d, worker.Config{Perspectives: []worker.Perspective{newVLedger(name, 1)}})
+	lcConverged(t, d, name, 1, 30*time.Second)
+	v2 := name + "@v2.1"
+	_, err := worker.NewPGStore(d.Pool, time.Second, time.Second).Register(ctx, name, 2) // its instance stopped at once
+	require.NoError(t, err)
+	require.Equal(t, worker.BuildBuilding, buildState(t, ctx, d.Pool, v2))
+
+	lcWorker(t, d, worker.Config{Perspectives: []worker.Perspective{newVLedger(name, 3)}})
+	lcConverged(t, d, name, 3, 30*time.Second)
+	require.Equal(t, worker.BuildRetired, buildState(t, ctx, d.Pool, name), "the active build retired")
+	require.Equal(t, worker.BuildRetired, buildState(t, ctx, d.Pool, v2), "the older building build retired with it")
+	require.NoError(t, worker.Append(ctx, d.Pool, events(s, newIDs(t, 3))...))
+	require.Zero(t, lcCount(t, d, `SELECT count(*) FROM wh_perspective_events WHERE perspective_name = $1`, v2),
+		"nothing queued for the retired build")
+
+	// A building version 2 beside the active version 3.
+	gsExec(t, ctx, d.Pool, `UPDATE wh_perspective_builds SET state = 'building', retired_at = NULL WHERE build_key = $1`, v2)
+	admin, err := worker.NewAdmin(d.Pool, nil)
+	require.NoError(t, err)
+	_, err = admin.Promote(ctx, name, 2)
+	require.ErrorContains(t, err, "versions only go up")
+	lcWorker(t, d, worker.Config{Perspectives: []worker.Perspective{newVLedger(name, 2)}})
+	eventually(t, 30*time.Second, "version 2 retired by its own workers", func() bool {
+		return buildState(t, ctx, d.Pool, v2) == worker.BuildRetired
+	})
+	require.Equal(t, worker.BuildActive, buildState(t, ctx, d.Pool, name+"@v3.1"))
+	m, ok := loadVLedger(t, ctx, d, name, s)
+	require.True(t, ok)
+	require.Equal(t, 3, m.V, "readers keep version 3")
+}

@@ -71,11 +71,11 @@ func (s *pgStore) Promote(ctx context.Context, perspective, key string, force bo
 	// updates. The queue ages are not read again there: an Append queues its events for both
 	// builds alike, and an age that shrank meanwhile only means the active build applied its
 	// backlog, which promoteLag allows for at the next look.
-	cand, active, err := s.promotionBuilds(ctx, s.q, perspective, key)
+	cand, active, _, err := s.promotionBuilds(ctx, s.q, perspective, key)
 	if err != nil || cand == nil {
 		return false, err
 	}
-	if active != nil && !force {
+	if active != nil && !force && !olderBuild(*cand, *active) {
 		candAge, err := s.q.BuildQueueAge(ctx, cand.Key)
 		if err != nil {
 			return false, err
@@ -97,15 +97,23 @@ func (s *pgStore) Promote(ctx context.Context, perspective, key string, force bo
 		if err := leaderHold(ctx, q, fence); err != nil {
 			return err
 		}
-		cand, active, err := s.promotionBuilds(ctx, q, perspective, key)
+		cand, active, older, err := s.promotionBuilds(ctx, q, perspective, key)
 		if err != nil || cand == nil {
 			return err
 		}
 		if (active == nil) != (measured == nil) || active != nil && active.Key != measured.Key {
 			return nil // another build became active meanwhile: the next look checks again
 		}
+		if active != nil && olderBuild(*cand, *active) {
+			// Versions only go up: a build older than the active one is retired, never
+			// promoted.
+			return q.BuildSetState(ctx, db.BuildSetStateParams{State: BuildRetired, BuildKey: cand.Key})
+		}
 		if active != nil {
-			if err := q.BuildSetState(ctx, db.BuildSetStateParams{State: BuildRetired, BuildKey: active.Key}); err != nil {
+			older = append(older, *active)
+		}
+		for _, b := range older {
+			if err := q.BuildSetState(ctx, db.BuildSetStateParams{State: BuildRetired, BuildKey: b.Key}); err != nil {
 				return err
 			}
 		}
@@ -130,12 +138,15 @@ func (s *pgStore) Promote(ctx context.Context, perspective, key string, force bo
 }
 
 // promotionBuilds reads the builds of the perspective (a lookup of its key) and returns the
-// build key, when it is building and caught up (nil otherwise), and the active build (nil:
-// none). It is an error when the perspective has no build key.
-func (s *pgStore) promotionBuilds(ctx context.Context, q *db.Queries, perspective, key string) (cand, active *Build, err error) {
+// build key, when it is building and caught up (nil otherwise), the active build (nil:
+// none), and the other building builds older than key's (olderBuild), which its promotion
+// retires: an older version, or an earlier rebuild, left building would take every Append's
+// events for ever, and could later be promoted over it. It is an error when the perspective
+// has no build key.
+func (s *pgStore) promotionBuilds(ctx context.Context, q *db.Queries, perspective, key string) (cand, active *Build, older []Build, err error) {
 	builds, err := buildsOf(ctx, q, []string{perspective})
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	for _, b := range builds {
 		switch {
@@ -146,12 +157,23 @@ func (s *pgStore) promotionBuilds(ctx context.Context, q *db.Queries, perspectiv
 		}
 	}
 	if cand == nil {
-		return nil, nil, fmt.Errorf("perspective %q has no build %q", perspective, key)
+		return nil, nil, nil, fmt.Errorf("perspective %q has no build %q", perspective, key)
 	}
 	if cand.State != BuildBuilding || !cand.CatchUpDone {
-		return nil, active, nil
+		return nil, active, nil, nil
 	}
-	return cand, active, nil
+	for _, b := range builds {
+		if b.State == BuildBuilding && b.Key != cand.Key && olderBuild(b, *cand) {
+			older = append(older, b)
+		}
+	}
+	return cand, active, older, nil
+}
+
+// olderBuild says whether build a is older than b: of a lower version, or an earlier build
+// (rebuild) of the same version.
+func olderBuild(a, b Build) bool {
+	return a.Version < b.Version || a.Version == b.Version && a.N < b.N
 }
 
 // PromotionStore is what a promotion asks of the database.
