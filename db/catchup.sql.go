@@ -204,10 +204,10 @@ WITH queued AS (
     ON CONFLICT DO NOTHING
     RETURNING 1
 ), due AS (
-    INSERT INTO wh_perspective_pairs (stream_id, perspective_name, due_at)
+    INSERT INTO wh_perspective_pairs AS d (stream_id, perspective_name, due_at)
     SELECT $2, $1::text, now()
     WHERE EXISTS (SELECT 1 FROM queued)
-    ON CONFLICT (stream_id, perspective_name) DO NOTHING
+    ON CONFLICT (stream_id, perspective_name) DO UPDATE SET due_at = d.due_at WHERE false
 )
 SELECT count(*)::bigint FROM queued
 WHERE (SELECT count(*) FROM (SELECT pg_notify('wh_perspective_events', '') WHERE EXISTS (SELECT 1 FROM queued)) n) >= 0
@@ -223,8 +223,12 @@ type QueueEnqueueStreamFromParams struct {
 // for a build: what a catch-up could not apply (a failing event and the ones after it, the
 // rest of a long stream) is left to the normal path; a rebuild queues the whole stream.
 // Events the pair skipped stay skipped. The pair's due row is created, due now, unless it
-// has one (a failure recorded in the same transaction keeps its backoff); the listening
-// workers are told. Returns the rows queued.
+// has one (a failure recorded in the same transaction keeps its backoff), and is held until
+// commit, as an Append holds it: the ON CONFLICT branch locks an existing row (FOR NO KEY
+// UPDATE, whatever its WHERE says) and changes nothing, so a job's release racing this
+// transaction skips the row instead of deleting it as empty (see wh_pairs_release), and a
+// release that locked it first and deleted it is waited for, then the row inserted. The
+// listening workers are told. Returns the rows queued.
 func (q *Queries) QueueEnqueueStreamFrom(ctx context.Context, arg QueueEnqueueStreamFromParams) (int64, error) {
 	row := q.db.QueryRow(ctx, queueEnqueueStreamFrom, arg.BuildKey, arg.StreamID, arg.FromEventID)
 	var column_1 int64

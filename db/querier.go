@@ -294,8 +294,12 @@ type Querier interface {
 	// for a build: what a catch-up could not apply (a failing event and the ones after it, the
 	// rest of a long stream) is left to the normal path; a rebuild queues the whole stream.
 	// Events the pair skipped stay skipped. The pair's due row is created, due now, unless it
-	// has one (a failure recorded in the same transaction keeps its backoff); the listening
-	// workers are told. Returns the rows queued.
+	// has one (a failure recorded in the same transaction keeps its backoff), and is held until
+	// commit, as an Append holds it: the ON CONFLICT branch locks an existing row (FOR NO KEY
+	// UPDATE, whatever its WHERE says) and changes nothing, so a job's release racing this
+	// transaction skips the row instead of deleting it as empty (see wh_pairs_release), and a
+	// release that locked it first and deleted it is waited for, then the row inserted. The
+	// listening workers are told. Returns the rows queued.
 	QueueEnqueueStreamFrom(ctx context.Context, arg QueueEnqueueStreamFromParams) (int64, error)
 	// The queued events of the given pairs: at most per_pair_limit per pair, the lowest event
 	// IDs of each above after_event_ids[i] (the nil UUID, NULL, or past the array's end: from

@@ -275,6 +275,45 @@ func TestClaimSQLReleaseRacingAnAppendLeavesTheDueRow(t *testing.T) {
 	require.True(t, d.Exists && d.LeasedBy == uuid.Nil, "made again by the next Append: %+v", d)
 }
 
+// A stream queued again for a pair (QueueEnqueueStreamFrom: an operator's rebuild of the
+// stream, a catch-up's hand-off) holds the pair's due row until it commits, as an Append
+// does: a release racing it (the pair's last job, its queue empty as that release sees it)
+// neither deletes the row nor waits for the queueing to find it, and once both have
+// committed the queued events have a due row.
+func TestClaimSQLReleaseRacingAQueueingOfTheStreamLeavesTheDueRow(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := gsRegister(t, ctx, "cs_requeue")
+	s := uuid.New()
+	p := gsPair{s, name}
+	me := uuid.New()
+	gsAppend(t, ctx, s, 2)
+	// Its job applied every queued event and is about to release its lease.
+	require.EqualValues(t, 1, gsExec(t, ctx, testDB.Pool, `UPDATE wh_perspective_pairs SET leased_by = $3, due_at = now() + interval '30 seconds'
+		WHERE stream_id = $1 AND perspective_name = $2`, s, name, me))
+	gsExec(t, ctx, testDB.Pool, `DELETE FROM wh_perspective_events WHERE stream_id = $1 AND perspective_name = $2`, s, name)
+
+	queueing := gsBegin(t, ctx)
+	n, err := pgq.New(queueing).QueueEnqueueStreamFrom(ctx, db.QueueEnqueueStreamFromParams{BuildKey: name, StreamID: s, FromEventID: uuid.Nil})
+	require.NoError(t, err)
+	require.EqualValues(t, 2, n)
+	released := make(chan error, 1)
+	go func() {
+		streams, names := gsArrays(p)
+		_, err := testDB.Pool.Exec(ctx, `SELECT wh_pairs_release($1, $2, $3, ARRAY[-1::float8])`, me, streams, names)
+		released <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // the release runs while the queueing is open
+	require.NoError(t, queueing.Commit(ctx))
+	require.NoError(t, <-released)
+	require.Len(t, queued(t, ctx, name, s), 2)
+	d := gsDue(t, ctx, p)
+	require.True(t, d.Exists, "the queued events have a due row")
+	require.Equal(t, uuid.Nil, d.LeasedBy, "the lease ended")
+	got, _ := csClaim(t, ctx, testDB.Pool, uuid.New(), 1000, name)
+	require.Contains(t, got, p, "due: claimed without a poll's wait")
+}
+
 // Concurrent Appends to one pair and releases of it, in any interleaving, leave a due row
 // whenever an event is queued.
 func TestClaimSQLConcurrentAppendsAndReleasesNeverLoseTheDueRow(t *testing.T) {
