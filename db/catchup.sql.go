@@ -113,22 +113,33 @@ func (q *Queries) BuildCatchUpAdvance(ctx context.Context, arg BuildCatchUpAdvan
 }
 
 const catchUpPage = `-- name: CatchUpPage :many
-SELECT event_id, stream_id, event_type, data, created_at
-FROM wh_event_store
-WHERE (stream_id, event_id) > ($1::uuid, $2::uuid)
-ORDER BY stream_id, event_id
-LIMIT $3
+SELECT e.event_id, e.stream_id, e.event_type, e.data, e.created_at
+FROM wh_event_store e
+WHERE (e.stream_id, e.event_id) > ($1::uuid, $2::uuid)
+  AND NOT EXISTS (SELECT 1 FROM wh_skipped_events s
+                  WHERE s.stream_id = e.stream_id AND s.perspective_name = $3::text
+                    AND s.event_id = e.event_id)
+ORDER BY e.stream_id, e.event_id
+LIMIT $4
 `
 
 type CatchUpPageParams struct {
 	AfterStreamID uuid.UUID
 	AfterEventID  uuid.UUID
+	BuildKey      string
 	PageSize      int32
 }
 
-// The next page of stored events after a position, in (stream_id, event_id) order.
+// The next page of stored events after a position, in (stream_id, event_id) order, but for
+// those skipped for the build (an operator can skip an event queued for a building build
+// before its catch-up reaches the stream).
 func (q *Queries) CatchUpPage(ctx context.Context, arg CatchUpPageParams) ([]WhEventStore, error) {
-	rows, err := q.db.Query(ctx, catchUpPage, arg.AfterStreamID, arg.AfterEventID, arg.PageSize)
+	rows, err := q.db.Query(ctx, catchUpPage,
+		arg.AfterStreamID,
+		arg.AfterEventID,
+		arg.BuildKey,
+		arg.PageSize,
+	)
 	if err != nil {
 		return nil, err
 	}

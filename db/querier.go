@@ -78,7 +78,9 @@ type Querier interface {
 	// grace_seconds ago (a transaction an instance began before it saw the retirement has ended),
 	// oldest first.
 	BuildsToClean(ctx context.Context, arg BuildsToCleanParams) ([]BuildsToCleanRow, error)
-	// The next page of stored events after a position, in (stream_id, event_id) order.
+	// The next page of stored events after a position, in (stream_id, event_id) order, but for
+	// those skipped for the build (an operator can skip an event queued for a building build
+	// before its catch-up reaches the stream).
 	CatchUpPage(ctx context.Context, arg CatchUpPageParams) ([]WhEventStore, error)
 	// The events queued for a build among the streams from first to last (a page's streams).
 	CatchUpQueued(ctx context.Context, arg CatchUpQueuedParams) ([]CatchUpQueuedRow, error)

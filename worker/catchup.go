@@ -180,7 +180,7 @@ func (s *pgStore) CatchUp(ctx context.Context, req CatchUpRequest, fold func(Cat
 		if err != nil {
 			return fmt.Errorf("take the catch-up lease: %w", err)
 		}
-		at := db.CatchUpPageParams{AfterStreamID: pos.CatchupStreamID.UUID, AfterEventID: pos.CatchupEventID.UUID, PageSize: int32(req.PageSize)}
+		at := db.CatchUpPageParams{AfterStreamID: pos.CatchupStreamID.UUID, AfterEventID: pos.CatchupEventID.UUID, BuildKey: req.Key, PageSize: int32(req.PageSize)}
 		rows, err := s.readPage(ctx, q, req.Key, at)
 		if err != nil {
 			return fmt.Errorf("read the store: %w", err)
@@ -188,7 +188,7 @@ func (s *pgStore) CatchUp(ctx context.Context, req CatchUpRequest, fold func(Cat
 		if len(rows) == req.PageSize {
 			// Read the next page while this one is folded and written.
 			last := rows[len(rows)-1]
-			next := db.CatchUpPageParams{AfterStreamID: last.StreamID, AfterEventID: last.EventID, PageSize: at.PageSize}
+			next := db.CatchUpPageParams{AfterStreamID: last.StreamID, AfterEventID: last.EventID, BuildKey: req.Key, PageSize: at.PageSize}
 			s.readAheadWith(req.Key, next, func(ctx context.Context) ([]db.WhEventStore, error) { return s.q.CatchUpPage(ctx, next) })
 		}
 		fence := func(n int64, err error) error {

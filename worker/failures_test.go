@@ -319,3 +319,41 @@ func TestAFailingPairIsRetriedAfterItsBackoffWithoutAPoll(t *testing.T) {
 		require.Equal(t, 4, fp.Attempts)
 	}
 }
+
+// An event an operator skips while a rebuild of the perspective is under way is skipped in
+// the rebuild too, whose catch-up has not reached the stream yet: the catch-up leaves it
+// out, as the normal path and a rewind's replay do, and the promoted build's model holds the
+// events around it.
+func TestSkipDuringARebuildIsHonouredByItsCatchUp(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := uniqueName("skip_rebuild")
+	cfg := worker.Config{Perspectives: []worker.Perspective{ledgerPerspective(name)}}
+	w := startWorker(t, cfg)
+	s := uuid.New()
+	evs := events(s, newIDs(t, 3))
+	require.NoError(t, worker.Append(ctx, testDB.Pool, evs[0]))
+	waitModel(t, ctx, name, s, 1)
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, w.Stop(sctx))
+
+	admin := newAdmin(t)
+	rebuild, created, err := admin.RebuildPerspective(ctx, name)
+	require.NoError(t, err)
+	require.True(t, created)
+	require.NoError(t, worker.Append(ctx, testDB.Pool, evs[1])) // queued for both builds
+	versions, err := admin.Skip(ctx, s, name, evs[1].ID, "alice")
+	require.NoError(t, err)
+	require.Equal(t, []int{1, 1}, versions, "skipped in the active build and in the rebuild")
+	require.NoError(t, worker.Append(ctx, testDB.Pool, evs[2]))
+
+	startWorker(t, cfg)
+	eventually(t, 30*time.Second, "the rebuild promoted", func() bool {
+		return buildState(t, ctx, testDB.Pool, rebuild.Key) == worker.BuildActive
+	})
+	waitModel(t, ctx, name, s, 2)
+	m, ok := loadLedger(t, ctx, name, s)
+	require.True(t, ok)
+	require.Equal(t, expectedLedger(t, []worker.Event{evs[0], evs[2]}), m, "the skipped event is not in the rebuilt model")
+}
