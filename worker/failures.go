@@ -38,7 +38,9 @@ const MaxFailureAttempts = 1000
 //     that is not one event's (the database refused the write) parks the pair instead.
 //
 // Either way the events before the failing one are applied and committed, including late
-// events that sort before it, and other pairs go on. Nothing is skipped silently.
+// events that sort before it, and other pairs go on. Nothing is skipped silently. A stream
+// lock lost during an operation (forced free, or its lease lapsed) is no failure of the
+// pair's: it is recorded and retried with backoff, but never counts towards the policy.
 type FailurePolicy struct {
 	// Attempts is how many failures in a row the policy waits for: default 8, at most
 	// 1000; 1 acts at the first failure.
@@ -192,7 +194,11 @@ func (w *Worker) fail(ctx context.Context, k Pair, cause error, r *jobResult) {
 	defer cancel()
 	f := Failure{Cause: failureText(cause), Event: failedEvent(cause)}
 	policy := w.policy(w.buildOf(k.Perspective).Perspective) // a build retired meanwhile: the default
-	action, err := w.store.MarkFailed(rctx, k, f, func(before int) FailureAction { return policy.action(before, f.Event) })
+	decide := func(before int) FailureAction { return policy.action(before, f.Event) }
+	if errors.Is(cause, ErrLockLost) {
+		decide = func(int) FailureAction { return FailureRetry } // see FailurePolicy
+	}
+	action, err := w.store.MarkFailed(rctx, k, f, decide)
 	if err != nil {
 		// The pair backs off in the loop (its rows stay due): said once for the spell.
 		r.unrecorded = append(r.unrecorded, k)

@@ -357,3 +357,53 @@ func TestSkipDuringARebuildIsHonouredByItsCatchUp(t *testing.T) {
 	require.True(t, ok)
 	require.Equal(t, expectedLedger(t, []worker.Event{evs[0], evs[2]}), m, "the skipped event is not in the rebuilt model")
 }
+
+// A rewind whose stream lock is lost while its replay re-applies an event already applied
+// (an Apply that honours its context fails with it) records the lost lock, not a failure of
+// that event, and the lost lock does not count towards the failure policy: with a policy that
+// skips an event (or would park the pair) at its first failure, the pair is retried after
+// its backoff, no event is skipped, and the rewind retried applies the late event.
+func TestALockLostDuringARewindIsNoFailureOfTheEventReplayed(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := uniqueName("rewind_lost")
+	opts := locker.Options{LockTimeout: 2 * time.Second, KeepAliveInterval: 100 * time.Millisecond}
+	lk, err := locker.NewPostgres(testDB.Pool, opts)
+	require.NoError(t, err)
+	g := newGated(name)
+	g.honourCtx = true
+	startWorker(t, worker.Config{
+		Perspectives: []worker.Perspective{g}, Locker: lk, LockOptions: opts,
+		FailurePolicy: worker.FailurePolicy{Attempts: 1, Skip: true},
+		RetryBackoff:  time.Second, MaxRetryBackoff: time.Second,
+	})
+	admin := newAdmin(t)
+	s := uuid.New()
+	evs := events(s, newIDs(t, 3))
+	require.NoError(t, worker.Append(ctx, testDB.Pool, evs[0], evs[2]))
+	waitModel(t, ctx, name, s, 2)
+
+	entered, release := g.arm(evs[0].ID) // the rewind's replay re-applies it
+	defer release()
+	require.NoError(t, worker.Append(ctx, testDB.Pool, evs[1])) // late: a rewind
+	select {
+	case <-entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the rewind did not reach the gated event")
+	}
+	ok, err := lk.ForceRelease(ctx, s, name) // an operator's force release, or a lapse
+	require.NoError(t, err)
+	require.True(t, ok)
+
+	var fp *worker.FailedPair
+	eventually(t, 10*time.Second, "the lost lock recorded", func() bool {
+		fp = failedPair(t, admin, name, s)
+		return fp != nil
+	})
+	require.Equal(t, uuid.Nil, fp.Event, "no event's failure: %s", fp.LastError)
+	require.Contains(t, fp.LastError, worker.ErrLockLost.Error())
+	require.False(t, fp.Parked, "retried")
+	m := waitModel(t, ctx, name, s, 3)
+	require.Equal(t, expectedLedger(t, evs), m, "the rewind retried")
+	require.Empty(t, skippedOf(t, admin, name, s), "no event skipped")
+}

@@ -176,13 +176,16 @@ func directListen() func(context.Context) (*pgx.Conn, error) {
 }
 
 // gatedPerspective is a ledger perspective whose Apply, once armed, stops at one event
-// until released: a test can act while a rewind is in the middle of its replay.
+// until released: a test can act while a rewind is in the middle of its replay. With
+// honourCtx, the stopped Apply also returns its context's error once that ends (as an Apply
+// that calls a service with its ctx does).
 type gatedPerspective struct {
 	worker.Perspective
-	mu      sync.Mutex
-	blockOn uuid.UUID
-	entered chan struct{}
-	release chan struct{}
+	honourCtx bool
+	mu        sync.Mutex
+	blockOn   uuid.UUID
+	entered   chan struct{}
+	release   chan struct{}
 }
 
 func newGated(name string) *gatedPerspective {
@@ -210,7 +213,14 @@ func (g *gatedPerspective) Apply(ctx context.Context, model json.RawMessage, ev 
 	g.mu.Unlock()
 	if entered != nil {
 		close(entered)
-		<-release
+		if !g.honourCtx {
+			<-release
+		}
+		select {
+		case <-release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
 	}
 	return g.Perspective.Apply(ctx, model, ev)
 }

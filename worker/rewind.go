@@ -55,7 +55,9 @@ func (w *Worker) rewind(ctx context.Context, k Pair) (contended bool, err error)
 	if err != nil {
 		w.tel.rewindFailed.Add(context.WithoutCancel(ctx), 1, w.metricPair(k))
 		if cause := context.Cause(ctx); errors.Is(cause, ErrLockLost) {
-			err = fmt.Errorf("%w: %w", cause, err)
+			if !errors.Is(err, cause) {
+				err = fmt.Errorf("%w: %w", cause, err)
+			}
 		} else if errors.Is(err, ErrLockLost) {
 			w.tel.lockLost.Add(context.WithoutCancel(ctx), 1, w.metricPair(k,
 				attrReason.String(string(locker.ReasonRewind)), attrStage.String("commit")))
@@ -124,6 +126,11 @@ func (w *Worker) replay(ctx context.Context, k Pair, holder uuid.UUID) (rewindSt
 			return st, fmt.Errorf("replay: %w", err)
 		}
 		f := w.fold(ctx, persp, model, since, page)
+		if ctx.Err() != nil {
+			// The stream lock lost, or a shutdown: an Apply that failed meanwhile may have
+			// failed for that (its ctx ended), so the failure is not its event's.
+			return st, context.Cause(ctx)
+		}
 		if f.err != nil {
 			if rs.LastEventID.Valid && compareIDs(rs.LastEventID.UUID, failedEvent(f.err)) >= 0 {
 				return st, fmt.Errorf("replay: %w", f.err)
@@ -148,9 +155,6 @@ func (w *Worker) replay(ctx context.Context, k Pair, holder uuid.UUID) (rewindSt
 	}
 	if failed != nil {
 		upto = after // the last event replayed: the cursor's new position
-	}
-	if ctx.Err() != nil {
-		return st, context.Cause(ctx)
 	}
 	replayedQueued := make([]uuid.UUID, 0, len(pending))
 	for _, id := range rs.Queued {
