@@ -37,6 +37,26 @@ func (q *Queries) CursorFailuresLock(ctx context.Context, arg CursorFailuresLock
 	return i, err
 }
 
+const cursorsLockOfStream = `-- name: CursorsLockOfStream :exec
+SELECT 1
+FROM wh_perspective_cursors c
+WHERE c.stream_id = $1 AND c.perspective_name = ANY($2::text[])
+ORDER BY c.perspective_name
+FOR UPDATE OF c
+`
+
+type CursorsLockOfStreamParams struct {
+	StreamID  uuid.UUID
+	BuildKeys []string
+}
+
+// Locks the cursor rows of a stream's pairs in the given builds, in key order: the first
+// statement of an operator's skip (EventSkip runs next, in the same transaction).
+func (q *Queries) CursorsLockOfStream(ctx context.Context, arg CursorsLockOfStreamParams) error {
+	_, err := q.db.Exec(ctx, cursorsLockOfStream, arg.StreamID, arg.BuildKeys)
+	return err
+}
+
 const eventSkip = `-- name: EventSkip :many
 WITH target AS (
     SELECT c.stream_id, c.perspective_name, c.attempts, c.last_error,
@@ -98,6 +118,10 @@ type EventSkipParams struct {
 // flight, which replayed it, is refused and retried). When it was the failing event, the
 // failure state clears and the pair's other rows are due now. Wakes the workers and the
 // waiters (WaitFor). Returns the builds it skipped the event in.
+// It runs after CursorsLockOfStream, in the same transaction, so that what it reads of the
+// queue is as of after those locks: in one statement, a lock that waited for an apply
+// transaction committing the event would be followed by a read of the queue as of before
+// that commit, and the skip of an event just applied would be recorded.
 func (q *Queries) EventSkip(ctx context.Context, arg EventSkipParams) ([]string, error) {
 	rows, err := q.db.Query(ctx, eventSkip,
 		arg.EventID,

@@ -110,6 +110,9 @@ type Querier interface {
 	CursorsEnsure(ctx context.Context, arg CursorsEnsureParams) ([]CursorsEnsureRow, error)
 	// when it is retried (none while parked: 'infinity')
 	CursorsFailed(ctx context.Context) ([]CursorsFailedRow, error)
+	// Locks the cursor rows of a stream's pairs in the given builds, in key order: the first
+	// statement of an operator's skip (EventSkip runs next, in the same transaction).
+	CursorsLockOfStream(ctx context.Context, arg CursorsLockOfStreamParams) error
 	EventCount(ctx context.Context) (int64, error)
 	// An operator skips an event of a stream in the given builds: for each build where the event
 	// is queued for the stream's pair or is its failing event, the skip is recorded (who, and the
@@ -117,6 +120,10 @@ type Querier interface {
 	// flight, which replayed it, is refused and retried). When it was the failing event, the
 	// failure state clears and the pair's other rows are due now. Wakes the workers and the
 	// waiters (WaitFor). Returns the builds it skipped the event in.
+	// It runs after CursorsLockOfStream, in the same transaction, so that what it reads of the
+	// queue is as of after those locks: in one statement, a lock that waited for an apply
+	// transaction committing the event would be followed by a read of the queue as of before
+	// that commit, and the skip of an event just applied would be recorded.
 	EventSkip(ctx context.Context, arg EventSkipParams) ([]string, error)
 	// The planner's estimate of the stored events (-1 before the first ANALYZE).
 	EventStoreEstimate(ctx context.Context) (int64, error)

@@ -43,6 +43,15 @@ SELECT cur.stream_id, cur.perspective_name AS build_key, cur.version
 FROM cur
 WHERE (SELECT count(*) FROM (SELECT pg_notify('wh_perspective_events', '') FROM cur LIMIT 1) n) >= 0;
 
+-- name: CursorsLockOfStream :exec
+-- Locks the cursor rows of a stream's pairs in the given builds, in key order: the first
+-- statement of an operator's skip (EventSkip runs next, in the same transaction).
+SELECT 1
+FROM wh_perspective_cursors c
+WHERE c.stream_id = @stream_id AND c.perspective_name = ANY(@build_keys::text[])
+ORDER BY c.perspective_name
+FOR UPDATE OF c;
+
 -- name: EventSkip :many
 -- An operator skips an event of a stream in the given builds: for each build where the event
 -- is queued for the stream's pair or is its failing event, the skip is recorded (who, and the
@@ -50,6 +59,10 @@ WHERE (SELECT count(*) FROM (SELECT pg_notify('wh_perspective_events', '') FROM 
 -- flight, which replayed it, is refused and retried). When it was the failing event, the
 -- failure state clears and the pair's other rows are due now. Wakes the workers and the
 -- waiters (WaitFor). Returns the builds it skipped the event in.
+-- It runs after CursorsLockOfStream, in the same transaction, so that what it reads of the
+-- queue is as of after those locks: in one statement, a lock that waited for an apply
+-- transaction committing the event would be followed by a read of the queue as of before
+-- that commit, and the skip of an event just applied would be recorded.
 WITH target AS (
     SELECT c.stream_id, c.perspective_name, c.attempts, c.last_error,
            (c.failed_event_id IS NOT DISTINCT FROM @event_id::uuid OR c.status = 'ok') AS clears

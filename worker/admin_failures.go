@@ -8,6 +8,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 
 	"github.com/perspectives-go/perspectives/db"
 	"github.com/perspectives-go/perspectives/locker"
@@ -178,7 +179,14 @@ func (a *Admin) Skip(ctx context.Context, streamID uuid.UUID, perspectiveName st
 			version[b.Key] = b.Version
 		}
 	}
-	skipped, err := a.store.q.EventSkip(ctx, db.EventSkipParams{EventID: eventID, StreamID: streamID, BuildKeys: keys, SkippedBy: by})
+	var skipped []string
+	err = a.store.inTx(ctx, func(_ pgx.Tx, q *db.Queries) error {
+		if err := q.CursorsLockOfStream(ctx, db.CursorsLockOfStreamParams{StreamID: streamID, BuildKeys: keys}); err != nil {
+			return err
+		}
+		skipped, err = q.EventSkip(ctx, db.EventSkipParams{EventID: eventID, StreamID: streamID, BuildKeys: keys, SkippedBy: by})
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("worker: skip: %w", err)
 	}

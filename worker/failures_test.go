@@ -2,12 +2,14 @@ package worker_test
 
 import (
 	"context"
+	"encoding/json"
 	"testing"
 	"time"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/perspectives-go/perspectives/db"
 	"github.com/perspectives-go/perspectives/locker"
 	"github.com/perspectives-go/perspectives/worker"
 )
@@ -406,4 +408,60 @@ func TestALockLostDuringARewindIsNoFailureOfTheEventReplayed(t *testing.T) {
 	m := waitModel(t, ctx, name, s, 3)
 	require.Equal(t, expectedLedger(t, evs), m, "the rewind retried")
 	require.Empty(t, skippedOf(t, admin, name, s), "no event skipped")
+}
+
+// An operator's skip of an event that an apply transaction is committing at that moment
+// waits for the pair's cursor row, then finds the event applied, not queued: it is refused
+// and writes nothing (a skip that read the queue as of before that commit recorded the skip
+// of an event in the model).
+func TestSkipOfAnEventBeingAppliedIsRefusedOnceItIsApplied(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := uniqueName("skip_race")
+	_, err := psStore(testDB).Register(ctx, name, 1)
+	require.NoError(t, err)
+	s := uuid.New()
+	evs := events(s, newIDs(t, 1))
+	require.NoError(t, worker.Append(ctx, testDB.Pool, evs...))
+	require.Equal(t, []uuid.UUID{evs[0].ID}, queued(t, ctx, name, s))
+
+	// The normal path's apply transaction, by its own statements: lock the cursor row,
+	// write the model with the event and delete its queue row; not committed yet.
+	tx, err := testDB.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	var pid int
+	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
+	q := db.New(tx)
+	_, err = q.PairsLockForApply(ctx, db.PairsLockForApplyParams{StreamIds: []uuid.UUID{s}, PerspectiveNames: []string{name}})
+	require.NoError(t, err)
+	model, err := json.Marshal(expectedLedger(t, evs))
+	require.NoError(t, err)
+	deleted, err := q.PairsApplyCommit(ctx, db.PairsApplyCommitParams{
+		StreamIds: []uuid.UUID{s}, PerspectiveNames: []string{name}, Models: []string{string(model)},
+		LastEventIds: []uuid.UUID{evs[0].ID}, EventsSinceSnapshot: []int32{1},
+		AppliedStreamIds: []uuid.UUID{s}, AppliedPerspectiveNames: []string{name}, AppliedEventIds: []uuid.UUID{evs[0].ID},
+	})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, deleted)
+
+	admin := newAdmin(t)
+	skipped := make(chan error, 1)
+	go func() {
+		_, err := admin.Skip(ctx, s, name, evs[0].ID, "alice")
+		skipped <- err
+	}()
+	eventually(t, 10*time.Second, "the skip waits for the apply transaction", func() bool {
+		var n int
+		require.NoError(t, testDB.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))`, pid).Scan(&n))
+		return n > 0
+	})
+	require.NoError(t, tx.Commit(ctx))
+	err = <-skipped
+	require.ErrorIs(t, err, locker.ErrInvalidArgument, "the event is applied, not queued")
+	require.ErrorContains(t, err, "neither queued")
+	require.Empty(t, skippedOf(t, admin, name, s), "nothing written")
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	require.NoError(t, worker.WaitFor(wctx, testDB.Pool, name, s, evs[0].ID), "the event is in the model")
 }
