@@ -75,7 +75,9 @@ func (s *pgStore) Bootstrap(ctx context.Context, p Pair) (bool, error) {
 			return fmt.Errorf("load model: %w", err)
 		}
 		if len(models) == 0 {
-			return nil
+			// Its failure, retried with backoff and parked by the policy: returning nothing
+			// written, the apply after it would ask for a bootstrap again, for ever.
+			return fmt.Errorf("the cursor is at event %s but the pair has no model", cur.LastEventID.UUID)
 		}
 		m := models[0]
 		if m.LastEventID != cur.LastEventID.UUID {
@@ -97,6 +99,7 @@ func (s *pgStore) Bootstrap(ctx context.Context, p Pair) (bool, error) {
 type BootstrapStore interface {
 	// Bootstrap stores the pair's model, read together with its cursor under the cursor row
 	// lock, as a snapshot at the cursor's position. It reports whether it wrote one (not
-	// when the pair has no model).
+	// when the cursor has no position: purged meanwhile). A position without a model, or a
+	// model at another event, is an error.
 	Bootstrap(ctx context.Context, p Pair) (bool, error)
 }

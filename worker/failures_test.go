@@ -465,3 +465,30 @@ func TestSkipOfAnEventBeingAppliedIsRefusedOnceItIsApplied(t *testing.T) {
 	defer cancel()
 	require.NoError(t, worker.WaitFor(wctx, testDB.Pool, name, s, evs[0].ID), "the event is in the model")
 }
+
+// A pair whose cursor has a position but whose model row is gone (deleted by hand, say) and
+// whose history asks for a first snapshot fails its bootstrap, and is retried and parked
+// by its failure policy, saying why: it does not go from apply to bootstrap and back for
+// ever under one lease.
+func TestAPairWithAPositionButNoModelFailsItsBootstrap(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	name := uniqueName("boot_nomodel")
+	s := uuid.New()
+	w := startWorker(t, worker.Config{Perspectives: []worker.Perspective{ledgerPerspective(name)}, Snapshots: worker.SnapshotOptions{Disabled: true}})
+	require.NoError(t, worker.Append(ctx, testDB.Pool, events(s, newIDs(t, 150))...))
+	waitModel(t, ctx, name, s, 150)
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	require.NoError(t, w.Stop(sctx))
+	gsExec(t, ctx, testDB.Pool, `DELETE FROM wh_perspective_models WHERE stream_id = $1 AND perspective_name = $2`, s, name)
+	require.NoError(t, worker.Append(ctx, testDB.Pool, events(s, newIDs(t, 1))...))
+
+	m := newMetrics(t)
+	startWorker(t, worker.Config{Perspectives: []worker.Perspective{ledgerPerspective(name)}, MeterProvider: m.mp,
+		FailurePolicy: worker.FailurePolicy{Attempts: 2}, RetryBackoff: 5 * time.Millisecond, MaxRetryBackoff: 10 * time.Millisecond})
+	admin := newAdmin(t)
+	fp := waitParked(t, admin, name, s, 2)
+	require.Contains(t, fp.LastError, "has no model")
+	require.LessOrEqual(t, m.sum("perspectives.bootstrap.count"), int64(2), "one bootstrap per attempt")
+}

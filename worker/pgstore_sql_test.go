@@ -791,9 +791,9 @@ func TestPGStorePurgeOfACursorRowDeletedMeanwhileSaysSo(t *testing.T) {
 	require.JSONEq(t, `{"v":"kept"}`, string(model))
 }
 
-// Bootstrap stores the model as a snapshot at the cursor's position; with no model, no
-// position or no cursor row it writes nothing and says so; a model at another event than
-// the cursor is an error.
+// Bootstrap stores the model as a snapshot at the cursor's position; with no position or no
+// cursor row it writes nothing and says so; a position without a model, or a model at
+// another event than the cursor, is an error, and nothing is written.
 func TestPGStoreBootstrapSnapshotsTheModelAtTheCursor(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -826,7 +826,7 @@ func TestPGStoreBootstrapSnapshotsTheModelAtTheCursor(t *testing.T) {
 	psModel(t, ctx, testDB, noPosition, `{"v":"stale"}`, ids2[3])
 	noCursor, ids3 := pair()
 	psModel(t, ctx, testDB, noCursor, `{"v":"stale"}`, ids3[3])
-	for what, p := range map[string]worker.Pair{"no model": noModel, "no position": noPosition, "no cursor row": noCursor} {
+	for what, p := range map[string]worker.Pair{"no position": noPosition, "no cursor row": noCursor} {
 		before := psRead(t, ctx, testDB, p)
 		wrote, err := store.Bootstrap(ctx, p)
 		require.NoError(t, err, what)
@@ -837,11 +837,13 @@ func TestPGStoreBootstrapSnapshotsTheModelAtTheCursor(t *testing.T) {
 	mismatch, ids := pair()
 	psCursor(t, ctx, testDB, mismatch, ids[3], 1, 0)
 	psModel(t, ctx, testDB, mismatch, `{"v":"at2"}`, ids[2])
-	before := psRead(t, ctx, testDB, mismatch)
-	wrote, err = store.Bootstrap(ctx, mismatch)
-	require.Error(t, err, "a model at another event than the cursor")
-	require.False(t, wrote)
-	require.Equal(t, before, psRead(t, ctx, testDB, mismatch), "nothing written")
+	for what, p := range map[string]worker.Pair{"a model at another event than the cursor": mismatch, "a position without a model": noModel} {
+		before := psRead(t, ctx, testDB, p)
+		wrote, err = store.Bootstrap(ctx, p)
+		require.Error(t, err, what)
+		require.False(t, wrote, what)
+		require.Equal(t, before, psRead(t, ctx, testDB, p), "%s: nothing written", what)
+	}
 }
 
 // psRequireBackoff checks that the pair's due row retries at now + backoff, now being a time
