@@ -82,6 +82,9 @@ func (w *Worker) foldPage(ctx context.Context, b *build, page CatchUpPage) []Pai
 		})
 	}
 	wg.Wait()
+	if ctx.Err() != nil {
+		return writes // a fold interrupted: nothing of the page is written (see CatchUp)
+	}
 	for _, wr := range writes {
 		if wr.Failure.Cause != "" {
 			w.reportApplied(ctx, pairReport{pair: wr.Pair, applied: len(wr.Applied), err: eventError{event: wr.Failure.Event, err: errors.New(wr.Failure.Cause)}, action: wr.Failure.Action})
@@ -253,6 +256,9 @@ func (s *pgStore) CatchUp(ctx context.Context, req CatchUpRequest, fold func(Cat
 		}
 
 		writes := fold(page)
+		if err := ctx.Err(); err != nil {
+			return err // the fold was interrupted (Stop): nothing of the page is written
+		}
 		err = s.writePage(ctx, tx, q, req.Key, writes, queued)
 		if se := (sinkError{}); errors.As(err, &se) {
 			// A sink refused the page: it is written without the build's models, every

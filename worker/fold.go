@@ -24,7 +24,8 @@ type folded struct {
 // the first event). The first event whose Apply fails, or returns a model that is not JSON,
 // ends it. Only the models it returns (the last one and the snapshots) are checked to be
 // valid JSON; when one is not, the fold runs again checking every model, to find the event
-// at fault.
+// at fault. ctx ending ends it too, before its next Apply (or run), with an error that is no
+// event's: its caller's transaction, on the same ctx, writes nothing of it.
 func (w *Worker) fold(ctx context.Context, persp Perspective, model json.RawMessage, since int, events []Event) folded {
 	f := w.foldEvents(ctx, persp, model, since, events, false)
 	valid := len(f.applied) == 0 || json.Valid(f.model)
@@ -58,6 +59,10 @@ func (w *Worker) foldEvents(ctx context.Context, persp Perspective, model json.R
 		}
 	}
 	for i := 0; i < len(events); {
+		if ctx.Err() != nil {
+			f.err = fmt.Errorf("fold interrupted: %w", context.Cause(ctx))
+			break
+		}
 		if batch != nil {
 			n := len(events) - i
 			if !w.cfg.Snapshots.Disabled {

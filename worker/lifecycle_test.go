@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -745,4 +746,39 @@ func TestPromotionRetiresTheOlderBuildsAndVersionsOnlyGoUp(t *testing.T) {
 	m, ok := loadVLedger(t, ctx, d, name, s)
 	require.True(t, ok)
 	require.Equal(t, 3, m.V, "readers keep version 3")
+}
+
+// Stop interrupts a catch-up page's fold once its context ends: the fold stops before its
+// next Apply (or run of events), the page's transaction writes nothing, and Stop returns
+// by its deadline plus the page's current run, with no Apply called after it returned.
+func TestStopInterruptsACatchUpPagesFold(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := isolatedDB(t)
+	for range 8 {
+		require.NoError(t, worker.Append(ctx, d.Pool, events(uuid.New(), newIDs(t, 1000))...))
+	}
+	var calls atomic.Int64
+	name := uniqueName("stop_fold")
+	slow := worker.JSONPerspective(name, func(m ledger, ev worker.Event) (ledger, error) {
+		calls.Add(1)
+		time.Sleep(2 * time.Millisecond)
+		return foldLedger(m, ev)
+	})
+	w, err := worker.New(d.Pool, worker.Config{Perspectives: []worker.Perspective{slow}, CatchUpPageSize: 8000,
+		PollInterval: 20 * time.Millisecond, Logger: quietLogger()})
+	require.NoError(t, err)
+	require.NoError(t, w.Start(ctx))
+	eventually(t, 10*time.Second, "the page's fold under way", func() bool { return calls.Load() > 100 })
+	sctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_ = w.Stop(sctx) // its deadline passes with the page in flight
+	took := time.Since(start)
+	atStop := calls.Load()
+	require.Less(t, took, 2*time.Second, "Stop returns by its deadline plus the page's current run")
+	time.Sleep(300 * time.Millisecond)
+	require.Equal(t, atStop, calls.Load(), "no Apply after Stop returned")
+	require.Zero(t, lcCount(t, d, `SELECT count(*) FROM wh_perspective_models WHERE perspective_name = $1`, name),
+		"the interrupted page wrote nothing")
 }

@@ -827,9 +827,9 @@ func TestUnitStopCutShortReleasesAFollowUpsLeaseWhileLeasesAreUnknown(t *testing
 			return worker.Claimed{}, reset // may have committed: the leases are unknown
 		}
 		store.ApplyFunc = func(ctx context.Context, req worker.ApplyRequest, decide func([]worker.PairState) []worker.PairWrite) ([]worker.Pair, error) {
+			decide([]worker.PairState{{Pair: p, Events: utFullBatch(p)}}) // folded: a full batch
 			close(applying)
-			<-unblock
-			decide([]worker.PairState{{Pair: p, Events: utFullBatch(p)}})
+			<-unblock // its commit returns after Stop's context ended
 			return nil, nil
 		}
 		store.LeasedFunc = func(ctx context.Context, _ uuid.UUID) ([]worker.Pair, error) {
