@@ -12,16 +12,16 @@ import (
 )
 
 const buildCatchUpAcquire = `-- name: BuildCatchUpAcquire :one
-
-UPDATE wh_perspective_builds
+UPDATE wh_perspective_builds b
 SET catchup_holder = $1::uuid,
     catchup_expiry = clock_timestamp() + make_interval(secs => $2::float8),
-    catchup_started_at = COALESCE(catchup_started_at, now())
-WHERE build_key = $3
-  AND state <> 'retired'
-  AND NOT catchup_done
-  AND (catchup_holder IS NULL OR catchup_expiry <= clock_timestamp() OR catchup_holder = $1::uuid)
-RETURNING catchup_stream_id, catchup_event_id
+    catchup_started_at = COALESCE(b.catchup_started_at, now())
+WHERE b.build_key = (SELECT l.build_key FROM wh_perspective_builds l WHERE l.build_key = $3
+                     FOR UPDATE SKIP LOCKED)
+  AND b.state <> 'retired'
+  AND NOT b.catchup_done
+  AND (b.catchup_holder IS NULL OR b.catchup_expiry <= clock_timestamp() OR b.catchup_holder = $1::uuid)
+RETURNING b.catchup_stream_id, b.catchup_event_id
 `
 
 type BuildCatchUpAcquireParams struct {
@@ -35,11 +35,10 @@ type BuildCatchUpAcquireRow struct {
 	CatchupEventID  uuid.NullUUID
 }
 
-// A build's catch-up (worker/catchup.go): its lease, its pages of the event store, the
-// streams it hands to the queue, its position.
 // Takes (or renews) the lease on a build's catch-up: free, expired, or already the
-// caller's. Returns the position to continue from; no row when another instance holds it or
-// the catch-up is done.
+// caller's. Returns the position to continue from; no row when another instance holds it,
+// the catch-up is done, or another transaction holds the build's row (a page of another
+// instance that outlived its lease: this one does not wait for it).
 func (q *Queries) BuildCatchUpAcquire(ctx context.Context, arg BuildCatchUpAcquireParams) (BuildCatchUpAcquireRow, error) {
 	row := q.db.QueryRow(ctx, buildCatchUpAcquire, arg.InstanceID, arg.LeaseSeconds, arg.BuildKey)
 	var i BuildCatchUpAcquireRow
@@ -110,6 +109,38 @@ func (q *Queries) BuildCatchUpAdvance(ctx context.Context, arg BuildCatchUpAdvan
 		return 0, err
 	}
 	return result.RowsAffected(), nil
+}
+
+const buildCatchUpPosition = `-- name: BuildCatchUpPosition :one
+
+SELECT catchup_stream_id, catchup_event_id
+FROM wh_perspective_builds
+WHERE build_key = $1
+  AND state <> 'retired'
+  AND NOT catchup_done
+  AND (catchup_holder IS NULL OR catchup_expiry <= clock_timestamp() OR catchup_holder = $2::uuid)
+`
+
+type BuildCatchUpPositionParams struct {
+	BuildKey   string
+	InstanceID uuid.UUID
+}
+
+type BuildCatchUpPositionRow struct {
+	CatchupStreamID uuid.NullUUID
+	CatchupEventID  uuid.NullUUID
+}
+
+// A build's catch-up (worker/catchup.go): its lease, its pages of the event store, the
+// streams it hands to the queue, its position.
+// A build's catch-up position, when the caller may take its lease (BuildCatchUpAcquire):
+// free, expired, or already the caller's. No row when another instance holds it or the
+// catch-up is done. A plain read: it never waits.
+func (q *Queries) BuildCatchUpPosition(ctx context.Context, arg BuildCatchUpPositionParams) (BuildCatchUpPositionRow, error) {
+	row := q.db.QueryRow(ctx, buildCatchUpPosition, arg.BuildKey, arg.InstanceID)
+	var i BuildCatchUpPositionRow
+	err := row.Scan(&i.CatchupStreamID, &i.CatchupEventID)
+	return i, err
 }
 
 const catchUpPage = `-- name: CatchUpPage :many

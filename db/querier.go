@@ -19,11 +19,10 @@ type Querier interface {
 	AppendLockHolders(ctx context.Context) ([]AppendLockHoldersRow, error)
 	// The process ID of the server backend that runs the statement (see pgq.Pooled).
 	BackendPID(ctx context.Context) (int32, error)
-	// A build's catch-up (worker/catchup.go): its lease, its pages of the event store, the
-	// streams it hands to the queue, its position.
 	// Takes (or renews) the lease on a build's catch-up: free, expired, or already the
-	// caller's. Returns the position to continue from; no row when another instance holds it or
-	// the catch-up is done.
+	// caller's. Returns the position to continue from; no row when another instance holds it,
+	// the catch-up is done, or another transaction holds the build's row (a page of another
+	// instance that outlived its lease: this one does not wait for it).
 	BuildCatchUpAcquire(ctx context.Context, arg BuildCatchUpAcquireParams) (BuildCatchUpAcquireRow, error)
 	// Moves a build's catch-up position, in the transaction that wrote the page's models, and
 	// renews the lease; with done (no stored event after the position) ends the catch-up
@@ -36,6 +35,12 @@ type Querier interface {
 	// every instance fold the same page again, for ever, when a page takes longer than the lease
 	// (a slow perspective: TestReliabilityRandomizedModelCheck, LockTimeout 2 s).
 	BuildCatchUpAdvance(ctx context.Context, arg BuildCatchUpAdvanceParams) (int64, error)
+	// A build's catch-up (worker/catchup.go): its lease, its pages of the event store, the
+	// streams it hands to the queue, its position.
+	// A build's catch-up position, when the caller may take its lease (BuildCatchUpAcquire):
+	// free, expired, or already the caller's. No row when another instance holds it or the
+	// catch-up is done. A plain read: it never waits.
+	BuildCatchUpPosition(ctx context.Context, arg BuildCatchUpPositionParams) (BuildCatchUpPositionRow, error)
 	// Deletes the rows of up to batch_size pairs of a retired build: queue rows, due rows,
 	// snapshots, model and cursor. Returns the number of pairs deleted (0: none left).
 	BuildCleanupBatch(ctx context.Context, arg BuildCleanupBatchParams) (int64, error)

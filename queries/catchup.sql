@@ -1,19 +1,32 @@
 -- A build's catch-up (worker/catchup.go): its lease, its pages of the event store, the
 -- streams it hands to the queue, its position.
 
--- name: BuildCatchUpAcquire :one
--- Takes (or renews) the lease on a build's catch-up: free, expired, or already the
--- caller's. Returns the position to continue from; no row when another instance holds it or
--- the catch-up is done.
-UPDATE wh_perspective_builds
-SET catchup_holder = @instance_id::uuid,
-    catchup_expiry = clock_timestamp() + make_interval(secs => @lease_seconds::float8),
-    catchup_started_at = COALESCE(catchup_started_at, now())
+-- name: BuildCatchUpPosition :one
+-- A build's catch-up position, when the caller may take its lease (BuildCatchUpAcquire):
+-- free, expired, or already the caller's. No row when another instance holds it or the
+-- catch-up is done. A plain read: it never waits.
+SELECT catchup_stream_id, catchup_event_id
+FROM wh_perspective_builds
 WHERE build_key = @build_key
   AND state <> 'retired'
   AND NOT catchup_done
-  AND (catchup_holder IS NULL OR catchup_expiry <= clock_timestamp() OR catchup_holder = @instance_id::uuid)
-RETURNING catchup_stream_id, catchup_event_id;
+  AND (catchup_holder IS NULL OR catchup_expiry <= clock_timestamp() OR catchup_holder = @instance_id::uuid);
+
+-- name: BuildCatchUpAcquire :one
+-- Takes (or renews) the lease on a build's catch-up: free, expired, or already the
+-- caller's. Returns the position to continue from; no row when another instance holds it,
+-- the catch-up is done, or another transaction holds the build's row (a page of another
+-- instance that outlived its lease: this one does not wait for it).
+UPDATE wh_perspective_builds b
+SET catchup_holder = @instance_id::uuid,
+    catchup_expiry = clock_timestamp() + make_interval(secs => @lease_seconds::float8),
+    catchup_started_at = COALESCE(b.catchup_started_at, now())
+WHERE b.build_key = (SELECT l.build_key FROM wh_perspective_builds l WHERE l.build_key = @build_key
+                     FOR UPDATE SKIP LOCKED)
+  AND b.state <> 'retired'
+  AND NOT b.catchup_done
+  AND (b.catchup_holder IS NULL OR b.catchup_expiry <= clock_timestamp() OR b.catchup_holder = @instance_id::uuid)
+RETURNING b.catchup_stream_id, b.catchup_event_id;
 
 -- name: CatchUpPage :many
 -- The next page of stored events after a position, in (stream_id, event_id) order, but for

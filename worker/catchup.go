@@ -170,8 +170,44 @@ type CatchUpResult struct {
 }
 
 func (s *pgStore) CatchUp(ctx context.Context, req CatchUpRequest, fold func(CatchUpPage) []PairWrite) (CatchUpResult, error) {
+	// Before the page's transaction, without waiting for any: the position, the page's
+	// events, and the cursor rows of its streams that the build has not got yet, created and
+	// committed. An Append to a stream whose cursor row an open transaction inserted waits
+	// for that transaction: inserted by the page's, every Append to its streams would wait
+	// for the whole fold.
+	start, err := s.q.BuildCatchUpPosition(ctx, db.BuildCatchUpPositionParams{BuildKey: req.Key, InstanceID: req.Instance})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return CatchUpResult{NotHeld: true}, nil
+	}
+	if err != nil {
+		return CatchUpResult{}, fmt.Errorf("read the catch-up position: %w", err)
+	}
+	at := db.CatchUpPageParams{AfterStreamID: start.CatchupStreamID.UUID, AfterEventID: start.CatchupEventID.UUID, BuildKey: req.Key, PageSize: int32(req.PageSize)}
+	rows, err := s.readPage(ctx, req.Key, at)
+	if err != nil {
+		return CatchUpResult{}, fmt.Errorf("read the store: %w", err)
+	}
+	var pairs []Pair
+	for i, r := range rows {
+		if i == 0 || r.StreamID != rows[i-1].StreamID {
+			pairs = append(pairs, Pair{Stream: r.StreamID, Perspective: req.Key})
+		}
+	}
+	if len(pairs) > 0 {
+		streams, names := pairArrays(pairs)
+		if _, err := s.q.CursorsEnsure(ctx, db.CursorsEnsureParams{StreamIds: streams, PerspectiveNames: names}); err != nil {
+			return CatchUpResult{}, fmt.Errorf("create cursors: %w", err)
+		}
+	}
+	if len(rows) == req.PageSize {
+		// Read the next page while this one is folded and written.
+		last := rows[len(rows)-1]
+		next := db.CatchUpPageParams{AfterStreamID: last.StreamID, AfterEventID: last.EventID, BuildKey: req.Key, PageSize: at.PageSize}
+		s.readAheadWith(req.Key, next, func(ctx context.Context) ([]db.WhEventStore, error) { return s.q.CatchUpPage(ctx, next) })
+	}
+
 	var res CatchUpResult
-	err := s.inTx(ctx, func(tx pgx.Tx, q *db.Queries) error {
+	err = s.inTx(ctx, func(tx pgx.Tx, q *db.Queries) error {
 		res = CatchUpResult{}
 		pos, err := q.BuildCatchUpAcquire(ctx, db.BuildCatchUpAcquireParams{
 			InstanceID: req.Instance, LeaseSeconds: req.Lease.Seconds(), BuildKey: req.Key,
@@ -183,16 +219,9 @@ func (s *pgStore) CatchUp(ctx context.Context, req CatchUpRequest, fold func(Cat
 		if err != nil {
 			return fmt.Errorf("take the catch-up lease: %w", err)
 		}
-		at := db.CatchUpPageParams{AfterStreamID: pos.CatchupStreamID.UUID, AfterEventID: pos.CatchupEventID.UUID, BuildKey: req.Key, PageSize: int32(req.PageSize)}
-		rows, err := s.readPage(ctx, q, req.Key, at)
-		if err != nil {
-			return fmt.Errorf("read the store: %w", err)
-		}
-		if len(rows) == req.PageSize {
-			// Read the next page while this one is folded and written.
-			last := rows[len(rows)-1]
-			next := db.CatchUpPageParams{AfterStreamID: last.StreamID, AfterEventID: last.EventID, BuildKey: req.Key, PageSize: at.PageSize}
-			s.readAheadWith(req.Key, next, func(ctx context.Context) ([]db.WhEventStore, error) { return s.q.CatchUpPage(ctx, next) })
+		if pos.CatchupStreamID != start.CatchupStreamID || pos.CatchupEventID != start.CatchupEventID {
+			res.NotHeld = true // another instance took the lease over and moved on meanwhile
+			return nil
 		}
 		fence := func(n int64, err error) error {
 			if err != nil {
@@ -211,20 +240,11 @@ func (s *pgStore) CatchUp(ctx context.Context, req CatchUpRequest, fold func(Cat
 		}
 		res.Events = len(rows)
 		page := CatchUpPage{Key: req.Key, Events: make([]Event, len(rows)), Streams: map[uuid.UUID]PairState{}}
-		var pairs []Pair
 		for i, r := range rows {
 			page.Events[i] = eventOf(r)
-			if i == 0 || r.StreamID != rows[i-1].StreamID {
-				pairs = append(pairs, Pair{Stream: r.StreamID, Perspective: req.Key})
-			}
 		}
-		// Under the cursor row locks: a stream another instance has locked is left to the
-		// normal path (fold queues its events). Most of the page's pairs are new to the
-		// build: their rows are created first, in key order.
-		streams, names := pairArrays(pairs)
-		if _, err := q.CursorsEnsure(ctx, db.CursorsEnsureParams{StreamIds: streams, PerspectiveNames: names}); err != nil {
-			return fmt.Errorf("create cursors: %w", err)
-		}
+		// Under the cursor row locks: a stream another instance has locked, or whose row
+		// another transaction holds, is left to the normal path (fold queues its events).
 		states, _, err := lockPairs(ctx, q, pairs)
 		if err != nil {
 			return err
@@ -359,10 +379,10 @@ type pageRead struct {
 }
 
 // readPage reads the catch-up page of build key at at: the page read ahead when there is
-// one for exactly that position (a page is plain stored events: reading it outside the
-// page's transaction is as good as inside, since every event committed after the build's
-// registration is queued for it anyway), else with q.
-func (s *pgStore) readPage(ctx context.Context, q *db.Queries, key string, at db.CatchUpPageParams) ([]db.WhEventStore, error) {
+// one for exactly that position, else now. A page is plain stored events, read outside the
+// page's transaction: as good as inside, since every event committed after the build's
+// registration is queued for it anyway.
+func (s *pgStore) readPage(ctx context.Context, key string, at db.CatchUpPageParams) ([]db.WhEventStore, error) {
 	s.readAheadMu.Lock()
 	p := s.readAhead[key]
 	delete(s.readAhead, key)
@@ -377,7 +397,7 @@ func (s *pgStore) readPage(ctx context.Context, q *db.Queries, key string, at db
 			return nil, ctx.Err()
 		}
 	}
-	return q.CatchUpPage(ctx, at)
+	return s.q.CatchUpPage(ctx, at)
 }
 
 // readAheadWith reads the page of build key at at with read, in a goroutine of the store's
@@ -406,11 +426,14 @@ var maxUUID = uuid.UUID{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x
 
 // CatchUpStore is what a catch-up asks of the database.
 type CatchUpStore interface {
-	// CatchUp runs one page of a build's catch-up in one transaction: it takes or renews
-	// the build's catch-up lease (req.Instance, for req.Lease), reads the next req.PageSize
-	// stored events after the build's position in (stream, event) order, passes them to fold,
-	// writes what fold returns (deleting the queue rows of the applied events that were
-	// queued, and queueing a failed stream's events from its failing one on), and moves the
-	// position under the fencing check. With no event left it ends the catch-up.
+	// CatchUp runs one page of a build's catch-up: it reads the next req.PageSize stored
+	// events after the build's position in (stream, event) order and creates the cursor rows
+	// of their streams that the build has not got (committed at once: an Append waits for
+	// none of its transactions); then, in one transaction, it takes or renews the build's
+	// catch-up lease (req.Instance, for req.Lease), passes the events to fold, writes what
+	// fold returns (deleting the queue rows of the applied events that were queued, and
+	// queueing a failed stream's events from its failing one on), and moves the position
+	// under the fencing check. With no event left it ends the catch-up. It never waits for
+	// another instance's page: NotHeld.
 	CatchUp(ctx context.Context, req CatchUpRequest, fold func(CatchUpPage) []PairWrite) (CatchUpResult, error)
 }

@@ -782,3 +782,42 @@ func TestStopInterruptsACatchUpPagesFold(t *testing.T) {
 	require.Zero(t, lcCount(t, d, `SELECT count(*) FROM wh_perspective_models WHERE perspective_name = $1`, name),
 		"the interrupted page wrote nothing")
 }
+
+// An Append to a stream of a catch-up page being folded does not wait for the page: the
+// page's cursor rows are created and committed before its transaction (an Append waits for
+// a cursor row that an open transaction inserted).
+func TestAnAppendDoesNotWaitForACatchUpPage(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := isolatedDB(t)
+	streams := gsStreamsDescending(2)
+	s, u := streams[1], streams[0] // s sorts first: the page holds both
+	evS, evU := events(s, newIDs(t, 20)), events(u, newIDs(t, 20))
+	require.NoError(t, worker.Append(ctx, d.Pool, evS...))
+	require.NoError(t, worker.Append(ctx, d.Pool, evU...))
+
+	name := uniqueName("page_append")
+	g := newGated(name)
+	entered, release := g.arm(evU[5].ID) // the page open, both streams' cursor rows made
+	defer release()
+	lcWorker(t, d, worker.Config{Perspectives: []worker.Perspective{g}})
+	select {
+	case <-entered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the catch-up never reached the gate")
+	}
+	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	late := events(s, newIDs(t, 1))
+	start := time.Now()
+	require.NoError(t, worker.Append(actx, d.Pool, late...), "an Append waits for no catch-up page")
+	require.Less(t, time.Since(start), time.Second)
+	release()
+	eventually(t, 20*time.Second, "the stream with the appended event", func() bool {
+		raw, ok, err := worker.LoadModel(ctx, d.Pool, name, s)
+		require.NoError(t, err)
+		var m ledger
+		return ok && json.Unmarshal(raw, &m) == nil && len(m.IDs) == len(evS)+1
+	})
+	require.Equal(t, expectedLedger(t, append(slices.Clone(evS), late...)), loadLedgerIn(t, d, name, s))
+}
