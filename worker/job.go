@@ -33,6 +33,9 @@ type job struct {
 	pairs     []Pair    // apply, rewind, bootstrap
 	key       string    // catch-up, promote: the build; cleanup: the perspective
 	notBefore time.Time // a follow-up waits for a slot until then (a paced catch-up)
+	// afterClaim: a catch-up's next page, which waits for the loop's next claim before it
+	// takes a slot, so that live work and pages take turns (see schedule.claimTurn)
+	afterClaim bool
 	// claimed: when the claim that leased an apply's pairs was sent (the zero time: not
 	// from a claim). chain and after: an apply following its pairs' full batches (see
 	// continuation): how many batches in a row came before it, and each pair's last event
@@ -102,7 +105,7 @@ func (w *Worker) run(ctx context.Context, j job) jobResult {
 		}
 		if more {
 			took := time.Since(started)
-			r.next = append(r.next, job{kind: jobCatchUp, key: j.key, notBefore: started.Add(took + w.pacing(j.key, took))})
+			r.next = append(r.next, job{kind: jobCatchUp, key: j.key, notBefore: started.Add(took + w.pacing(j.key, took)), afterClaim: true})
 		}
 		r.refresh = done // a build to promote, maybe: look again at once (else at the next poll)
 		return r

@@ -821,3 +821,42 @@ func TestAnAppendDoesNotWaitForACatchUpPage(t *testing.T) {
 	})
 	require.Equal(t, expectedLedger(t, append(slices.Clone(evS), late...)), loadLedgerIn(t, d, name, s))
 }
+
+// A first build's catch-up (not paced) holds up no live application of the instance's other
+// perspectives, even in one slot: each of its pages after the first waits for a claim, so
+// pages and claimed groups take turns.
+func TestAFirstBuildsCatchUpTakesTurnsWithLiveApplication(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := isolatedDB(t)
+	for range 40 {
+		require.NoError(t, worker.Append(ctx, d.Pool, events(uuid.New(), newIDs(t, 100))...))
+	}
+	live := uniqueName("turns_live")
+	a := lcWorker(t, d, worker.Config{Perspectives: []worker.Perspective{ledgerPerspective(live)}})
+	eventually(t, 30*time.Second, "the live perspective caught up", func() bool {
+		return lcCount(t, d, `SELECT count(*) FROM wh_perspective_builds WHERE perspective_name = $1 AND catchup_done`, live) == 1
+	})
+	lcStop(t, a)
+	added := uniqueName("turns_new")
+	slow := worker.JSONPerspective(added, func(m ledger, ev worker.Event) (ledger, error) {
+		time.Sleep(time.Millisecond)
+		return foldLedger(m, ev)
+	})
+	lcWorker(t, d, worker.Config{Perspectives: []worker.Perspective{ledgerPerspective(live), slow}, Concurrency: 1, CatchUpPageSize: 100})
+	eventually(t, 10*time.Second, "the new perspective's catch-up under way", func() bool {
+		return lcCount(t, d, `SELECT catchup_events FROM wh_perspective_builds WHERE perspective_name = $1`, added) > 0
+	})
+	x := uuid.New()
+	start := time.Now()
+	require.NoError(t, worker.Append(ctx, d.Pool, events(x, newIDs(t, 1))...))
+	eventually(t, 30*time.Second, "the live perspective's new event applied", func() bool {
+		_, ok, err := worker.LoadModel(ctx, d.Pool, live, x)
+		require.NoError(t, err)
+		return ok
+	})
+	took := time.Since(start)
+	require.Zero(t, lcCount(t, d, `SELECT count(*) FROM wh_perspective_builds WHERE perspective_name = $1 AND catchup_done`, added),
+		"applied while the catch-up (about 4 s) still ran")
+	require.Less(t, took, time.Second, "a page or two, not the whole catch-up")
+}

@@ -23,7 +23,7 @@ type contention struct {
 // schedule is the loop's state about pairs. Only the loop goroutine uses it.
 type schedule struct {
 	inflight  map[Pair]int      // in how many running or waiting jobs here (two: claimed again before a job's report)
-	pending   []job             // follow-ups waiting for a free slot (served before new claims)
+	pending   []job             // follow-ups waiting for a free slot (served before new claims; see claimTurn)
 	buildJobs map[buildJob]bool // build jobs waiting or running
 	contended map[Pair]contention
 	cutOff    map[Pair]int             // pairs whose last jobs were cut off by a lost connection: how many in a row
@@ -161,15 +161,34 @@ func (w *Worker) releasePending(ctx context.Context, s *schedule) {
 	}
 }
 
-// popPending returns the first follow-up waiting for a slot that is due at now.
+// popPending returns the first follow-up waiting for a slot that is due at now, but for
+// those waiting for a claim (afterClaim).
 func (s *schedule) popPending(now time.Time) (job, bool) {
 	for i, j := range s.pending {
-		if !j.notBefore.After(now) {
+		if !j.afterClaim && !j.notBefore.After(now) {
 			s.pending = slices.Delete(s.pending, i, i+1)
 			return j, true
 		}
 	}
 	return job{}, false
+}
+
+// pageWaits says whether a catch-up page waits for a claim (see claimTurn).
+func (s *schedule) pageWaits() bool {
+	return slices.ContainsFunc(s.pending, func(j job) bool { return j.afterClaim })
+}
+
+// claimTurn lets the catch-up pages that waited for a claim (afterClaim) take the slots
+// that claim left, and says whether one waited. A page's next page waits for one claim: with
+// one slot, pages and claimed groups take turns, so that a catch-up (a first build's is not
+// paced) holds up no live application, and live application no catch-up.
+func (s *schedule) claimTurn() bool {
+	waited := false
+	for i := range s.pending {
+		waited = waited || s.pending[i].afterClaim
+		s.pending[i].afterClaim = false
+	}
+	return waited
 }
 
 // followUpWait is how long after now the first follow-up not yet due becomes due (0: none
@@ -184,8 +203,9 @@ func (s *schedule) followUpWait(now time.Time) time.Duration {
 	return d
 }
 
-// loop runs jobs in Concurrency slots: follow-ups first, then due pairs claimed from the
-// queue, in groups of at most GroupSize pairs. It claims when woken (an Append's
+// loop runs jobs in Concurrency slots: follow-ups first (but a catch-up's next page after
+// the next claim: schedule.claimTurn), then due pairs claimed from the queue, in groups of
+// at most GroupSize pairs. It claims when woken (an Append's
 // notification, a finished job), when the next pair the last claim saw waiting becomes due
 // (a backoff's end), or every PollInterval, but not while a claim that failed
 // (not for a lost connection) backs off (claimHealth), and never waits for a job: one long
@@ -232,10 +252,11 @@ func (w *Worker) loop(loopCtx, opsCtx context.Context) {
 				}
 				start(j)
 			}
-			if poll && running < w.cfg.Concurrency && loopCtx.Err() == nil && claims.refused.waiting(time.Now()) == 0 {
+			if (poll || s.pageWaits()) && running < w.cfg.Concurrency && loopCtx.Err() == nil && claims.refused.waiting(time.Now()) == 0 {
 				var err error
 				poll, err = w.claimAndStart(opsCtx, s, w.cfg.Concurrency-running, start)
 				w.noteClaim(opsCtx, &claims, err)
+				pages := s.claimTurn()
 				if err == nil && s.unknown {
 					// The database answers: the leases an outage cut off are released.
 					released, err := w.releaseUnknown(opsCtx, s)
@@ -245,8 +266,8 @@ func (w *Worker) loop(loopCtx, opsCtx context.Context) {
 					}
 					poll = poll || released
 				}
-				if poll {
-					continue // the claim returned its limit and slots are still free
+				if poll || pages && running < w.cfg.Concurrency {
+					continue // the claim returned its limit, or a page waited for it: slots are free
 				}
 			}
 		} else if running == 0 {
