@@ -421,7 +421,7 @@ const registrationBump = `-- name: RegistrationBump :exec
 UPDATE wh_registration SET epoch = epoch + 1 WHERE id = 1
 `
 
-// In the transaction that adds a build: see wh_registration.
+// In the transaction that adds a build or promotes one: see wh_registration.
 func (q *Queries) RegistrationBump(ctx context.Context) error {
 	_, err := q.db.Exec(ctx, registrationBump)
 	return err

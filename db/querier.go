@@ -354,7 +354,7 @@ type Querier interface {
 	// The exclusive side of the append lock if no transaction holds it now (false otherwise): a
 	// try never queues, so no Append waits behind it (see RegisterLock).
 	RegisterLockTry(ctx context.Context) (bool, error)
-	// In the transaction that adds a build: see wh_registration.
+	// In the transaction that adds a build or promotes one: see wh_registration.
 	RegistrationBump(ctx context.Context) error
 	// The named settings as "name = value", the value as SHOW prints it (with its unit), in the
 	// order of names.

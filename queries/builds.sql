@@ -17,7 +17,7 @@ VALUES (@build_key, @perspective_name, @version, @build, @state::text,
         CASE WHEN @state::text = 'active' THEN now() END);
 
 -- name: RegistrationBump :exec
--- In the transaction that adds a build: see wh_registration.
+-- In the transaction that adds a build or promotes one: see wh_registration.
 UPDATE wh_registration SET epoch = epoch + 1 WHERE id = 1;
 
 -- name: BuildKeyTaken :one

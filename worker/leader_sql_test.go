@@ -247,7 +247,7 @@ func TestLeaderFenceRefusesALapsedLease(t *testing.T) {
 
 // Promotion reads the queue (the two builds' oldest queued events) before it takes the
 // append lock's exclusive side, and under it runs only key lookups and the flip: the fence,
-// the builds of the perspective, the two state updates.
+// the builds of the perspective, the two state updates, the registration's epoch.
 func TestPromotionHoldsTheExclusiveAppendLockForKeyLookupsOnly(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -290,6 +290,6 @@ func TestPromotionHoldsTheExclusiveAppendLockForKeyLookupsOnly(t *testing.T) {
 		}
 	}
 	require.Equal(t, 2, agesBefore, "both queue ages read before the exclusive lock was taken")
-	require.Equal(t, []string{"LeaderHold", "BuildsOf", "BuildSetState", "BuildSetState"}, locked,
-		"under the exclusive lock: the fence, the builds' key lookup and the flip")
+	require.Equal(t, []string{"LeaderHold", "BuildsOf", "BuildSetState", "BuildSetState", "RegistrationBump"}, locked,
+		"under the exclusive lock: the fence, the builds' key lookup, the flip and the registration's one-row update")
 }

@@ -860,3 +860,45 @@ func TestAFirstBuildsCatchUpTakesTurnsWithLiveApplication(t *testing.T) {
 		"applied while the catch-up (about 4 s) still ran")
 	require.Less(t, took, time.Second, "a page or two, not the whole catch-up")
 }
+
+// An Append in a REPEATABLE READ transaction whose snapshot was taken before a promotion
+// fails with a serialization error (to be retried) instead of queueing its events for the
+// build the promotion retired, where, committed after that build's cleanup, they would be
+// left for ever; the retried Append reaches the promoted build.
+func TestAppendInSnapshotTransactionTakenBeforeAPromotionIsRetried(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := isolatedDB(t)
+	name := uniqueName("snap_promo")
+	s := uuid.New()
+	require.NoError(t, worker.Append(ctx, d.Pool, events(s, newIDs(t, 3))...))
+	lcWorker(t, d, worker.Config{Perspectives: []worker.Perspective{newVLedger(name, 1)}})
+	lcConverged(t, d, name, 1, 30*time.Second)
+	lcWorker(t, d, worker.Config{Perspectives: []worker.Perspective{newVLedger(name, 2)}, ManualPromotion: true})
+	eventually(t, 30*time.Second, "version 2 caught up", func() bool {
+		return lcCount(t, d, `SELECT count(*) FROM wh_perspective_builds WHERE perspective_name = $1 AND version = 2 AND catchup_done`, name) == 1
+	})
+
+	tx, err := d.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	var n int
+	require.NoError(t, tx.QueryRow(ctx, `SELECT count(*) FROM wh_perspective_builds`).Scan(&n)) // the snapshot
+	admin, err := worker.NewAdmin(d.Pool, nil)
+	require.NoError(t, err)
+	_, err = admin.Promote(ctx, name, 2)
+	require.NoError(t, err)
+
+	late := events(s, newIDs(t, 2))
+	err = worker.Append(ctx, tx, late...)
+	var pgErr *pgconn.PgError
+	require.True(t, errors.As(err, &pgErr), "the Append fails: %v", err)
+	require.Equal(t, "40001", pgErr.Code, "a serialization failure, which the caller retries: %v", err)
+	require.NoError(t, tx.Rollback(ctx))
+	require.NoError(t, pgx.BeginTxFunc(ctx, d.Pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, func(tx pgx.Tx) error {
+		return worker.Append(ctx, tx, late...)
+	}))
+	require.Zero(t, lcCount(t, d, `SELECT count(*) FROM wh_perspective_events WHERE perspective_name = $1`, name),
+		"nothing queued for the retired build")
+	lcConverged(t, d, name, 2, 30*time.Second)
+}

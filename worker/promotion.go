@@ -120,6 +120,12 @@ func (s *pgStore) Promote(ctx context.Context, perspective, key string, force bo
 		if err := q.BuildSetState(ctx, db.BuildSetStateParams{State: BuildActive, BuildKey: cand.Key}); err != nil {
 			return err
 		}
+		// An Append whose snapshot predates the flip (REPEATABLE READ, SERIALIZABLE) would
+		// queue for the builds it retired, after their cleanup maybe: it fails instead, to
+		// be retried (see wh_registration).
+		if err := q.RegistrationBump(ctx); err != nil {
+			return err
+		}
 		to := *cand
 		to.State = BuildActive
 		var from *Build
