@@ -53,6 +53,19 @@ func (q *Queries) BuildCleanupBatch(ctx context.Context, arg BuildCleanupBatchPa
 	return deleted, err
 }
 
+const buildCursorsLeft = `-- name: BuildCursorsLeft :one
+SELECT EXISTS (SELECT 1 FROM wh_perspective_cursors c WHERE c.perspective_name = $1)::bool
+`
+
+// Whether a build has cursor rows left (after BuildCleanupBatch deleted none: some are held
+// by another transaction, a rewind committing say).
+func (q *Queries) BuildCursorsLeft(ctx context.Context, buildKey string) (bool, error) {
+	row := q.db.QueryRow(ctx, buildCursorsLeft, buildKey)
+	var column_1 bool
+	err := row.Scan(&column_1)
+	return column_1, err
+}
+
 const buildMarkCleaned = `-- name: BuildMarkCleaned :exec
 UPDATE wh_perspective_builds b SET cleaned_at = now()
 WHERE b.build_key = $1 AND b.state = 'retired'

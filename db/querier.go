@@ -46,6 +46,9 @@ type Querier interface {
 	BuildCleanupBatch(ctx context.Context, arg BuildCleanupBatchParams) (int64, error)
 	// Adds a build. An active one (the perspective's first) is promoted at once.
 	BuildCreate(ctx context.Context, arg BuildCreateParams) error
+	// Whether a build has cursor rows left (after BuildCleanupBatch deleted none: some are held
+	// by another transaction, a rewind committing say).
+	BuildCursorsLeft(ctx context.Context, buildKey string) (bool, error)
 	// Whether a build key is used, by any perspective's build (a perspective's name is its
 	// first build's key, so a new name must not be another's key either).
 	BuildKeyTaken(ctx context.Context, buildKey string) (bool, error)

@@ -43,6 +43,11 @@ WITH win AS (
 )
 SELECT count(*)::bigint AS deleted FROM c;
 
+-- name: BuildCursorsLeft :one
+-- Whether a build has cursor rows left (after BuildCleanupBatch deleted none: some are held
+-- by another transaction, a rewind committing say).
+SELECT EXISTS (SELECT 1 FROM wh_perspective_cursors c WHERE c.perspective_name = @build_key)::bool;
+
 -- name: BuildMarkCleaned :exec
 -- Marks a retired build cleaned once none of its cursor rows is left (BuildCleanupBatch found
 -- none it could lock): not while another transaction holds some, which may be a cleanup that

@@ -64,6 +64,13 @@ func (s *pgStore) Cleanup(ctx context.Context, perspectives []string, grace time
 	if err != nil || n > 0 {
 		return n > 0 && err == nil, err
 	}
+	// None deleted: those left, if any, are held by another transaction (a rewind of the
+	// build that began before its retirement, committing): deleted at the next look, and
+	// the sink's Retired runs only once they are gone (a Write after it would leave its rows).
+	left, err := s.q.BuildCursorsLeft(ctx, b.Key)
+	if err != nil || left {
+		return false, err
+	}
 	// The build's own rows are gone: its sink's rows next (Retired, on the pool, in as many
 	// transactions as it likes), then the build is marked cleaned.
 	if err := s.w.retireSinks(ctx, s.pool, b); err != nil {

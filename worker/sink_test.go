@@ -365,9 +365,28 @@ func TestSinkThroughCatchUpVersionsAndPromotion(t *testing.T) {
 	require.NoError(t, d.Pool.QueryRow(ctx, `SELECT active_seen FROM sink_promotions WHERE from_key = $1 AND to_key = $2`, k1, k2).Scan(&seen))
 	require.Equal(t, k2, seen, "Promoted ran in the promotion transaction, after the flip")
 
-	// Retired once the retired build is cleaned up.
+	// Retired once the retired build is cleaned up: not while a cursor row of it is left,
+	// held by another transaction (a rewind committing, say), whose Write would come after.
+	retired := func() int {
+		var n int
+		require.NoError(t, d.Pool.QueryRow(ctx, `SELECT count(*) FROM sink_retired WHERE build_key = $1`, k1).Scan(&n))
+		return n
+	}
+	holding, err := d.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = holding.Rollback(context.Background()) }()
+	var held uuid.UUID
+	require.NoError(t, holding.QueryRow(ctx, `SELECT stream_id FROM wh_perspective_cursors WHERE perspective_name = $1 LIMIT 1 FOR UPDATE`, k1).Scan(&held))
 	_, err = d.Pool.Exec(ctx, `UPDATE wh_perspective_builds SET retired_at = now() - interval '1 hour' WHERE build_key = $1`, k1)
 	require.NoError(t, err)
+	eventually(t, 30*time.Second, "the retired build's rows deleted but the held one", func() bool {
+		var n int
+		require.NoError(t, d.Pool.QueryRow(ctx, `SELECT count(*) FROM wh_perspective_cursors WHERE perspective_name = $1`, k1).Scan(&n))
+		return n == 1
+	})
+	time.Sleep(500 * time.Millisecond) // a few more looks at the builds
+	require.Zero(t, retired(), "Retired waits for the held row")
+	require.NoError(t, holding.Rollback(ctx))
 	eventually(t, 30*time.Second, "the retired build cleaned", func() bool {
 		var n int
 		require.NoError(t, d.Pool.QueryRow(ctx, `SELECT count(*) FROM sink_retired WHERE build_key = $1`, k1).Scan(&n))
