@@ -66,7 +66,7 @@ func (a *Admin) Failed(ctx context.Context, perspectiveName string, limit int) (
 			Parked: r.Status == "parked", Event: r.FailedEventID.UUID, EventType: deref(r.FailedEventType),
 			Attempts: int(r.Attempts), LastError: r.LastError, Since: r.FailedSince,
 		}
-		if r.NextAttemptAt != nil { // only a pair backing off has one (a parked pair's wait is on its rows)
+		if r.NextAttemptAt != nil { // only a pair backing off has one (a parked pair's due row is at infinity)
 			out[i].NextAttempt = *r.NextAttemptAt
 		}
 	}

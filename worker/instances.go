@@ -43,7 +43,8 @@ func (i Instance) Runs(perspective string, version int) bool {
 }
 
 // Instances reports every worker instance recorded in the database, oldest first, alive or
-// gone (an instance not seen for a day is forgotten when another starts).
+// gone (an instance not seen for a day is forgotten by the holder of the instances lease,
+// at one of its looks at the builds).
 func (a *Admin) Instances(ctx context.Context) ([]Instance, error) {
 	rows, err := a.store.q.InstancesList(ctx)
 	if err != nil {

@@ -23,7 +23,10 @@ var ErrLocked = errors.New("stream lock held by another instance")
 // building beside it). With a locker it must first take each pair's stream lock (reason
 // purge); when another instance holds one, Purge returns an error wrapping ErrLocked and
 // that build's pair is not purged. Events still queued for the pair are applied afterwards,
-// to a fresh model.
+// to a fresh model. A purge resets the model; it does not forget the stream's stored events:
+// a late event queued after it (one that sorts before an event applied since) rewinds the
+// pair from the stream's start (the purge dropped its snapshots), and that replay applies
+// every stored event of the stream, those from before the purge too.
 func (w *Worker) Purge(ctx context.Context, streamID uuid.UUID, perspectiveName string) error {
 	if err := locker.ValidatePair(streamID, perspectiveName); err != nil {
 		return fmt.Errorf("worker: purge: %w", err)
