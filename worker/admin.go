@@ -257,7 +257,17 @@ func (a *Admin) withLock(ctx context.Context, k Pair, fn func(k Pair, holder uui
 	}
 	ok, err := a.locker.TryAcquire(ctx, k.Stream, k.Perspective, a.instance, locker.ReasonPurge)
 	if err != nil {
-		return fmt.Errorf("acquire stream lock: %w", err)
+		err = fmt.Errorf("acquire stream lock: %w", err)
+		if (isConnectionError(err) || ctx.Err() != nil) && !neverSent(err) {
+			// It may have committed as the connection went or its context ended: released
+			// rather than left to pause the pair until it lapses (fenced by this Admin's ID).
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+			defer cancel()
+			if rerr := a.locker.Release(rctx, k.Stream, k.Perspective, a.instance); rerr != nil {
+				err = errors.Join(err, fmt.Errorf("release stream lock: %w", rerr))
+			}
+		}
+		return err
 	}
 	if !ok {
 		return fmt.Errorf("stream %s: %w", k.Stream, ErrLocked)

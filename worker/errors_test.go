@@ -135,3 +135,40 @@ func TestAdminRebuildThatCannotQueueLeavesThePairAsItWas(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, found, "and the model purged")
 }
+
+// cutOffAcquire is locker.Postgres whose TryAcquire takes the lock, then reports its
+// context ended (cancel ends it): as an acquire that committed while its caller's deadline
+// passed.
+type cutOffAcquire struct {
+	*locker.Postgres
+	cancel context.CancelFunc
+}
+
+func (l cutOffAcquire) TryAcquire(ctx context.Context, stream uuid.UUID, name string, instance uuid.UUID, reason locker.Reason) (bool, error) {
+	if _, err := l.Postgres.TryAcquire(context.WithoutCancel(ctx), stream, name, instance, reason); err != nil {
+		return false, err
+	}
+	l.cancel()
+	return false, ctx.Err()
+}
+
+// An Admin's acquire that its context's end cut off (it may have committed) is released: the
+// pair is not paused until the lock lapses.
+func TestAdminReleasesAnAcquireItsContextCutOff(t *testing.T) {
+	t.Parallel()
+	name := uniqueName("admin_cutoff")
+	_, err := psStore(testDB).Register(context.Background(), name, 1)
+	require.NoError(t, err)
+	lk := newLocker(t, locker.Options{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	admin, err := worker.NewAdmin(testDB.Pool, cutOffAcquire{lk, cancel})
+	require.NoError(t, err)
+	stream := uuid.New()
+
+	err = admin.Purge(ctx, stream, name)
+	require.ErrorIs(t, err, context.Canceled)
+	_, held, err := lk.Get(context.Background(), stream, worker.BuildKey(name, 1, 1))
+	require.NoError(t, err)
+	require.False(t, held, "the lock the cut-off acquire took is released")
+}

@@ -39,9 +39,10 @@ func (w *Worker) acquire(ctx context.Context, k Pair, reason locker.Reason) (*le
 		res.Acquired, err = w.cfg.Locker.TryAcquire(ctx, k.Stream, k.Perspective, w.cfg.InstanceID, reason)
 	}
 	if err != nil {
-		if isConnectionError(err) && !neverSent(err) {
-			// The acquire may have committed as the connection went: its lock, if any, is
-			// released rather than left to lapse (see lease.release for why that is safe).
+		if (isConnectionError(err) || ctx.Err() != nil) && !neverSent(err) {
+			// The acquire may have committed as the connection went, or as its context ended
+			// (a caller's deadline): its lock, if any, is released rather than left to pause
+			// the pair until it lapses (see lease.release for why that is safe).
 			if rerr := w.releaseLock(ctx, k); rerr != nil {
 				w.log.Warn("stream lock acquire cut off, and its release failed; a lock it took will expire",
 					w.logPair(k, slog.Any("error", rerr))...)

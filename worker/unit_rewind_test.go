@@ -458,13 +458,9 @@ func TestUnitRewindLostLockCancelsIt(t *testing.T) {
 	}
 }
 
-// A stream lock's release that a lost connection fails is sent again every 100ms within the
-// release's 5s bound, so that another instance need not wait for the lock to lapse: released
-// once the database answers; still failing at the bound, left to lapse (warned). A release
-// refused otherwise is not sent again.
-// TestUnitRewindLockAcquireCutOffIsReleased: an acquire that a lost connection cut off may
-// have committed, so its lock is released (not left to lapse); one that never reached a
-// server, or that the database refused, is not.
+// An acquire that a lost connection or its context's end cut off may have committed, so its
+// lock is released (not left to lapse); one that never reached a server, or that the
+// database refused, is not.
 func TestUnitRewindLockAcquireCutOffIsReleased(t *testing.T) {
 	_, connectErr := pgconn.Connect(context.Background(), "postgres://127.0.0.1:1/none?connect_timeout=5")
 	var ce *pgconn.ConnectError
@@ -472,20 +468,27 @@ func TestUnitRewindLockAcquireCutOffIsReleased(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		err      error
+		cancel   bool // the operation's context ends while the acquire runs
 		releases int
 	}{
-		{"cut off after it was sent", &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}, 1},
-		{"no connection could be made", connectErr, 0},
-		{"refused by the database", errors.New("permission denied for table wh_perspective_cursors"), 0},
+		{"cut off after it was sent", &net.OpError{Op: "read", Net: "tcp", Err: syscall.ECONNRESET}, false, 1},
+		{"cut off by its context", context.Canceled, true, 1},
+		{"no connection could be made", connectErr, false, 0},
+		{"refused by the database", errors.New("permission denied for table wh_perspective_cursors"), false, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				f := newUFix(t, true, nil)
 				sc := f.late()
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
 				f.locker.TryAcquireFunc = func(context.Context, uuid.UUID, string, uuid.UUID, locker.Reason) (bool, error) {
+					if tc.cancel {
+						cancel()
+					}
 					return false, fmt.Errorf("acquire: %w", tc.err)
 				}
-				f.w.RunRewind(context.Background(), sc.p)
+				f.w.RunRewind(ctx, sc.p)
 				require.Len(t, f.locker.TryAcquireCalls(), 1)
 				releases := f.locker.ReleaseCalls()
 				require.Len(t, releases, tc.releases, "Release calls")
@@ -499,6 +502,10 @@ func TestUnitRewindLockAcquireCutOffIsReleased(t *testing.T) {
 	}
 }
 
+// A stream lock's release that a lost connection fails is sent again every 100ms within the
+// release's 5s bound, so that another instance need not wait for the lock to lapse: released
+// once the database answers; still failing at the bound, left to lapse (warned). A release
+// refused otherwise is not sent again.
 func TestUnitRewindLockReleaseRetriedWhileTheDatabaseIsAway(t *testing.T) {
 	refused := &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
 	for _, tc := range []struct {
