@@ -177,6 +177,7 @@ func (s *pgStore) CatchUp(ctx context.Context, req CatchUpRequest, fold func(Cat
 	// for the whole fold.
 	start, err := s.q.BuildCatchUpPosition(ctx, db.BuildCatchUpPositionParams{BuildKey: req.Key, InstanceID: req.Instance})
 	if errors.Is(err, pgx.ErrNoRows) {
+		s.dropReadAhead(req.Key) // a page read ahead for a catch-up that another took over, or that ended
 		return CatchUpResult{NotHeld: true}, nil
 	}
 	if err != nil {
@@ -383,11 +384,7 @@ type pageRead struct {
 // page's transaction: as good as inside, since every event committed after the build's
 // registration is queued for it anyway.
 func (s *pgStore) readPage(ctx context.Context, key string, at db.CatchUpPageParams) ([]db.WhEventStore, error) {
-	s.readAheadMu.Lock()
-	p := s.readAhead[key]
-	delete(s.readAhead, key)
-	s.readAheadMu.Unlock()
-	if p != nil && p.at == at {
+	if p := s.dropReadAhead(key); p != nil && p.at == at {
 		select {
 		case <-p.done:
 			if p.err == nil {
@@ -398,6 +395,15 @@ func (s *pgStore) readPage(ctx context.Context, key string, at db.CatchUpPagePar
 		}
 	}
 	return s.q.CatchUpPage(ctx, at)
+}
+
+// dropReadAhead removes the page read ahead for build key, if any, and returns it.
+func (s *pgStore) dropReadAhead(key string) *pageRead {
+	s.readAheadMu.Lock()
+	defer s.readAheadMu.Unlock()
+	p := s.readAhead[key]
+	delete(s.readAhead, key)
+	return p
 }
 
 // readAheadWith reads the page of build key at at with read, in a goroutine of the store's
