@@ -300,8 +300,9 @@ func TestClaimSQLReleaseRacingAQueueingOfTheStreamLeavesTheDueRow(t *testing.T) 
 	released := make(chan error, 1)
 	go func() {
 		streams, names := gsArrays(p)
-		_, err := testDB.Pool.Exec(ctx, `SELECT wh_pairs_release($1, $2, $3, ARRAY[-1::float8])`, me, streams, names)
-		released <- err
+		released <- pgq.New(testDB.Pool).PairsRelease(ctx, db.PairsReleaseParams{
+			InstanceID: me, StreamIds: streams, PerspectiveNames: names, Delays: []float64{-1},
+		})
 	}()
 	time.Sleep(200 * time.Millisecond) // the release runs while the queueing is open
 	require.NoError(t, queueing.Commit(ctx))

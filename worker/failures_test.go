@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/perspectives-go/perspectives/db"
+	"github.com/perspectives-go/perspectives/internal/pgq"
 	"github.com/perspectives-go/perspectives/locker"
 	"github.com/perspectives-go/perspectives/worker"
 )
@@ -432,7 +433,7 @@ func TestSkipOfAnEventBeingAppliedIsRefusedOnceItIsApplied(t *testing.T) {
 	defer func() { _ = tx.Rollback(context.Background()) }()
 	var pid int
 	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&pid))
-	q := db.New(tx)
+	q := pgq.New(tx)
 	_, err = q.PairsLockForApply(ctx, db.PairsLockForApplyParams{StreamIds: []uuid.UUID{s}, PerspectiveNames: []string{name}})
 	require.NoError(t, err)
 	model, err := json.Marshal(expectedLedger(t, evs))
