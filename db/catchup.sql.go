@@ -111,6 +111,20 @@ func (q *Queries) BuildCatchUpAdvance(ctx context.Context, arg BuildCatchUpAdvan
 	return result.RowsAffected(), nil
 }
 
+const buildCatchUpLetGo = `-- name: BuildCatchUpLetGo :exec
+UPDATE wh_perspective_builds
+SET catchup_holder = NULL, catchup_expiry = NULL
+WHERE catchup_holder = $1::uuid AND NOT catchup_done
+`
+
+// Lets go of the catch-up leases an instance holds, as it stops: another instance continues
+// those catch-ups at its next look at the builds, not when the leases expire. A page of the
+// instance still running is refused at its commit (BuildCatchUpAdvance's fence).
+func (q *Queries) BuildCatchUpLetGo(ctx context.Context, instanceID uuid.UUID) error {
+	_, err := q.db.Exec(ctx, buildCatchUpLetGo, instanceID)
+	return err
+}
+
 const buildCatchUpPosition = `-- name: BuildCatchUpPosition :one
 
 SELECT catchup_stream_id, catchup_event_id

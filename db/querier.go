@@ -35,6 +35,10 @@ type Querier interface {
 	// every instance fold the same page again, for ever, when a page takes longer than the lease
 	// (a slow perspective: TestReliabilityRandomizedModelCheck, LockTimeout 2 s).
 	BuildCatchUpAdvance(ctx context.Context, arg BuildCatchUpAdvanceParams) (int64, error)
+	// Lets go of the catch-up leases an instance holds, as it stops: another instance continues
+	// those catch-ups at its next look at the builds, not when the leases expire. A page of the
+	// instance still running is refused at its commit (BuildCatchUpAdvance's fence).
+	BuildCatchUpLetGo(ctx context.Context, instanceID uuid.UUID) error
 	// A build's catch-up (worker/catchup.go): its lease, its pages of the event store, the
 	// streams it hands to the queue, its position.
 	// A build's catch-up position, when the caller may take its lease (BuildCatchUpAcquire):

@@ -28,6 +28,14 @@ WHERE b.build_key = (SELECT l.build_key FROM wh_perspective_builds l WHERE l.bui
   AND (b.catchup_holder IS NULL OR b.catchup_expiry <= clock_timestamp() OR b.catchup_holder = @instance_id::uuid)
 RETURNING b.catchup_stream_id, b.catchup_event_id;
 
+-- name: BuildCatchUpLetGo :exec
+-- Lets go of the catch-up leases an instance holds, as it stops: another instance continues
+-- those catch-ups at its next look at the builds, not when the leases expire. A page of the
+-- instance still running is refused at its commit (BuildCatchUpAdvance's fence).
+UPDATE wh_perspective_builds
+SET catchup_holder = NULL, catchup_expiry = NULL
+WHERE catchup_holder = @instance_id::uuid AND NOT catchup_done;
+
 -- name: CatchUpPage :many
 -- The next page of stored events after a position, in (stream_id, event_id) order, but for
 -- those skipped for the build (an operator can skip an event queued for a building build

@@ -902,3 +902,37 @@ func TestAppendInSnapshotTransactionTakenBeforeAPromotionIsRetried(t *testing.T)
 		"nothing queued for the retired build")
 	lcConverged(t, d, name, 2, 30*time.Second)
 }
+
+// A worker that stops in the middle of a catch-up lets go of its catch-up lease: another
+// instance continues the catch-up at its next look at the builds, not when the lease
+// expires (LockTimeout, 30 s here).
+func TestAStoppedWorkerLetsGoOfItsCatchUp(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := isolatedDB(t)
+	for range 20 {
+		require.NoError(t, worker.Append(ctx, d.Pool, events(uuid.New(), newIDs(t, 100))...))
+	}
+	name := uniqueName("letgo")
+	slow := worker.JSONPerspective(name, func(m ledger, ev worker.Event) (ledger, error) {
+		time.Sleep(time.Millisecond)
+		return foldLedger(m, ev)
+	})
+	cfg := worker.Config{Perspectives: []worker.Perspective{slow}, CatchUpPageSize: 100}
+	first := lcWorker(t, d, cfg)
+	eventually(t, 20*time.Second, "the catch-up under way", func() bool {
+		return lcCount(t, d, `SELECT catchup_events FROM wh_perspective_builds WHERE perspective_name = $1`, name) > 0
+	})
+	lcStop(t, first)
+	require.Zero(t, lcCount(t, d, `SELECT count(*) FROM wh_perspective_builds WHERE perspective_name = $1 AND catchup_done`, name),
+		"stopped before the catch-up's end")
+	require.Zero(t, lcCount(t, d, `SELECT count(*) FROM wh_perspective_builds WHERE perspective_name = $1 AND catchup_holder IS NOT NULL`, name),
+		"its lease let go")
+
+	second := lcWorker(t, d, cfg)
+	eventually(t, 5*time.Second, "the other instance continuing the catch-up", func() bool {
+		var holder uuid.UUID
+		require.NoError(t, d.Pool.QueryRow(ctx, `SELECT COALESCE(catchup_holder, '00000000-0000-0000-0000-000000000000') FROM wh_perspective_builds WHERE perspective_name = $1`, name).Scan(&holder))
+		return holder == second.InstanceID()
+	})
+}

@@ -53,11 +53,20 @@ func (s *pgStore) startBackground(ctx context.Context) error {
 	return nil
 }
 
-// stopBackground stops the read-aheads, as the service's Stop does, and withdraws the
-// store's ListenConnect.
+// stopBackground stops the read-aheads, as the service's Stop does, withdraws the store's
+// ListenConnect, and lets go of the catch-up leases the worker holds, with a fresh context
+// bounded by releaseTimeout: another instance continues those catch-ups at once rather than
+// when the leases expire.
 func (s *pgStore) stopBackground(ctx context.Context) error {
 	withdrawListenConnect(s.pool, s)
-	return s.readAheads.Stop(ctx)
+	err := s.readAheads.Stop(ctx)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	defer cancel()
+	if lerr := s.q.BuildCatchUpLetGo(rctx, s.w.cfg.InstanceID); lerr != nil {
+		s.w.log.Warn("catch-up leases not let go at stop; another instance continues when they expire",
+			slog.Any("error", lerr), slog.Duration("lease", s.w.cfg.LockOptions.LockTimeout))
+	}
+	return err
 }
 
 // inTx runs fn in one transaction, tx with its queries q: committed when fn returns nil,
