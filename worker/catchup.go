@@ -319,6 +319,9 @@ func (s *pgStore) CatchUp(ctx context.Context, req CatchUpRequest, fold func(Cat
 			FromStreamID: pos.CatchupStreamID, FromEventID: pos.CatchupEventID,
 		}))
 	})
+	if err != nil || res.NotHeld {
+		s.dropReadAhead(req.Key) // this instance may not read the next page
+	}
 	if err != nil {
 		return CatchUpResult{}, err
 	}

@@ -290,6 +290,6 @@ func TestPromotionHoldsTheExclusiveAppendLockForKeyLookupsOnly(t *testing.T) {
 		}
 	}
 	require.Equal(t, 2, agesBefore, "both queue ages read before the exclusive lock was taken")
-	require.Equal(t, []string{"LeaderHold", "BuildsOf", "BuildSetState", "BuildSetState", "RegistrationBump"}, locked,
+	require.Equal(t, []string{"LeaderHold", "BuildsOf", "RegistrationBump", "BuildSetState", "BuildSetState"}, locked,
 		"under the exclusive lock: the fence, the builds' key lookup, the flip and the registration's one-row update")
 }

@@ -732,16 +732,26 @@ func TestPromotionRetiresTheOlderBuildsAndVersionsOnlyGoUp(t *testing.T) {
 	require.Zero(t, lcCount(t, d, `SELECT count(*) FROM wh_perspective_events WHERE perspective_name = $1`, v2),
 		"nothing queued for the retired build")
 
-	// A building version 2 beside the active version 3.
+	// A building version 2 beside the active version 3, and a REPEATABLE READ transaction
+	// whose snapshot predates its retirement.
 	gsExec(t, ctx, d.Pool, `UPDATE wh_perspective_builds SET state = 'building', retired_at = NULL WHERE build_key = $1`, v2)
 	admin, err := worker.NewAdmin(d.Pool, nil)
 	require.NoError(t, err)
 	_, err = admin.Promote(ctx, name, 2)
 	require.ErrorContains(t, err, "versions only go up")
+	tx, err := d.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	var n int
+	require.NoError(t, tx.QueryRow(ctx, `SELECT count(*) FROM wh_perspective_builds`).Scan(&n)) // the snapshot
 	lcWorker(t, d, worker.Config{Perspectives: []worker.Perspective{newVLedger(name, 2)}})
 	eventually(t, 30*time.Second, "version 2 retired by its own workers", func() bool {
 		return buildState(t, ctx, d.Pool, v2) == worker.BuildRetired
 	})
+	err = worker.Append(ctx, tx, events(uuid.New(), newIDs(t, 2))...)
+	var pgErr *pgconn.PgError
+	require.True(t, errors.As(err, &pgErr), "an Append whose snapshot predates the retirement fails: %v", err)
+	require.Equal(t, "40001", pgErr.Code, "a serialization failure, to be retried: %v", err)
 	require.Equal(t, worker.BuildActive, buildState(t, ctx, d.Pool, name+"@v3.1"))
 	m, ok := loadVLedger(t, ctx, d, name, s)
 	require.True(t, ok)

@@ -104,6 +104,12 @@ func (s *pgStore) Promote(ctx context.Context, perspective, key string, force bo
 		if (active == nil) != (measured == nil) || active != nil && active.Key != measured.Key {
 			return nil // another build became active meanwhile: the next look checks again
 		}
+		// An Append whose snapshot predates the retirements below (REPEATABLE READ,
+		// SERIALIZABLE) would queue for the builds they retire, after their cleanup maybe: it
+		// fails instead, to be retried (see wh_registration).
+		if err := q.RegistrationBump(ctx); err != nil {
+			return err
+		}
 		if active != nil && olderBuild(*cand, *active) {
 			// Versions only go up: a build older than the active one is retired, never
 			// promoted.
@@ -118,12 +124,6 @@ func (s *pgStore) Promote(ctx context.Context, perspective, key string, force bo
 			}
 		}
 		if err := q.BuildSetState(ctx, db.BuildSetStateParams{State: BuildActive, BuildKey: cand.Key}); err != nil {
-			return err
-		}
-		// An Append whose snapshot predates the flip (REPEATABLE READ, SERIALIZABLE) would
-		// queue for the builds it retired, after their cleanup maybe: it fails instead, to
-		// be retried (see wh_registration).
-		if err := q.RegistrationBump(ctx); err != nil {
 			return err
 		}
 		to := *cand

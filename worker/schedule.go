@@ -269,6 +269,8 @@ func (w *Worker) loop(loopCtx, opsCtx context.Context) {
 				if poll || pages && running < w.cfg.Concurrency {
 					continue // the claim returned its limit, or a page waited for it: slots are free
 				}
+			} else if claims.refused.waiting(time.Now()) > 0 && s.claimTurn() && running < w.cfg.Concurrency {
+				continue // claims back off after a failure: the pages that waited for one go on
 			}
 		} else if running == 0 {
 			w.releasePending(opsCtx, s)

@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"testing/synctest"
@@ -1485,5 +1486,30 @@ func TestUnitLoopClaimsSoonWhileNotSubscribed(t *testing.T) {
 		assert.Equal(t, 0, len(f.store.ClaimCalls())-before, "subscribed again: no claim until notified or PollInterval")
 		f.stop(t)
 		assert.Equal(t, 1, strings.Count(f.logs.String(), "queue notifications interrupted; polling until resubscribed"), f.logs.String())
+	})
+}
+
+// While claims fail (not for a lost connection) and back off, a catch-up's next page does
+// not wait for a claim the loop does not make: the catch-up goes on page after page.
+func TestUnitCatchUpGoesOnWhileClaimsBackOff(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		f := newUBLoop(t, 0, []worker.Build{ubBuild(1, 1, worker.BuildActive, false)}, func(c *worker.Config) {
+			c.RetryBackoff, c.MaxRetryBackoff = time.Second, 30*time.Second
+		})
+		f.store.ClaimFunc = func(context.Context, worker.ClaimRequest) (worker.Claimed, error) {
+			return worker.Claimed{}, errors.New("ERROR: canceling statement due to statement timeout (SQLSTATE 57014)")
+		}
+		var pages atomic.Int64
+		f.catchUp = func(ctx context.Context, req worker.CatchUpRequest) (worker.CatchUpResult, error) {
+			pages.Add(1)
+			time.Sleep(10 * time.Millisecond)
+			return worker.CatchUpResult{Events: 10, Applied: 10}, nil
+		}
+		require.NoError(t, f.w.Start(context.Background()))
+		time.Sleep(60 * time.Second)
+		synctest.Wait()
+		f.stop(t)
+		require.Greater(t, pages.Load(), int64(1000), "pages of 10 ms in 60 s while claims fail")
+		require.Less(t, len(f.store.ClaimCalls()), 20, "the claims back off")
 	})
 }
