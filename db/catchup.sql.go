@@ -158,33 +158,22 @@ func (q *Queries) BuildCatchUpPosition(ctx context.Context, arg BuildCatchUpPosi
 }
 
 const catchUpPage = `-- name: CatchUpPage :many
-SELECT e.event_id, e.stream_id, e.event_type, e.data, e.created_at
-FROM wh_event_store e
-WHERE (e.stream_id, e.event_id) > ($1::uuid, $2::uuid)
-  AND NOT EXISTS (SELECT 1 FROM wh_skipped_events s
-                  WHERE s.stream_id = e.stream_id AND s.perspective_name = $3::text
-                    AND s.event_id = e.event_id)
-ORDER BY e.stream_id, e.event_id
-LIMIT $4
+SELECT event_id, stream_id, event_type, data, created_at
+FROM wh_event_store
+WHERE (stream_id, event_id) > ($1::uuid, $2::uuid)
+ORDER BY stream_id, event_id
+LIMIT $3
 `
 
 type CatchUpPageParams struct {
 	AfterStreamID uuid.UUID
 	AfterEventID  uuid.UUID
-	BuildKey      string
 	PageSize      int32
 }
 
-// The next page of stored events after a position, in (stream_id, event_id) order, but for
-// those skipped for the build (an operator can skip an event queued for a building build
-// before its catch-up reaches the stream).
+// The next page of stored events after a position, in (stream_id, event_id) order.
 func (q *Queries) CatchUpPage(ctx context.Context, arg CatchUpPageParams) ([]WhEventStore, error) {
-	rows, err := q.db.Query(ctx, catchUpPage,
-		arg.AfterStreamID,
-		arg.AfterEventID,
-		arg.BuildKey,
-		arg.PageSize,
-	)
+	rows, err := q.db.Query(ctx, catchUpPage, arg.AfterStreamID, arg.AfterEventID, arg.PageSize)
 	if err != nil {
 		return nil, err
 	}
@@ -237,6 +226,48 @@ func (q *Queries) CatchUpQueued(ctx context.Context, arg CatchUpQueuedParams) ([
 	items := []CatchUpQueuedRow{}
 	for rows.Next() {
 		var i CatchUpQueuedRow
+		if err := rows.Scan(&i.StreamID, &i.EventID); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const catchUpSkipped = `-- name: CatchUpSkipped :many
+SELECT stream_id, event_id
+FROM wh_skipped_events
+WHERE stream_id >= $1 AND stream_id <= $2
+  AND perspective_name = $3
+`
+
+type CatchUpSkippedParams struct {
+	FirstStreamID uuid.UUID
+	LastStreamID  uuid.UUID
+	BuildKey      string
+}
+
+type CatchUpSkippedRow struct {
+	StreamID uuid.UUID
+	EventID  uuid.UUID
+}
+
+// The events skipped for a build among the streams from first to last (a page's streams),
+// read under the page's cursor row locks: an operator can skip an event queued for a
+// building build before its catch-up reaches the stream (Admin.Skip locks the cursor rows
+// first, so a skip is either seen here or waits for the page).
+func (q *Queries) CatchUpSkipped(ctx context.Context, arg CatchUpSkippedParams) ([]CatchUpSkippedRow, error) {
+	rows, err := q.db.Query(ctx, catchUpSkipped, arg.FirstStreamID, arg.LastStreamID, arg.BuildKey)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []CatchUpSkippedRow{}
+	for rows.Next() {
+		var i CatchUpSkippedRow
 		if err := rows.Scan(&i.StreamID, &i.EventID); err != nil {
 			return nil, err
 		}

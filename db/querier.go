@@ -90,12 +90,15 @@ type Querier interface {
 	// grace_seconds ago (a transaction an instance began before it saw the retirement has ended),
 	// oldest first.
 	BuildsToClean(ctx context.Context, arg BuildsToCleanParams) ([]BuildsToCleanRow, error)
-	// The next page of stored events after a position, in (stream_id, event_id) order, but for
-	// those skipped for the build (an operator can skip an event queued for a building build
-	// before its catch-up reaches the stream).
+	// The next page of stored events after a position, in (stream_id, event_id) order.
 	CatchUpPage(ctx context.Context, arg CatchUpPageParams) ([]WhEventStore, error)
 	// The events queued for a build among the streams from first to last (a page's streams).
 	CatchUpQueued(ctx context.Context, arg CatchUpQueuedParams) ([]CatchUpQueuedRow, error)
+	// The events skipped for a build among the streams from first to last (a page's streams),
+	// read under the page's cursor row locks: an operator can skip an event queued for a
+	// building build before its catch-up reaches the stream (Admin.Skip locks the cursor rows
+	// first, so a skip is either seen here or waits for the page).
+	CatchUpSkipped(ctx context.Context, arg CatchUpSkippedParams) ([]CatchUpSkippedRow, error)
 	// Locks the cursor row (waiting for other writers) and returns its failures in a row, and
 	// the event they are of (NULL: none, or not one event's).
 	CursorFailuresLock(ctx context.Context, arg CursorFailuresLockParams) (CursorFailuresLockRow, error)

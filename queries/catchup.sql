@@ -37,17 +37,22 @@ SET catchup_holder = NULL, catchup_expiry = NULL
 WHERE catchup_holder = @instance_id::uuid AND NOT catchup_done;
 
 -- name: CatchUpPage :many
--- The next page of stored events after a position, in (stream_id, event_id) order, but for
--- those skipped for the build (an operator can skip an event queued for a building build
--- before its catch-up reaches the stream).
-SELECT e.event_id, e.stream_id, e.event_type, e.data, e.created_at
-FROM wh_event_store e
-WHERE (e.stream_id, e.event_id) > (@after_stream_id::uuid, @after_event_id::uuid)
-  AND NOT EXISTS (SELECT 1 FROM wh_skipped_events s
-                  WHERE s.stream_id = e.stream_id AND s.perspective_name = @build_key::text
-                    AND s.event_id = e.event_id)
-ORDER BY e.stream_id, e.event_id
+-- The next page of stored events after a position, in (stream_id, event_id) order.
+SELECT event_id, stream_id, event_type, data, created_at
+FROM wh_event_store
+WHERE (stream_id, event_id) > (@after_stream_id::uuid, @after_event_id::uuid)
+ORDER BY stream_id, event_id
 LIMIT @page_size;
+
+-- name: CatchUpSkipped :many
+-- The events skipped for a build among the streams from first to last (a page's streams),
+-- read under the page's cursor row locks: an operator can skip an event queued for a
+-- building build before its catch-up reaches the stream (Admin.Skip locks the cursor rows
+-- first, so a skip is either seen here or waits for the page).
+SELECT stream_id, event_id
+FROM wh_skipped_events
+WHERE stream_id >= @first_stream_id AND stream_id <= @last_stream_id
+  AND perspective_name = @build_key;
 
 -- name: CatchUpQueued :many
 -- The events queued for a build among the streams from first to last (a page's streams).

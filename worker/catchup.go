@@ -151,7 +151,7 @@ type CatchUpRequest struct {
 // CatchUpPage is one page of a catch-up, as fold receives it.
 type CatchUpPage struct {
 	Key    string
-	Events []Event // in (stream, event) order
+	Events []Event // in (stream, event) order, without those skipped for the build
 	// Streams is the state of each stream of the page, read under its cursor row lock
 	// (a stream missing from it is held by another transaction): its stream lock, and for
 	// Continued its model, cursor and snapshots.
@@ -183,7 +183,7 @@ func (s *pgStore) CatchUp(ctx context.Context, req CatchUpRequest, fold func(Cat
 	if err != nil {
 		return CatchUpResult{}, fmt.Errorf("read the catch-up position: %w", err)
 	}
-	at := db.CatchUpPageParams{AfterStreamID: start.CatchupStreamID.UUID, AfterEventID: start.CatchupEventID.UUID, BuildKey: req.Key, PageSize: int32(req.PageSize)}
+	at := db.CatchUpPageParams{AfterStreamID: start.CatchupStreamID.UUID, AfterEventID: start.CatchupEventID.UUID, PageSize: int32(req.PageSize)}
 	rows, err := s.readPage(ctx, req.Key, at)
 	if err != nil {
 		return CatchUpResult{}, fmt.Errorf("read the store: %w", err)
@@ -203,7 +203,7 @@ func (s *pgStore) CatchUp(ctx context.Context, req CatchUpRequest, fold func(Cat
 	if len(rows) == req.PageSize {
 		// Read the next page while this one is folded and written.
 		last := rows[len(rows)-1]
-		next := db.CatchUpPageParams{AfterStreamID: last.StreamID, AfterEventID: last.EventID, BuildKey: req.Key, PageSize: at.PageSize}
+		next := db.CatchUpPageParams{AfterStreamID: last.StreamID, AfterEventID: last.EventID, PageSize: at.PageSize}
 		s.readAheadWith(req.Key, next, func(ctx context.Context) ([]db.WhEventStore, error) { return s.q.CatchUpPage(ctx, next) })
 	}
 
@@ -240,10 +240,7 @@ func (s *pgStore) CatchUp(ctx context.Context, req CatchUpRequest, fold func(Cat
 			}))
 		}
 		res.Events = len(rows)
-		page := CatchUpPage{Key: req.Key, Events: make([]Event, len(rows)), Streams: map[uuid.UUID]PairState{}}
-		for i, r := range rows {
-			page.Events[i] = eventOf(r)
-		}
+		page := CatchUpPage{Key: req.Key, Streams: map[uuid.UUID]PairState{}}
 		// Under the cursor row locks: a stream another instance has locked, or whose row
 		// another transaction holds, is left to the normal path (fold queues its events).
 		states, _, err := lockPairs(ctx, q, pairs)
@@ -275,6 +272,22 @@ func (s *pgStore) CatchUp(ctx context.Context, req CatchUpRequest, fold func(Cat
 		for _, r := range queuedRows {
 			queued[r.EventID] = true
 		}
+		// The events skipped for the build are left out, read under the cursor row locks
+		// (not with the page, which was read before them).
+		skippedRows, err := q.CatchUpSkipped(ctx, db.CatchUpSkippedParams{FirstStreamID: first, LastStreamID: last, BuildKey: req.Key})
+		if err != nil {
+			return fmt.Errorf("read the skipped events: %w", err)
+		}
+		skipped := make(map[uuid.UUID]bool, len(skippedRows))
+		for _, r := range skippedRows {
+			skipped[r.EventID] = true
+		}
+		page.Events = make([]Event, 0, len(rows))
+		for _, r := range rows {
+			if !skipped[r.EventID] {
+				page.Events = append(page.Events, eventOf(r))
+			}
+		}
 
 		writes := fold(page)
 		if err := ctx.Err(); err != nil {
@@ -295,8 +308,8 @@ func (s *pgStore) CatchUp(ctx context.Context, req CatchUpRequest, fold func(Cat
 		if err != nil {
 			return err
 		}
-		to := page.Events[len(page.Events)-1]
-		toEvent := to.ID
+		to := rows[len(rows)-1] // the position moves past the skipped events too
+		toEvent := to.EventID
 		for _, wr := range writes {
 			res.Applied += len(wr.Applied)
 			if wr.EnqueueFrom != uuid.Nil && wr.Stream == to.StreamID {

@@ -1,6 +1,7 @@
 package worker_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"testing"
@@ -492,4 +493,59 @@ func TestAPairWithAPositionButNoModelFailsItsBootstrap(t *testing.T) {
 	fp := waitParked(t, admin, name, s, 2)
 	require.Contains(t, fp.LastError, "has no model")
 	require.LessOrEqual(t, m.sum("perspectives.bootstrap.count"), int64(2), "one bootstrap per attempt")
+}
+
+// An operator's skip that comes after a catch-up page was read, but before the page's
+// transaction (here: the page read ahead while the one before it folds), is honoured by that
+// page: the skipped events are read under the page's cursor row locks.
+func TestSkipAfterACatchUpPageWasReadIsHonouredByIt(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := isolatedDB(t)
+	name := uniqueName("skip_readahead")
+	a, b := uuid.New(), uuid.New()
+	if bytes.Compare(a[:], b[:]) > 0 {
+		a, b = b, a
+	}
+	ids := newIDs(t, 4)
+	evA, evB := events(a, ids[:2]), events(b, ids[2:3])
+	w := startWorkerIn(t, d, worker.Config{Perspectives: []worker.Perspective{ledgerPerspective(name)}})
+	require.NoError(t, worker.Append(ctx, d.Pool, evA...))
+	require.NoError(t, worker.Append(ctx, d.Pool, evB...))
+	waitModelIn(t, d, name, b, 1)
+	require.NoError(t, w.Stop(ctx))
+
+	admin, err := worker.NewAdmin(d.Pool, nil)
+	require.NoError(t, err)
+	rebuild, created, err := admin.RebuildPerspective(ctx, name)
+	require.NoError(t, err)
+	require.True(t, created)
+	late := events(b, ids[3:])[0]
+	require.NoError(t, worker.Append(ctx, d.Pool, late)) // queued for both builds
+
+	g := newGated(name)
+	entered, release := g.arm(evA[0].ID) // only the rebuild's catch-up applies it again
+	defer release()
+	startWorkerIn(t, d, worker.Config{Perspectives: []worker.Perspective{g}, CatchUpPageSize: 2})
+	select {
+	case <-entered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the first page is not folding")
+	}
+	eventually(t, 10*time.Second, "the second page (stream b) read ahead", func() bool {
+		var n int
+		require.NoError(t, d.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND query LIKE '%name: CatchUpPage %' AND state = 'idle'`).Scan(&n))
+		return n > 0
+	})
+	_, err = admin.Skip(ctx, b, name, late.ID, "alice") // in the rebuild (and the active build, unless applied there by now)
+	require.NoError(t, err)
+	require.Equal(t, 1, lcCount(t, d, `SELECT count(*) FROM wh_skipped_events WHERE perspective_name = $1 AND event_id = $2`, rebuild.Key, late.ID),
+		"skipped in the rebuild")
+	release()
+
+	eventually(t, 30*time.Second, "the rebuild promoted", func() bool {
+		return buildState(t, ctx, d.Pool, rebuild.Key) == worker.BuildActive
+	})
+	require.Equal(t, expectedLedger(t, evB), loadLedgerIn(t, d, name, b), "the skipped event is not in the rebuilt model")
 }
