@@ -35,6 +35,13 @@ type Querier interface {
 	// every instance fold the same page again, for ever, when a page takes longer than the lease
 	// (a slow perspective: TestReliabilityRandomizedModelCheck, LockTimeout 2 s).
 	BuildCatchUpAdvance(ctx context.Context, arg BuildCatchUpAdvanceParams) (int64, error)
+	// Whether a pair of the build that is not parked has an event queued by the time the
+	// build's catch-up ended: such an event is part of the build's history however recently it
+	// was queued, so the build is not caught up while it waits. A parked pair's events wait for
+	// an operator, in the active build as well: they do not hold a promotion off (the queues'
+	// ages still compare them). Run when BuildQueueAge says from_catchup: the build's due rows
+	// (a pair with nothing queued has none), each with a probe of its queue's key.
+	BuildCatchUpLeftWaiting(ctx context.Context, buildKey string) (bool, error)
 	// Lets go of the catch-up leases an instance holds, as it stops: another instance continues
 	// those catch-ups at its next look at the builds, not when the leases expire. A page of the
 	// instance still running is refused at its commit (BuildCatchUpAdvance's fence).
@@ -64,8 +71,7 @@ type Querier interface {
 	// The age of the oldest event queued for a build, in microseconds (-1: none queued), and
 	// whether that event was queued by the time the build's catch-up ended (from_catchup): one
 	// the catch-up handed to the queue (the rest of a long stream, a failing or locked stream)
-	// or an Append queued while it ran. Such an event is part of the build's history however
-	// recently it was queued: the build is not caught up while it waits.
+	// or an Append queued while it ran (see BuildCatchUpLeftWaiting).
 	BuildQueueAge(ctx context.Context, buildKey string) (BuildQueueAgeRow, error)
 	// Asks the workers to promote a caught-up building build (an operator's promotion of a
 	// sink's perspective): the holder of its version's promotion lease promotes it, forced.

@@ -4,12 +4,26 @@
 -- The age of the oldest event queued for a build, in microseconds (-1: none queued), and
 -- whether that event was queued by the time the build's catch-up ended (from_catchup): one
 -- the catch-up handed to the queue (the rest of a long stream, a failing or locked stream)
--- or an Append queued while it ran. Such an event is part of the build's history however
--- recently it was queued: the build is not caught up while it waits.
+-- or an Append queued while it ran (see BuildCatchUpLeftWaiting).
 SELECT COALESCE((extract(epoch FROM clock_timestamp() - o.oldest) * 1000000)::bigint, -1)::bigint AS oldest_micros,
        COALESCE(o.oldest <= (SELECT b.catchup_done_at FROM wh_perspective_builds b WHERE b.build_key = @build_key),
                 false)::bool AS from_catchup
 FROM (SELECT min(q.enqueued_at) AS oldest FROM wh_perspective_events q WHERE q.perspective_name = @build_key) o;
+
+-- name: BuildCatchUpLeftWaiting :one
+-- Whether a pair of the build that is not parked has an event queued by the time the
+-- build's catch-up ended: such an event is part of the build's history however recently it
+-- was queued, so the build is not caught up while it waits. A parked pair's events wait for
+-- an operator, in the active build as well: they do not hold a promotion off (the queues'
+-- ages still compare them). Run when BuildQueueAge says from_catchup: the build's due rows
+-- (a pair with nothing queued has none), each with a probe of its queue's key.
+SELECT EXISTS (
+    SELECT 1 FROM wh_perspective_pairs d
+    WHERE d.perspective_name = @build_key AND d.due_at < 'infinity'
+      AND EXISTS (SELECT 1 FROM wh_perspective_events q
+                  WHERE q.stream_id = d.stream_id AND q.perspective_name = d.perspective_name
+                    AND q.enqueued_at <= (SELECT b.catchup_done_at FROM wh_perspective_builds b WHERE b.build_key = @build_key))
+)::bool;
 
 -- name: BuildSetState :exec
 -- The times are the statement's, not the transaction's start: a promotion sets them under the

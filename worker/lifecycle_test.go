@@ -946,3 +946,31 @@ func TestAStoppedWorkerLetsGoOfItsCatchUp(t *testing.T) {
 		return holder == second.InstanceID()
 	})
 }
+
+// A poison event parked in the active version and in a new one (the new version's catch-up
+// handed the stream to the queue, where it parked) does not hold the new version's
+// promotion off: a parked pair waits for an operator in either version, and the new one is
+// no further behind than the active one.
+func TestAPairParkedInBothVersionsDoesNotHoldThePromotionOff(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := isolatedDB(t)
+	name := uniqueName("park_promo")
+	policy := worker.FailurePolicy{Attempts: 1}
+	s := uuid.New()
+	evs := events(s, newIDs(t, 3))
+	evs[1].Type = "poison"
+	lcWorker(t, d, worker.Config{Perspectives: []worker.Perspective{versioned(poisonPerspective(name), 1)}, FailurePolicy: policy})
+	require.NoError(t, worker.Append(ctx, d.Pool, evs...))
+	parked := func(v int) bool {
+		return lcCount(t, d, `SELECT count(*) FROM wh_perspective_cursors c JOIN wh_perspective_builds b ON b.build_key = c.perspective_name
+			WHERE c.stream_id = $1 AND b.perspective_name = $2 AND b.version = $3 AND c.status = 'parked'`, s, name, v) == 1
+	}
+	eventually(t, 20*time.Second, "version 1 parked", func() bool { return parked(1) })
+	time.Sleep(1500 * time.Millisecond) // the active build's parked rows are older than the promotion's lag
+
+	lcWorker(t, d, worker.Config{Perspectives: []worker.Perspective{versioned(poisonPerspective(name), 2)}, FailurePolicy: policy})
+	eventually(t, 20*time.Second, "version 2 parked and promoted", func() bool {
+		return parked(2) && lcCount(t, d, `SELECT count(*) FROM wh_perspective_builds WHERE perspective_name = $1 AND version = 2 AND state = 'active'`, name) == 1
+	})
+}

@@ -1431,8 +1431,10 @@ func psPromoteFixture(t *testing.T, ctx context.Context, d *pgtest.DB, store wor
 // psQueuedSince queues an event for build key, enqueued age ago.
 func psQueuedSince(t *testing.T, ctx context.Context, d *pgtest.DB, key string, age string) {
 	t.Helper()
+	s := uuid.New()
 	gsExec(t, ctx, d.Pool, `INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id, enqueued_at)
-		VALUES ($1, $2, $3, now() - $4::interval)`, uuid.New(), key, uuid.Must(uuid.NewV7()), age)
+		VALUES ($1, $2, $3, now() - $4::interval)`, s, key, uuid.Must(uuid.NewV7()), age)
+	gsExec(t, ctx, d.Pool, `INSERT INTO wh_perspective_pairs (stream_id, perspective_name, due_at) VALUES ($1, $2, now())`, s, key)
 }
 
 // Promote refuses a build whose catch-up is not done (even forced) and, unless forced,
@@ -1531,7 +1533,15 @@ func TestPGStorePromoteWhenCaughtUp(t *testing.T) {
 	b1, b2 = psBuild(t, ctx, d, v1), psBuild(t, ctx, d, v2)
 	require.False(t, promote(name, v2, false), "what the catch-up queued waits")
 	requireUnchanged(v1, v2, b1, b2)
+	gsExec(t, ctx, d.Pool, `UPDATE wh_perspective_pairs SET due_at = 'infinity' WHERE perspective_name = $1`, v2)
+	require.True(t, promote(name, v2, false), "what the catch-up queued is parked, as a parked pair of the active build would be")
+	requirePromoted(v1, v2)
+	name, v1, v2 = psPromoteFixture(t, ctx, d, store)
+	caughtUpAgo(v2)
+	psQueuedSince(t, ctx, d, v2, "3 seconds")
+	psQueuedSince(t, ctx, d, v1, "5 seconds")
 	gsExec(t, ctx, d.Pool, `DELETE FROM wh_perspective_events WHERE perspective_name = $1`, v2)
+	gsExec(t, ctx, d.Pool, `DELETE FROM wh_perspective_pairs WHERE perspective_name = $1`, v2)
 	psQueuedSince(t, ctx, d, v2, "1 second") // an Append after the catch-up's end
 	require.True(t, promote(name, v2, false), "what the catch-up queued is applied")
 	requirePromoted(v1, v2)

@@ -518,6 +518,13 @@ func planStatements(t *testing.T, ctx context.Context, conn *pgx.Conn, hot uuid.
 		call:  planRecord(t, func(q *db.Queries) error { _, err := q.BuildQueueAge(ctx, planBuildA); return err }),
 		queue: planQueueBuildAge, cond: []string{"(perspective_name = "}, limit: true,
 	})
+	// ... and, when that event is older than the catch-up's end, whether a pair not parked
+	// waits with such an event: each of the build's due rows a probe of its queue's key.
+	statements = append(statements, planStatement{
+		name:  "BuildCatchUpLeftWaiting",
+		call:  planRecord(t, func(q *db.Queries) error { _, err := q.BuildCatchUpLeftWaiting(ctx, planBuildA); return err }),
+		queue: planQueuePKey, cond: pairCond, probe: pairCond,
+	})
 	statements = append(statements, planGroupLookups(t, ctx, conn, streams, names)...)
 	// The apply commit deletes its rows through the function whose plan is checked here.
 	commit := slices.IndexFunc(statements, func(s planStatement) bool { return s.name == "wh_apply_commit" })
