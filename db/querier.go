@@ -291,7 +291,10 @@ type Querier interface {
 	//   'park':  status 'parked', due never ('infinity') until an operator retries or skips;
 	//   'skip':  the event is recorded in wh_skipped_events (skipped_by, reason 'policy') and
 	//            unqueued; the pair's failure state clears and it is due now. Its version is
-	//            bumped: a rewind in flight, which replayed the event, is refused.
+	//            bumped: a rewind in flight, which replayed the event, is refused;
+	//   'lost':  the operation's stream lock was lost (no failure of the pair's): the error is
+	//            recorded and the pair is due after the backoff of its failures so far, but its
+	//            count, its failing event and its status (but 'ok', which becomes 'failed') stay.
 	// One row per pair is written whatever its backlog: the cursor and the due row (created if
 	// the pair has none, its lease ended). Parking and skipping notify wh_applied (WaitFor
 	// wakes), skipping also wh_perspective_events (the pair is due now). Returns each pair's

@@ -131,7 +131,10 @@ LIMIT @max_rows;
 --   'park':  status 'parked', due never ('infinity') until an operator retries or skips;
 --   'skip':  the event is recorded in wh_skipped_events (skipped_by, reason 'policy') and
 --            unqueued; the pair's failure state clears and it is due now. Its version is
---            bumped: a rewind in flight, which replayed the event, is refused.
+--            bumped: a rewind in flight, which replayed the event, is refused;
+--   'lost':  the operation's stream lock was lost (no failure of the pair's): the error is
+--            recorded and the pair is due after the backoff of its failures so far, but its
+--            count, its failing event and its status (but 'ok', which becomes 'failed') stay.
 -- One row per pair is written whatever its backlog: the cursor and the due row (created if
 -- the pair has none, its lease ended). Parking and skipping notify wh_applied (WaitFor
 -- wakes), skipping also wh_perspective_events (the pair is due now). Returns each pair's
@@ -148,7 +151,7 @@ WITH input AS (
     -- before: the pair's failures in a row of the same event (of no event: the same too)
     SELECT i.*, c.failed_since,
            NULLIF(i.event_id, '00000000-0000-0000-0000-000000000000') AS failing,
-           CASE WHEN c.failed_event_id IS NOT DISTINCT FROM NULLIF(i.event_id, '00000000-0000-0000-0000-000000000000')
+           CASE WHEN i.action = 'lost' OR c.failed_event_id IS NOT DISTINCT FROM NULLIF(i.event_id, '00000000-0000-0000-0000-000000000000')
                 THEN c.attempts ELSE 0 END AS before
     FROM input i
     JOIN wh_perspective_cursors c
@@ -158,20 +161,21 @@ WITH input AS (
     -- an apply transaction, a failure comes after its Apply ran, maybe for long.
     SELECT s.stream_id, s.perspective_name, s.before AS attempts, s.error, s.action, s.failing AS event_id,
            CASE WHEN s.before > 0 THEN s.failed_since END AS failed_since,
-           CASE s.action
-               WHEN 'retry' THEN clock_timestamp() + interval '1 second' * LEAST(
+           CASE WHEN s.action IN ('retry', 'lost') THEN clock_timestamp() + interval '1 second' * LEAST(
                    s.max_seconds, s.base_seconds * power(2, LEAST(s.before, 40)))
-               WHEN 'park' THEN 'infinity'::timestamptz
+               WHEN s.action = 'park' THEN 'infinity'::timestamptz
                ELSE clock_timestamp()
            END AS due
     FROM same s
 ), cur AS (
     UPDATE wh_perspective_cursors c
-    SET status = CASE o.action WHEN 'retry' THEN 'failed' WHEN 'park' THEN 'parked' ELSE 'ok' END,
+    SET status = CASE o.action WHEN 'retry' THEN 'failed' WHEN 'park' THEN 'parked'
+                     WHEN 'lost' THEN CASE WHEN c.status = 'ok' THEN 'failed' ELSE c.status END ELSE 'ok' END,
         last_error = CASE WHEN o.action = 'skip' THEN NULL ELSE o.error END,
-        failed_event_id = CASE WHEN o.action = 'skip' THEN NULL ELSE o.event_id END,
-        failed_since = CASE WHEN o.action = 'skip' THEN NULL ELSE COALESCE(o.failed_since, now()) END,
-        attempts = CASE WHEN o.action = 'skip' THEN 0 ELSE o.attempts + 1 END,
+        failed_event_id = CASE o.action WHEN 'skip' THEN NULL WHEN 'lost' THEN c.failed_event_id ELSE o.event_id END,
+        failed_since = CASE o.action WHEN 'skip' THEN NULL WHEN 'lost' THEN COALESCE(c.failed_since, now())
+                           ELSE COALESCE(o.failed_since, now()) END,
+        attempts = CASE o.action WHEN 'skip' THEN 0 WHEN 'lost' THEN c.attempts ELSE o.attempts + 1 END,
         version = CASE WHEN o.action = 'skip' THEN c.version + 1 ELSE c.version END,
         updated_at = now()
     FROM old o
@@ -197,7 +201,7 @@ WITH input AS (
 SELECT o.stream_id, o.perspective_name, o.action::text AS action
 FROM old o
 WHERE (SELECT count(*) FROM (
-          SELECT pg_notify('wh_applied', '') FROM old WHERE action <> 'retry'
+          SELECT pg_notify('wh_applied', '') FROM old WHERE action IN ('park', 'skip')
           UNION ALL
           SELECT pg_notify('wh_perspective_events', '') FROM old WHERE action = 'skip') n) >= 0;
 

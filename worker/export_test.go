@@ -188,3 +188,6 @@ func ReadAheadWith(w *Worker, stmt func(ctx context.Context) error) <-chan struc
 
 // CatchUpStreamShare is the most events of one stream a catch-up page applies.
 const CatchUpStreamShare = catchUpStreamShare
+
+// FailureLost is the action fail records for an operation whose stream lock was lost.
+const FailureLost = failureLost

@@ -196,7 +196,7 @@ func (w *Worker) fail(ctx context.Context, k Pair, cause error, r *jobResult) {
 	policy := w.policy(w.buildOf(k.Perspective).Perspective) // a build retired meanwhile: the default
 	decide := func(before int) FailureAction { return policy.action(before, f.Event) }
 	if errors.Is(cause, ErrLockLost) {
-		decide = func(int) FailureAction { return FailureRetry } // see FailurePolicy
+		decide = func(int) FailureAction { return failureLost } // see FailurePolicy
 	}
 	action, err := w.store.MarkFailed(rctx, k, f, decide)
 	if err != nil {
@@ -259,6 +259,10 @@ const (
 	FailureRetry FailureAction = "retry" // retried after the backoff
 	FailurePark  FailureAction = "park"  // parked: waits for an operator (retry or skip)
 	FailureSkip  FailureAction = "skip"  // Failure.Event is skipped (recorded); the pair goes on
+
+	// failureLost: the operation's stream lock was lost, no failure of the pair's: recorded
+	// and retried after the backoff of the pair's failures so far, without counting as one.
+	failureLost FailureAction = "lost"
 )
 
 func (s *pgStore) MarkFailed(ctx context.Context, p Pair, f Failure, decide func(failures int) FailureAction) (FailureAction, error) {

@@ -1758,3 +1758,60 @@ func TestPGStoreCleanupRacingAnotherInstanceLeavesNoRows(t *testing.T) {
 		psBuild(t, ctx, d, c).CleanedAt)
 	require.NotNil(t, psBuild(t, ctx, d, c).CleanedAt)
 }
+
+// A lost stream lock (MarkFailed's action FailureLost) is recorded (the error, the backoff
+// of the failures so far, a failing status) without counting as a failure: neither a later
+// failure that is not one event's nor the failing event's next failure counts it, and the
+// failing event stays recorded.
+func TestPGStoreALostLockDoesNotCountAsAFailure(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := isolatedDB(t)
+	name := uniqueName("ps_lost")
+	st := psStore(d)
+	_, err := st.Register(ctx, name, 1)
+	require.NoError(t, err)
+	s := uuid.New()
+	evs := events(s, newIDs(t, 1))
+	require.NoError(t, worker.Append(ctx, d.Pool, evs...))
+	k := worker.Pair{Stream: s, Perspective: name}
+	lost := worker.Failure{Cause: "rewind: " + worker.ErrLockLost.Error()}
+	as := func(a worker.FailureAction) func(int) worker.FailureAction {
+		return func(int) worker.FailureAction { return a }
+	}
+	for range 2 {
+		_, err := st.MarkFailed(ctx, k, lost, as(worker.FailureLost))
+		require.NoError(t, err)
+	}
+	fp := psReadCursor(t, ctx, d, k)
+	require.Equal(t, "failed", fp.Status, "a healthy pair that lost its lock is failing until it succeeds")
+	seen := -1
+	_, err = st.MarkFailed(ctx, k, worker.Failure{Cause: "a failure that is not one event's"},
+		func(before int) worker.FailureAction { seen = before; return worker.FailureRetry })
+	require.NoError(t, err)
+	require.Equal(t, 0, seen, "the lost locks did not count")
+
+	_, err = st.MarkFailed(ctx, k, worker.Failure{Cause: "poison", Event: evs[0].ID}, as(worker.FailureRetry))
+	require.NoError(t, err)
+	_, err = st.MarkFailed(ctx, k, lost, as(worker.FailureLost))
+	require.NoError(t, err)
+	cur := psReadCursor(t, ctx, d, k)
+	require.NotNil(t, cur.LastError)
+	require.Contains(t, *cur.LastError, worker.ErrLockLost.Error())
+	require.EqualValues(t, 1, cur.Attempts, "not counted")
+	require.NotNil(t, cur.NextAttemptAt, "due after a backoff")
+	require.Equal(t, evs[0].ID, psFailedEvent(t, d, k), "the failing event stays recorded")
+	_, err = st.MarkFailed(ctx, k, worker.Failure{Cause: "poison", Event: evs[0].ID},
+		func(before int) worker.FailureAction { seen = before; return worker.FailureRetry })
+	require.NoError(t, err)
+	require.Equal(t, 1, seen, "the poison event's count went on across the lost lock")
+}
+
+// psFailedEvent is the pair's recorded failing event (uuid.Nil: none).
+func psFailedEvent(t testing.TB, d *pgtest.DB, p worker.Pair) uuid.UUID {
+	t.Helper()
+	var id uuid.NullUUID
+	require.NoError(t, d.Pool.QueryRow(context.Background(), `SELECT failed_event_id FROM wh_perspective_cursors
+		WHERE stream_id = $1 AND perspective_name = $2`, p.Stream, p.Perspective).Scan(&id))
+	return id.UUID
+}
