@@ -279,6 +279,59 @@ func (q *Queries) CatchUpSkipped(ctx context.Context, arg CatchUpSkippedParams) 
 	return items, nil
 }
 
+const pairDueEnsure = `-- name: PairDueEnsure :exec
+INSERT INTO wh_perspective_pairs (stream_id, perspective_name, due_at)
+VALUES ($1, $2, now())
+ON CONFLICT (stream_id, perspective_name) DO NOTHING
+`
+
+type PairDueEnsureParams struct {
+	StreamID        uuid.UUID
+	PerspectiveName string
+}
+
+// Creates the pair's due row, due now, unless it has one.
+func (q *Queries) PairDueEnsure(ctx context.Context, arg PairDueEnsureParams) error {
+	_, err := q.db.Exec(ctx, pairDueEnsure, arg.StreamID, arg.PerspectiveName)
+	return err
+}
+
+const pairDueHold = `-- name: PairDueHold :many
+SELECT d.stream_id FROM wh_perspective_pairs d
+WHERE d.stream_id = $1 AND d.perspective_name = $2
+FOR KEY SHARE
+`
+
+type PairDueHoldParams struct {
+	StreamID        uuid.UUID
+	PerspectiveName string
+}
+
+// Holds the pair's due row FOR KEY SHARE until the transaction ends, as wh_append holds the
+// due rows of the pairs it queues for: a job's release racing the transaction neither
+// deletes the row as empty (its FOR UPDATE SKIP LOCKED skips it) nor waits for it (its
+// update of the lease takes a lock that does not conflict). No row when the pair has none:
+// a release deleted it after the queueing statement ran (PairDueEnsure, then hold again).
+func (q *Queries) PairDueHold(ctx context.Context, arg PairDueHoldParams) ([]uuid.UUID, error) {
+	rows, err := q.db.Query(ctx, pairDueHold, arg.StreamID, arg.PerspectiveName)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	items := []uuid.UUID{}
+	for rows.Next() {
+		var stream_id uuid.UUID
+		if err := rows.Scan(&stream_id); err != nil {
+			return nil, err
+		}
+		items = append(items, stream_id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const queueEnqueueStreamFrom = `-- name: QueueEnqueueStreamFrom :one
 WITH queued AS (
     INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)
@@ -291,10 +344,10 @@ WITH queued AS (
     ON CONFLICT DO NOTHING
     RETURNING 1
 ), due AS (
-    INSERT INTO wh_perspective_pairs AS d (stream_id, perspective_name, due_at)
+    INSERT INTO wh_perspective_pairs (stream_id, perspective_name, due_at)
     SELECT $2, $1::text, now()
     WHERE EXISTS (SELECT 1 FROM queued)
-    ON CONFLICT (stream_id, perspective_name) DO UPDATE SET due_at = d.due_at WHERE false
+    ON CONFLICT (stream_id, perspective_name) DO NOTHING
 )
 SELECT count(*)::bigint FROM queued
 WHERE (SELECT count(*) FROM (SELECT pg_notify('wh_perspective_events', '') WHERE EXISTS (SELECT 1 FROM queued)) n) >= 0
@@ -310,12 +363,9 @@ type QueueEnqueueStreamFromParams struct {
 // for a build: what a catch-up could not apply (a failing event and the ones after it, the
 // rest of a long stream) is left to the normal path; a rebuild queues the whole stream.
 // Events the pair skipped stay skipped. The pair's due row is created, due now, unless it
-// has one (a failure recorded in the same transaction keeps its backoff), and is held until
-// commit, as an Append holds it: the ON CONFLICT branch locks an existing row (FOR NO KEY
-// UPDATE, whatever its WHERE says) and changes nothing, so a job's release racing this
-// transaction skips the row instead of deleting it as empty (see wh_pairs_release), and a
-// release that locked it first and deleted it is waited for, then the row inserted. The
-// listening workers are told. Returns the rows queued.
+// has one (a failure recorded in the same transaction keeps its backoff); the listening
+// workers are told. Returns the rows queued. The transaction then holds the due row
+// (PairDueHold), as an Append does.
 func (q *Queries) QueueEnqueueStreamFrom(ctx context.Context, arg QueueEnqueueStreamFromParams) (int64, error) {
 	row := q.db.QueryRow(ctx, queueEnqueueStreamFrom, arg.BuildKey, arg.StreamID, arg.FromEventID)
 	var column_1 int64

@@ -215,6 +215,14 @@ type Querier interface {
 	NotifierProbe(ctx context.Context, payload string) error
 	NotifierUnlistenApplied(ctx context.Context) error
 	NotifierUnlistenQueue(ctx context.Context) error
+	// Creates the pair's due row, due now, unless it has one.
+	PairDueEnsure(ctx context.Context, arg PairDueEnsureParams) error
+	// Holds the pair's due row FOR KEY SHARE until the transaction ends, as wh_append holds the
+	// due rows of the pairs it queues for: a job's release racing the transaction neither
+	// deletes the row as empty (its FOR UPDATE SKIP LOCKED skips it) nor waits for it (its
+	// update of the lease takes a lock that does not conflict). No row when the pair has none:
+	// a release deleted it after the queueing statement ran (PairDueEnsure, then hold again).
+	PairDueHold(ctx context.Context, arg PairDueHoldParams) ([]uuid.UUID, error)
 	// Tells the listening workers that the pair is due, when it is (its due row due now): after
 	// its stream lock is released, whose holder made it due meanwhile (a purge resetting a
 	// failing pair's cursor, a rebuild queueing the stream again) while the claims skipped it.
@@ -327,12 +335,9 @@ type Querier interface {
 	// for a build: what a catch-up could not apply (a failing event and the ones after it, the
 	// rest of a long stream) is left to the normal path; a rebuild queues the whole stream.
 	// Events the pair skipped stay skipped. The pair's due row is created, due now, unless it
-	// has one (a failure recorded in the same transaction keeps its backoff), and is held until
-	// commit, as an Append holds it: the ON CONFLICT branch locks an existing row (FOR NO KEY
-	// UPDATE, whatever its WHERE says) and changes nothing, so a job's release racing this
-	// transaction skips the row instead of deleting it as empty (see wh_pairs_release), and a
-	// release that locked it first and deleted it is waited for, then the row inserted. The
-	// listening workers are told. Returns the rows queued.
+	// has one (a failure recorded in the same transaction keeps its backoff); the listening
+	// workers are told. Returns the rows queued. The transaction then holds the due row
+	// (PairDueHold), as an Append does.
 	QueueEnqueueStreamFrom(ctx context.Context, arg QueueEnqueueStreamFromParams) (int64, error)
 	// The queued events of the given pairs: at most per_pair_limit per pair, the lowest event
 	// IDs of each above after_event_ids[i] (the nil UUID, NULL, or past the array's end: from

@@ -28,6 +28,22 @@ WHERE b.build_key = (SELECT l.build_key FROM wh_perspective_builds l WHERE l.bui
   AND (b.catchup_holder IS NULL OR b.catchup_expiry <= clock_timestamp() OR b.catchup_holder = @instance_id::uuid)
 RETURNING b.catchup_stream_id, b.catchup_event_id;
 
+-- name: PairDueHold :many
+-- Holds the pair's due row FOR KEY SHARE until the transaction ends, as wh_append holds the
+-- due rows of the pairs it queues for: a job's release racing the transaction neither
+-- deletes the row as empty (its FOR UPDATE SKIP LOCKED skips it) nor waits for it (its
+-- update of the lease takes a lock that does not conflict). No row when the pair has none:
+-- a release deleted it after the queueing statement ran (PairDueEnsure, then hold again).
+SELECT d.stream_id FROM wh_perspective_pairs d
+WHERE d.stream_id = @stream_id AND d.perspective_name = @perspective_name
+FOR KEY SHARE;
+
+-- name: PairDueEnsure :exec
+-- Creates the pair's due row, due now, unless it has one.
+INSERT INTO wh_perspective_pairs (stream_id, perspective_name, due_at)
+VALUES (@stream_id, @perspective_name, now())
+ON CONFLICT (stream_id, perspective_name) DO NOTHING;
+
 -- name: BuildCatchUpLetGo :exec
 -- Lets go of the catch-up leases an instance holds, as it stops: another instance continues
 -- those catch-ups at its next look at the builds, not when the leases expire. A page of the
@@ -98,12 +114,9 @@ WHERE b.build_key = @build_key
 -- for a build: what a catch-up could not apply (a failing event and the ones after it, the
 -- rest of a long stream) is left to the normal path; a rebuild queues the whole stream.
 -- Events the pair skipped stay skipped. The pair's due row is created, due now, unless it
--- has one (a failure recorded in the same transaction keeps its backoff), and is held until
--- commit, as an Append holds it: the ON CONFLICT branch locks an existing row (FOR NO KEY
--- UPDATE, whatever its WHERE says) and changes nothing, so a job's release racing this
--- transaction skips the row instead of deleting it as empty (see wh_pairs_release), and a
--- release that locked it first and deleted it is waited for, then the row inserted. The
--- listening workers are told. Returns the rows queued.
+-- has one (a failure recorded in the same transaction keeps its backoff); the listening
+-- workers are told. Returns the rows queued. The transaction then holds the due row
+-- (PairDueHold), as an Append does.
 WITH queued AS (
     INSERT INTO wh_perspective_events (stream_id, perspective_name, event_id)
     SELECT e.stream_id, @build_key::text, e.event_id
@@ -115,10 +128,10 @@ WITH queued AS (
     ON CONFLICT DO NOTHING
     RETURNING 1
 ), due AS (
-    INSERT INTO wh_perspective_pairs AS d (stream_id, perspective_name, due_at)
+    INSERT INTO wh_perspective_pairs (stream_id, perspective_name, due_at)
     SELECT @stream_id, @build_key::text, now()
     WHERE EXISTS (SELECT 1 FROM queued)
-    ON CONFLICT (stream_id, perspective_name) DO UPDATE SET due_at = d.due_at WHERE false
+    ON CONFLICT (stream_id, perspective_name) DO NOTHING
 )
 SELECT count(*)::bigint FROM queued
 WHERE (SELECT count(*) FROM (SELECT pg_notify('wh_perspective_events', '') WHERE EXISTS (SELECT 1 FROM queued)) n) >= 0;

@@ -68,7 +68,7 @@ func (a *Admin) Rebuild(ctx context.Context, streamID uuid.UUID, perspectiveName
 					return err
 				}
 				var err error
-				n, err = q.QueueEnqueueStreamFrom(ctx, db.QueueEnqueueStreamFromParams{BuildKey: k.Perspective, StreamID: streamID, FromEventID: uuid.Nil})
+				n, err = queueStream(ctx, q, k, uuid.Nil)
 				if err != nil {
 					return fmt.Errorf("queue the stream: %w", err)
 				}

@@ -351,9 +351,7 @@ func (s *pgStore) writePage(ctx context.Context, tx pgx.Tx, q *db.Queries, key s
 			if wr.EnqueueFrom == uuid.Nil {
 				continue
 			}
-			if _, err := q.QueueEnqueueStreamFrom(ctx, db.QueueEnqueueStreamFromParams{
-				BuildKey: key, StreamID: wr.Stream, FromEventID: wr.EnqueueFrom,
-			}); err != nil {
+			if _, err := queueStream(ctx, q, Pair{Stream: wr.Stream, Perspective: key}, wr.EnqueueFrom); err != nil {
 				return fmt.Errorf("queue a stream for the normal path: %w", err)
 			}
 		}
@@ -369,6 +367,25 @@ func (s *pgStore) writePage(ctx context.Context, tx pgx.Tx, q *db.Queries, key s
 		}
 		return s.writePairs(ctx, sp, q, writes, queued, replay)
 	})
+}
+
+// queueStream queues the stored events of p's stream from the event from on (inclusive; the
+// nil UUID: all of them) for p's build, in the transaction of q, and holds the pair's due
+// row until it ends (see PairDueHold). It returns the rows queued.
+func queueStream(ctx context.Context, q *db.Queries, p Pair, from uuid.UUID) (int64, error) {
+	n, err := q.QueueEnqueueStreamFrom(ctx, db.QueueEnqueueStreamFromParams{BuildKey: p.Perspective, StreamID: p.Stream, FromEventID: from})
+	if err != nil || n == 0 {
+		return n, err
+	}
+	for {
+		held, err := q.PairDueHold(ctx, db.PairDueHoldParams{StreamID: p.Stream, PerspectiveName: p.Perspective})
+		if err != nil || len(held) > 0 {
+			return n, err
+		}
+		if err := q.PairDueEnsure(ctx, db.PairDueEnsureParams{StreamID: p.Stream, PerspectiveName: p.Perspective}); err != nil {
+			return n, err
+		}
+	}
 }
 
 // handOver turns a page's writes into hand-overs: each stream queued for the normal path from

@@ -275,11 +275,11 @@ func TestClaimSQLReleaseRacingAnAppendLeavesTheDueRow(t *testing.T) {
 	require.True(t, d.Exists && d.LeasedBy == uuid.Nil, "made again by the next Append: %+v", d)
 }
 
-// A stream queued again for a pair (QueueEnqueueStreamFrom: an operator's rebuild of the
-// stream, a catch-up's hand-off) holds the pair's due row until it commits, as an Append
-// does: a release racing it (the pair's last job, its queue empty as that release sees it)
-// neither deletes the row nor waits for the queueing to find it, and once both have
-// committed the queued events have a due row.
+// A stream queued again for a pair (queueStream: an operator's rebuild of the stream, a
+// catch-up's hand-off) holds the pair's due row until it commits, as an Append does: a
+// release racing it (the pair's last job, its queue empty as that release sees it) neither
+// deletes the row nor waits for the queueing to end, and once both have committed the
+// queued events have a due row.
 func TestClaimSQLReleaseRacingAQueueingOfTheStreamLeavesTheDueRow(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -294,7 +294,7 @@ func TestClaimSQLReleaseRacingAQueueingOfTheStreamLeavesTheDueRow(t *testing.T) 
 	gsExec(t, ctx, testDB.Pool, `DELETE FROM wh_perspective_events WHERE stream_id = $1 AND perspective_name = $2`, s, name)
 
 	queueing := gsBegin(t, ctx)
-	n, err := pgq.New(queueing).QueueEnqueueStreamFrom(ctx, db.QueueEnqueueStreamFromParams{BuildKey: name, StreamID: s, FromEventID: uuid.Nil})
+	n, err := worker.QueueStream(ctx, pgq.New(queueing), worker.Pair{Stream: s, Perspective: name}, uuid.Nil)
 	require.NoError(t, err)
 	require.EqualValues(t, 2, n)
 	released := make(chan error, 1)
@@ -304,9 +304,13 @@ func TestClaimSQLReleaseRacingAQueueingOfTheStreamLeavesTheDueRow(t *testing.T) 
 			InstanceID: me, StreamIds: streams, PerspectiveNames: names, Delays: []float64{-1},
 		})
 	}()
-	time.Sleep(200 * time.Millisecond) // the release runs while the queueing is open
+	select {
+	case err := <-released:
+		require.NoError(t, err)
+	case <-time.After(2 * time.Second):
+		t.Fatal("the release waited for the queueing transaction")
+	}
 	require.NoError(t, queueing.Commit(ctx))
-	require.NoError(t, <-released)
 	require.Len(t, queued(t, ctx, name, s), 2)
 	d := gsDue(t, ctx, p)
 	require.True(t, d.Exists, "the queued events have a due row")

@@ -191,3 +191,6 @@ const CatchUpStreamShare = catchUpStreamShare
 
 // FailureLost is the action fail records for an operation whose stream lock was lost.
 const FailureLost = failureLost
+
+// QueueStream is queueStream: a stream queued for a pair in q's transaction, its due row held.
+var QueueStream = queueStream
