@@ -38,6 +38,11 @@ const (
 	MaxCatchUpPageSize          = 100000
 )
 
+// MaxPerspectiveNameLength is the longest name of a worker's perspective: the stream locks
+// of its builds are named after their build keys (name@v<version>.<build>: buildKey), which
+// must fit in locker.MaxPerspectiveNameLength with the longest version and build numbers.
+const MaxPerspectiveNameLength = locker.MaxPerspectiveNameLength - len("@v2147483647.2147483647")
+
 // SnapshotOptions control the restore points that make rewinds cheap.
 type SnapshotOptions struct {
 	// Disabled turns snapshots off: rewinds replay the whole stream. Default false.
@@ -206,6 +211,10 @@ func (cfg Config) validate() error {
 		}
 		if v := versionOf(p); v < 1 {
 			return invalid("Perspectives[%d]: %q: Version() must be positive, got %d", i, name, v)
+		}
+		if n := len([]rune(name)); n > MaxPerspectiveNameLength {
+			return invalid("Perspectives[%d]: name is %d characters, more than %d: its builds' stream locks are named %s@v<version>.<build>, within locker.MaxPerspectiveNameLength (%d)",
+				i, n, MaxPerspectiveNameLength, "<name>", locker.MaxPerspectiveNameLength)
 		}
 		if names[name] {
 			return invalid("Perspectives[%d]: name %q is used twice", i, name)

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"log/slog"
+	"math"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -372,6 +374,8 @@ func TestNewValidatesConfig(t *testing.T) {
 		{"nil perspective", worker.Config{Perspectives: []worker.Perspective{nil}}, "Perspectives[0] is nil", worker.ErrInvalidConfig},
 		{"empty name", worker.Config{Perspectives: []worker.Perspective{ledgerPerspective("")}}, "perspective name is empty", worker.ErrInvalidConfig},
 		{"duplicate name", worker.Config{Perspectives: []worker.Perspective{p, ledgerPerspective("cfg")}}, `name "cfg" is used twice`, worker.ErrInvalidConfig},
+		{"name too long for its build keys", worker.Config{Perspectives: []worker.Perspective{ledgerPerspective(strings.Repeat("é", worker.MaxPerspectiveNameLength+1))}},
+			"name is 178 characters, more than 177", worker.ErrInvalidConfig},
 		{"lock options", worker.Config{Perspectives: []worker.Perspective{p}, LockOptions: locker.Options{LockTimeout: 10 * time.Second, KeepAliveInterval: 5 * time.Second}}, "KeepAliveInterval (5s)", locker.ErrInvalidOptions},
 		{"negative batch", worker.Config{Perspectives: []worker.Perspective{p}, BatchSize: -1}, "BatchSize must be between 1 and 10000, got -1", worker.ErrInvalidConfig},
 		{"huge batch", worker.Config{Perspectives: []worker.Perspective{p}, BatchSize: 10001}, "BatchSize", worker.ErrInvalidConfig},
@@ -396,6 +400,10 @@ func TestNewValidatesConfig(t *testing.T) {
 	_, err := worker.New(nil, worker.Config{Perspectives: []worker.Perspective{p}})
 	require.ErrorIs(t, err, worker.ErrInvalidConfig)
 	require.ErrorContains(t, err, "pool is nil")
+	_, err = worker.New(testDB.Pool, worker.Config{Perspectives: []worker.Perspective{ledgerPerspective(strings.Repeat("é", worker.MaxPerspectiveNameLength))}})
+	require.NoError(t, err, "the longest name")
+	require.LessOrEqual(t, len([]rune(worker.BuildKey(strings.Repeat("é", worker.MaxPerspectiveNameLength), math.MaxInt32, math.MaxInt32))),
+		locker.MaxPerspectiveNameLength, "its longest build key fits in a stream lock")
 	w, err := worker.New(testDB.Pool, worker.Config{Perspectives: []worker.Perspective{p}})
 	require.NoError(t, err)
 	require.Equal(t, uuid.Version(7), w.InstanceID().Version(), "a zero InstanceID becomes a UUIDv7")
