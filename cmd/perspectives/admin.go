@@ -82,5 +82,8 @@ func requiredStream(s string) (uuid.UUID, error) {
 	if err != nil {
 		return uuid.Nil, fmt.Errorf("--stream %q is not a UUID", s)
 	}
+	if id == uuid.Nil {
+		return uuid.Nil, fmt.Errorf("--stream is the nil UUID, which names no stream")
+	}
 	return id, nil
 }

@@ -70,6 +70,13 @@ func defineDemo(fs *flag.FlagSet) runFunc {
 			return errors.New("--streams must be at least 1 and --events at least 2")
 		case c.late < 0 || c.late >= 1:
 			return errors.New("--late must be in [0, 1)")
+		case c.lockTimeout <= 0:
+			return fmt.Errorf("--lock-timeout must be positive, got %s", c.lockTimeout)
+		}
+		// The instances take it, with a keepalive every quarter of it: refused here, before
+		// the demo database is made, rather than by every instance at its start.
+		if err := (locker.Options{LockTimeout: c.lockTimeout, KeepAliveInterval: c.lockTimeout / 4}).Validate(); err != nil {
+			return fmt.Errorf("--lock-timeout: %w", err)
 		}
 		d := &demo{cfg: c, out: stdout, errw: &syncWriter{w: stderr}, rng: rand.New(rand.NewPCG(c.seed, 1))}
 		return d.run(ctx, dbURL)
@@ -326,6 +333,7 @@ func (d *demo) waitReady(ctx context.Context, procs []*demoProc) error {
 		select {
 		case <-p.ready:
 		case err := <-p.exited:
+			p.killed = true // it has exited: stopAll does not wait for it again
 			return fmt.Errorf("worker instance %s exited at start: %v", shortid.String(p.id), err)
 		case <-time.After(60 * time.Second):
 			return fmt.Errorf("worker instance %s did not start within 60s", shortid.String(p.id))

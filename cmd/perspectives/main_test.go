@@ -122,6 +122,23 @@ func TestUnreachableDatabaseIsSaidOnce(t *testing.T) {
 	require.NotContains(t, stderr, "is PostgreSQL running")
 }
 
+// The demo refuses a lock timeout its instances could not run with, before it touches the
+// database (here unreachable, and never dialled).
+func TestDemoRefusesABadLockTimeoutFirst(t *testing.T) {
+	url := "postgres://postgres@127.0.0.1:1/postgres?sslmode=disable&connect_timeout=2"
+	for _, tc := range []struct{ value, want string }{
+		{"-1s", "--lock-timeout must be positive, got -1s"},
+		{"0s", "--lock-timeout must be positive, got 0s"},
+		{"1ns", "--lock-timeout: "},
+	} {
+		code, stdout, stderr := cli(t, "demo", "--database-url", url, "--lock-timeout", tc.value)
+		require.Equal(t, 1, code, tc.value)
+		require.Empty(t, stdout, tc.value)
+		require.Contains(t, stderr, tc.want, tc.value)
+		require.NotContains(t, stderr, "cannot reach database", tc.value)
+	}
+}
+
 func TestMissingSchemaNamesMigrate(t *testing.T) {
 	ctx := context.Background()
 	empty, err := pgtest.CreateEmpty(ctx, "cli_empty")
@@ -267,6 +284,12 @@ func TestPurgeAndRebuild(t *testing.T) {
 	code, _, stderr = cli(t, "purge", "--database-url", url, "--stream", "nope", "--perspective", name)
 	require.Equal(t, 1, code)
 	require.Contains(t, stderr, `--stream "nope" is not a UUID`)
+	for _, cmd := range []string{"purge", "retry"} { // retry without --stream means every stream: the nil UUID must not
+		code, stdout, stderr := cli(t, cmd, "--database-url", url, "--stream", uuid.Nil.String(), "--perspective", name)
+		require.Equal(t, 1, code, cmd)
+		require.Empty(t, stdout, cmd)
+		require.Contains(t, stderr, "--stream is the nil UUID, which names no stream", cmd)
+	}
 	code, _, stderr = cli(t, "purge", "--database-url", url, "--stream", s1.String(), "--perspective", "never_registered")
 	require.Equal(t, 1, code)
 	require.Contains(t, stderr, `perspective "never_registered" is not registered`)
@@ -351,4 +374,22 @@ func TestOlderSchemaNamesMigrate(t *testing.T) {
 	}
 	other := &pgconn.PgError{Code: "42883", Message: "function lower(integer) does not exist"}
 	require.Equal(t, "status: "+other.Error(), errorLine(fmt.Errorf("status: %w", other), tg))
+}
+
+// A rebuild's wait that Ctrl-C ends says it was interrupted, not that --timeout passed.
+func TestRebuildInterruptedSaysSo(t *testing.T) {
+	ctx := context.Background()
+	d := ownDB(t, "cli_rebuild_int")
+	name := "ri_" + uuid.NewString()[:6]
+	w, err := worker.New(d.Pool, worker.Config{Perspectives: []worker.Perspective{counterPerspective(name)}, Logger: quiet()})
+	require.NoError(t, err)
+	require.NoError(t, w.Start(ctx))
+	require.NoError(t, w.Stop(ctx)) // registered; no worker builds the rebuild
+	var out, errb bytes.Buffer
+	rctx, cancel := context.WithTimeout(ctx, time.Second) // as Ctrl-C ends the command's context
+	defer cancel()
+	code := run(rctx, []string{"rebuild", "--perspective", name, "--database-url", d.URL, "--timeout", "1m"}, &out, &errb)
+	require.Equal(t, 1, code)
+	require.Contains(t, errb.String(), "interrupted; the rebuild goes on in the database")
+	require.NotContains(t, errb.String(), "in 1m0s")
 }

@@ -143,6 +143,9 @@ func defineRebuild(fs *flag.FlagSet) runFunc {
 			select {
 			case <-wctx.Done():
 				bar.done()
+				if ctx.Err() != nil {
+					return fmt.Errorf("interrupted; the rebuild goes on in the database (see: perspectives versions): %w", ctx.Err())
+				}
 				why := fmt.Sprintf("are workers running %s version %d?", *name, b.Version)
 				if missing != "" {
 					why = missing
@@ -193,6 +196,9 @@ func rebuildStream(ctx context.Context, pool *pgxpool.Pool, admin *worker.Admin,
 		select {
 		case <-wctx.Done():
 			bar.done()
+			if ctx.Err() != nil {
+				return fmt.Errorf("interrupted; the queued events stay queued (see: perspectives status): %w", ctx.Err())
+			}
 			why := fmt.Sprintf("are workers running %s?", name)
 			if missing != "" {
 				why = missing

@@ -43,7 +43,9 @@ func runStatus(ctx context.Context, dbURL string, stdout, _ io.Writer) error {
 	var parked []string
 	var parkedPairs int64
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "PERSPECTIVE\tVERSION\tSTATE\tQUEUED\tLAG\tFAILING\tPARKED\tINSTANCES\tEVENTS/S\tHEALTH")
+	if len(v.Builds) > 0 {
+		fmt.Fprintln(tw, "PERSPECTIVE\tVERSION\tSTATE\tQUEUED\tLAG\tFAILING\tPARKED\tINSTANCES\tEVENTS/S\tHEALTH")
+	}
 	for _, b := range v.Builds {
 		byKey[b.Key] = b
 		if b.State == worker.BuildRetired {
@@ -80,10 +82,7 @@ func runStatus(ctx context.Context, dbURL string, stdout, _ io.Writer) error {
 		for _, f := range failed {
 			msg := ""
 			if f.LastError != nil {
-				msg = strings.Join(strings.Fields(*f.LastError), " ")
-				if len(msg) > 120 {
-					msg = msg[:117] + "..."
-				}
+				msg = clip(*f.LastError, 120)
 			}
 			name, version := f.PerspectiveName, "-"
 			if b, ok := byKey[f.PerspectiveName]; ok {

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
@@ -94,6 +95,13 @@ func TestStatusTellsIdleFromStuckAndExitsNonZeroWhenParked(t *testing.T) {
 	require.Equal(t, 0, code, stderr)
 	require.Regexp(t, `(?m)^`+name+`\s+1\s+active\s+0\s+-\s+1\s+0\s+1\s+[0-9.]+\s+retrying 1 failing pair$`, stdout)
 	require.Contains(t, lineWith(t, stdout, s1.String()), "boom", "the failed pairs' list")
+	// A long error of many-byte characters: cut at 120 characters, still UTF-8.
+	_, err = d.Pool.Exec(ctx, `UPDATE wh_perspective_cursors SET last_error = repeat('é', 300) WHERE perspective_name = $1 AND stream_id = $2`, name, s1)
+	require.NoError(t, err)
+	_, stdout, _ = cli(t, "status", "--database-url", d.URL)
+	require.True(t, utf8.ValidString(stdout), "status prints UTF-8")
+	require.Contains(t, lineWith(t, stdout, s1.String()), strings.Repeat("é", 119)+"…")
+	require.NotContains(t, stdout, strings.Repeat("é", 120))
 	_, err = d.Pool.Exec(ctx, `UPDATE wh_perspective_cursors SET status = 'ok' WHERE perspective_name = $1 AND stream_id = $2`, name, s1)
 	require.NoError(t, err)
 
@@ -148,4 +156,13 @@ func TestRebuildWithoutWorkerNamesItInPlainLines(t *testing.T) {
 	// (Its events are queued for both builds: the active one and the rebuild under way.)
 	require.Regexp(t, regexp.QuoteMeta("applying: 0/4 events (0%), rate -, ETA -\n")+missing+"\n", stderr)
 	require.Regexp(t, regexp.QuoteMeta("4 events still queued after 1s: ")+missing, stderr)
+}
+
+// On a database without perspectives, status says so instead of the builds' table.
+func TestStatusOfADatabaseWithoutPerspectives(t *testing.T) {
+	d := ownDB(t, "cli_status_empty")
+	code, stdout, stderr := cli(t, "status", "--database-url", d.URL)
+	require.Equal(t, 0, code, stderr)
+	require.Contains(t, stdout, "no perspective registered")
+	require.NotContains(t, stdout, "PERSPECTIVE", "no table header without a row")
 }
