@@ -119,7 +119,7 @@ WHERE catchup_holder = $1::uuid AND NOT catchup_done
 
 // Lets go of the catch-up leases an instance holds, as it stops: another instance continues
 // those catch-ups at its next look at the builds, not when the leases expire. A page of the
-// instance still running is refused at its commit (BuildCatchUpAdvance's fence).
+// instance still running holds its build's row: this waits for its commit.
 func (q *Queries) BuildCatchUpLetGo(ctx context.Context, instanceID uuid.UUID) error {
 	_, err := q.db.Exec(ctx, buildCatchUpLetGo, instanceID)
 	return err
@@ -371,4 +371,28 @@ func (q *Queries) QueueEnqueueStreamFrom(ctx context.Context, arg QueueEnqueueSt
 	var column_1 int64
 	err := row.Scan(&column_1)
 	return column_1, err
+}
+
+const queueUnqueueSkipped = `-- name: QueueUnqueueSkipped :execrows
+DELETE FROM wh_perspective_events q
+USING wh_skipped_events s
+WHERE q.stream_id = $1 AND q.perspective_name = $2
+  AND s.stream_id = q.stream_id AND s.perspective_name = q.perspective_name AND s.event_id = q.event_id
+`
+
+type QueueUnqueueSkippedParams struct {
+	StreamID        uuid.UUID
+	PerspectiveName string
+}
+
+// Deletes the pair's queued rows of events skipped for it: after QueueEnqueueStreamFrom in
+// the same transaction, a statement of its own, which sees a skip that committed while that
+// statement's insert waited for it (the skip deleting the same queue row): read as of before,
+// the skipped event was queued again.
+func (q *Queries) QueueUnqueueSkipped(ctx context.Context, arg QueueUnqueueSkippedParams) (int64, error) {
+	result, err := q.db.Exec(ctx, queueUnqueueSkipped, arg.StreamID, arg.PerspectiveName)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }

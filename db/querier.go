@@ -35,16 +35,17 @@ type Querier interface {
 	// every instance fold the same page again, for ever, when a page takes longer than the lease
 	// (a slow perspective: TestReliabilityRandomizedModelCheck, LockTimeout 2 s).
 	BuildCatchUpAdvance(ctx context.Context, arg BuildCatchUpAdvanceParams) (int64, error)
-	// Whether a pair of the build that is not parked has an event queued by the time the
-	// build's catch-up ended: such an event is part of the build's history however recently it
-	// was queued, so the build is not caught up while it waits. A parked pair's events wait for
-	// an operator, in the active build as well: they do not hold a promotion off (the queues'
-	// ages still compare them). Run when BuildQueueAge says from_catchup: the build's due rows
-	// (a pair with nothing queued has none), each with a probe of its queue's key.
-	BuildCatchUpLeftWaiting(ctx context.Context, buildKey string) (bool, error)
+	// Whether a pair of the build has an event queued by the time the build's catch-up ended,
+	// unless it is parked and its stream is parked in the active build (active_key) too: such an
+	// event is part of the build's history however recently it was queued, so the build is not
+	// caught up while it waits. A stream parked in both builds waits for an operator in the
+	// build readers get as well: it does not hold the promotion off (the queues' ages still
+	// compare it). Run when BuildQueueAge says from_catchup: the build's due rows (a pair with
+	// nothing queued has none), each with probes of its queue's and its active cursor's keys.
+	BuildCatchUpLeftWaiting(ctx context.Context, arg BuildCatchUpLeftWaitingParams) (bool, error)
 	// Lets go of the catch-up leases an instance holds, as it stops: another instance continues
 	// those catch-ups at its next look at the builds, not when the leases expire. A page of the
-	// instance still running is refused at its commit (BuildCatchUpAdvance's fence).
+	// instance still running holds its build's row: this waits for its commit.
 	BuildCatchUpLetGo(ctx context.Context, instanceID uuid.UUID) error
 	// A build's catch-up (worker/catchup.go): its lease, its pages of the event store, the
 	// streams it hands to the queue, its position.
@@ -363,6 +364,11 @@ type Querier interface {
 	// third of the queue, as they still do after most of its rows were applied, it scans the
 	// whole table). See worker/plans_sql_test.go.
 	QueueIDsForPair(ctx context.Context, arg QueueIDsForPairParams) ([]uuid.UUID, error)
+	// Deletes the pair's queued rows of events skipped for it: after QueueEnqueueStreamFrom in
+	// the same transaction, a statement of its own, which sees a skip that committed while that
+	// statement's insert waited for it (the skip deleting the same queue row): read as of before,
+	// the skipped event was queued again.
+	QueueUnqueueSkipped(ctx context.Context, arg QueueUnqueueSkippedParams) (int64, error)
 	// The exclusive side of the append lock, held by the (short) transaction that adds or
 	// promotes a build, waited for wait_ms at most (the transaction's lock_timeout, set back to
 	// what it was once the lock is granted): a lock not granted by then fails with SQLSTATE

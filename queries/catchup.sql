@@ -38,6 +38,16 @@ SELECT d.stream_id FROM wh_perspective_pairs d
 WHERE d.stream_id = @stream_id AND d.perspective_name = @perspective_name
 FOR KEY SHARE;
 
+-- name: QueueUnqueueSkipped :execrows
+-- Deletes the pair's queued rows of events skipped for it: after QueueEnqueueStreamFrom in
+-- the same transaction, a statement of its own, which sees a skip that committed while that
+-- statement's insert waited for it (the skip deleting the same queue row): read as of before,
+-- the skipped event was queued again.
+DELETE FROM wh_perspective_events q
+USING wh_skipped_events s
+WHERE q.stream_id = @stream_id AND q.perspective_name = @perspective_name
+  AND s.stream_id = q.stream_id AND s.perspective_name = q.perspective_name AND s.event_id = q.event_id;
+
 -- name: PairDueEnsure :exec
 -- Creates the pair's due row, due now, unless it has one.
 INSERT INTO wh_perspective_pairs (stream_id, perspective_name, due_at)
@@ -47,7 +57,7 @@ ON CONFLICT (stream_id, perspective_name) DO NOTHING;
 -- name: BuildCatchUpLetGo :exec
 -- Lets go of the catch-up leases an instance holds, as it stops: another instance continues
 -- those catch-ups at its next look at the builds, not when the leases expire. A page of the
--- instance still running is refused at its commit (BuildCatchUpAdvance's fence).
+-- instance still running holds its build's row: this waits for its commit.
 UPDATE wh_perspective_builds
 SET catchup_holder = NULL, catchup_expiry = NULL
 WHERE catchup_holder = @instance_id::uuid AND NOT catchup_done;
@@ -64,7 +74,8 @@ LIMIT @page_size;
 -- The events skipped for a build among the streams from first to last (a page's streams),
 -- read under the page's cursor row locks: an operator can skip an event queued for a
 -- building build before its catch-up reaches the stream (Admin.Skip locks the cursor rows
--- first, so a skip is either seen here or waits for the page).
+-- first, so a skip is seen here, or waits for the page, or holds the row, and the page then
+-- hands the stream over to the queue: see QueueUnqueueSkipped).
 SELECT stream_id, event_id
 FROM wh_skipped_events
 WHERE stream_id >= @first_stream_id AND stream_id <= @last_stream_id

@@ -11,15 +11,20 @@ SELECT COALESCE((extract(epoch FROM clock_timestamp() - o.oldest) * 1000000)::bi
 FROM (SELECT min(q.enqueued_at) AS oldest FROM wh_perspective_events q WHERE q.perspective_name = @build_key) o;
 
 -- name: BuildCatchUpLeftWaiting :one
--- Whether a pair of the build that is not parked has an event queued by the time the
--- build's catch-up ended: such an event is part of the build's history however recently it
--- was queued, so the build is not caught up while it waits. A parked pair's events wait for
--- an operator, in the active build as well: they do not hold a promotion off (the queues'
--- ages still compare them). Run when BuildQueueAge says from_catchup: the build's due rows
--- (a pair with nothing queued has none), each with a probe of its queue's key.
+-- Whether a pair of the build has an event queued by the time the build's catch-up ended,
+-- unless it is parked and its stream is parked in the active build (active_key) too: such an
+-- event is part of the build's history however recently it was queued, so the build is not
+-- caught up while it waits. A stream parked in both builds waits for an operator in the
+-- build readers get as well: it does not hold the promotion off (the queues' ages still
+-- compare it). Run when BuildQueueAge says from_catchup: the build's due rows (a pair with
+-- nothing queued has none), each with probes of its queue's and its active cursor's keys.
 SELECT EXISTS (
     SELECT 1 FROM wh_perspective_pairs d
-    WHERE d.perspective_name = @build_key AND d.due_at < 'infinity'
+    WHERE d.perspective_name = @build_key
+      AND (d.due_at < 'infinity'
+           OR NOT EXISTS (SELECT 1 FROM wh_perspective_cursors a
+                          WHERE a.stream_id = d.stream_id AND a.perspective_name = @active_key::text
+                            AND a.status = 'parked'))
       AND EXISTS (SELECT 1 FROM wh_perspective_events q
                   WHERE q.stream_id = d.stream_id AND q.perspective_name = d.perspective_name
                     AND q.enqueued_at <= (SELECT b.catchup_done_at FROM wh_perspective_builds b WHERE b.build_key = @build_key))

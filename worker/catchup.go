@@ -370,13 +370,19 @@ func (s *pgStore) writePage(ctx context.Context, tx pgx.Tx, q *db.Queries, key s
 }
 
 // queueStream queues the stored events of p's stream from the event from on (inclusive; the
-// nil UUID: all of them) for p's build, in the transaction of q, and holds the pair's due
-// row until it ends (see PairDueHold). It returns the rows queued.
+// nil UUID: all of them) for p's build, but those skipped for it (QueueUnqueueSkipped too:
+// see there), in the transaction of q, and holds the pair's due row until it ends (see
+// PairDueHold). It returns the rows queued.
 func queueStream(ctx context.Context, q *db.Queries, p Pair, from uuid.UUID) (int64, error) {
 	n, err := q.QueueEnqueueStreamFrom(ctx, db.QueueEnqueueStreamFromParams{BuildKey: p.Perspective, StreamID: p.Stream, FromEventID: from})
 	if err != nil || n == 0 {
 		return n, err
 	}
+	unqueued, err := q.QueueUnqueueSkipped(ctx, db.QueueUnqueueSkippedParams{StreamID: p.Stream, PerspectiveName: p.Perspective})
+	if err != nil {
+		return n, err
+	}
+	n -= unqueued
 	for {
 		held, err := q.PairDueHold(ctx, db.PairDueHoldParams{StreamID: p.Stream, PerspectiveName: p.Perspective})
 		if err != nil || len(held) > 0 {

@@ -549,3 +549,70 @@ func TestSkipAfterACatchUpPageWasReadIsHonouredByIt(t *testing.T) {
 	})
 	require.Equal(t, expectedLedger(t, evB), loadLedgerIn(t, d, name, b), "the skipped event is not in the rebuilt model")
 }
+
+// An operator's skip that holds a stream's cursor row while a catch-up page comes to it
+// (the page cannot lock the row, and hands the stream over to the queue from its first
+// event): the hand-over's insert waits for the skip's deletion of the same queue row, and
+// once the skip commits, the skipped event is not queued again.
+func TestASkipRacingACatchUpPageThatHandsTheStreamOverStays(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := isolatedDB(t)
+	name := uniqueName("skip_handover")
+	a, b := uuid.New(), uuid.New()
+	if bytes.Compare(a[:], b[:]) > 0 {
+		a, b = b, a
+	}
+	ids := newIDs(t, 4)
+	evA, evB := events(a, ids[:2]), events(b, ids[2:3])
+	w := startWorkerIn(t, d, worker.Config{Perspectives: []worker.Perspective{ledgerPerspective(name)}})
+	require.NoError(t, worker.Append(ctx, d.Pool, evA...))
+	require.NoError(t, worker.Append(ctx, d.Pool, evB...))
+	waitModelIn(t, d, name, b, 1)
+	require.NoError(t, w.Stop(ctx))
+
+	admin, err := worker.NewAdmin(d.Pool, nil)
+	require.NoError(t, err)
+	rebuild, created, err := admin.RebuildPerspective(ctx, name)
+	require.NoError(t, err)
+	require.True(t, created)
+	late := events(b, ids[3:])[0]
+	require.NoError(t, worker.Append(ctx, d.Pool, late)) // queued for both builds
+
+	g := newGated(name)
+	entered, release := g.arm(evA[0].ID)
+	defer release()
+	startWorkerIn(t, d, worker.Config{Perspectives: []worker.Perspective{g}, CatchUpPageSize: 2})
+	select {
+	case <-entered:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the first page is not folding")
+	}
+	// An operator's skip of late in the rebuild, as Admin.Skip does it (cursor row first),
+	// its transaction still open.
+	tx, err := d.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	_, err = tx.Exec(ctx, `SELECT 1 FROM wh_perspective_cursors WHERE stream_id = $1 AND perspective_name = $2 FOR UPDATE`, b, rebuild.Key)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `INSERT INTO wh_skipped_events (stream_id, perspective_name, event_id, skipped_by, reason, attempts)
+		VALUES ($1, $2, $3, 'alice', 'operator', 0)`, b, rebuild.Key, late.ID)
+	require.NoError(t, err)
+	tag, err := tx.Exec(ctx, `DELETE FROM wh_perspective_events WHERE stream_id = $1 AND perspective_name = $2 AND event_id = $3`, b, rebuild.Key, late.ID)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, tag.RowsAffected())
+	release()
+	eventually(t, 20*time.Second, "the page queueing stream b waits for the skip", func() bool {
+		var n int
+		require.NoError(t, d.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND query LIKE '%name: QueueEnqueueStreamFrom %' AND wait_event_type = 'Lock'`).Scan(&n))
+		return n > 0
+	})
+	require.NoError(t, tx.Commit(ctx))
+	eventually(t, 30*time.Second, "the rebuild promoted", func() bool {
+		return buildState(t, ctx, d.Pool, rebuild.Key) == worker.BuildActive
+	})
+	require.Zero(t, lcCount(t, d, `SELECT count(*) FROM wh_perspective_events WHERE perspective_name = $1 AND event_id = $2`, rebuild.Key, late.ID),
+		"the skipped event is not queued again")
+	require.Equal(t, expectedLedger(t, evB), loadLedgerIn(t, d, name, b), "the skipped event is not in the rebuilt model")
+}

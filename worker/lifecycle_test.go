@@ -974,3 +974,41 @@ func TestAPairParkedInBothVersionsDoesNotHoldThePromotionOff(t *testing.T) {
 		return parked(2) && lcCount(t, d, `SELECT count(*) FROM wh_perspective_builds WHERE perspective_name = $1 AND version = 2 AND state = 'active'`, name) == 1
 	})
 }
+
+// A stream parked in a new version only (its new code refuses an event the active version
+// applied) holds the new version's promotion off: readers would lose the stream's events.
+func TestAPairParkedInTheNewVersionOnlyHoldsThePromotionOff(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := isolatedDB(t)
+	name := uniqueName("park_new")
+	policy := worker.FailurePolicy{Attempts: 1}
+	s := uuid.New()
+	evs := events(s, newIDs(t, 3))
+	evs[1].Type = "poison"
+	lcWorker(t, d, worker.Config{Perspectives: []worker.Perspective{versioned(ledgerPerspective(name), 1)}, FailurePolicy: policy})
+	require.NoError(t, worker.Append(ctx, d.Pool, evs...))
+	waitModelWithinIn(t, d, name, s, 3)
+
+	lcWorker(t, d, worker.Config{Perspectives: []worker.Perspective{versioned(poisonPerspective(name), 2)}, FailurePolicy: policy})
+	eventually(t, 20*time.Second, "version 2 caught up, the stream parked in it", func() bool {
+		return lcCount(t, d, `SELECT count(*) FROM wh_perspective_cursors c JOIN wh_perspective_builds b ON b.build_key = c.perspective_name
+			WHERE c.stream_id = $1 AND b.perspective_name = $2 AND b.version = 2 AND b.catchup_done AND c.status = 'parked'`, s, name) == 1
+	})
+	time.Sleep(2 * time.Second) // many looks at the builds
+	require.Zero(t, lcCount(t, d, `SELECT count(*) FROM wh_perspective_builds WHERE perspective_name = $1 AND version = 2 AND state = 'active'`, name),
+		"not promoted")
+	waitModelWithinIn(t, d, name, s, 3)
+}
+
+// waitModelWithinIn waits for the ledger model of stream in name's active build on d to
+// hold n events.
+func waitModelWithinIn(t *testing.T, d *pgtest.DB, name string, stream uuid.UUID, n int) {
+	t.Helper()
+	eventually(t, 20*time.Second, "the model's events", func() bool {
+		raw, ok, err := worker.LoadModel(context.Background(), d.Pool, name, stream)
+		require.NoError(t, err)
+		var m ledger
+		return ok && json.Unmarshal(raw, &m) == nil && len(m.IDs) == n
+	})
+}

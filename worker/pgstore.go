@@ -54,13 +54,13 @@ func (s *pgStore) startBackground(ctx context.Context) error {
 }
 
 // stopBackground stops the read-aheads, as the service's Stop does, withdraws the store's
-// ListenConnect, and lets go of the catch-up leases the worker holds, with a fresh context
-// bounded by releaseTimeout: another instance continues those catch-ups at once rather than
-// when the leases expire.
+// ListenConnect, and lets go of the catch-up leases the worker holds, under ctx bounded by
+// releaseTimeout (with ctx ended, they are left to expire): another instance continues those
+// catch-ups at once rather than when the leases expire.
 func (s *pgStore) stopBackground(ctx context.Context) error {
 	withdrawListenConnect(s.pool, s)
 	err := s.readAheads.Stop(ctx)
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)
+	rctx, cancel := context.WithTimeout(ctx, releaseTimeout)
 	defer cancel()
 	if lerr := s.q.BuildCatchUpLetGo(rctx, s.w.cfg.InstanceID); lerr != nil {
 		s.w.log.Warn("catch-up leases not let go at stop; another instance continues when they expire",

@@ -518,12 +518,17 @@ func planStatements(t *testing.T, ctx context.Context, conn *pgx.Conn, hot uuid.
 		call:  planRecord(t, func(q *db.Queries) error { _, err := q.BuildQueueAge(ctx, planBuildA); return err }),
 		queue: planQueueBuildAge, cond: []string{"(perspective_name = "}, limit: true,
 	})
-	// ... and, when that event is older than the catch-up's end, whether a pair not parked
-	// waits with such an event: each of the build's due rows a probe of its queue's key.
+	// ... and, when that event is older than the catch-up's end, whether a pair waits with
+	// such an event: each of the build's due rows a probe of its queue's key (and of its
+	// stream's cursor in the active build).
 	statements = append(statements, planStatement{
 		name:  "BuildCatchUpLeftWaiting",
-		call:  planRecord(t, func(q *db.Queries) error { _, err := q.BuildCatchUpLeftWaiting(ctx, planBuildA); return err }),
+		call: planRecord(t, func(q *db.Queries) error {
+			_, err := q.BuildCatchUpLeftWaiting(ctx, db.BuildCatchUpLeftWaitingParams{BuildKey: planBuildA, ActiveKey: planBuildB})
+			return err
+		}),
 		queue: planQueuePKey, cond: pairCond, probe: pairCond,
+		probed: []string{"wh_perspective_cursors"},
 	})
 	statements = append(statements, planGroupLookups(t, ctx, conn, streams, names)...)
 	// The apply commit deletes its rows through the function whose plan is checked here.

@@ -64,9 +64,9 @@ func (s *pgStore) Promote(ctx context.Context, perspective, key string, force bo
 	// The checks that read the queue run first, outside any transaction: the oldest queued
 	// event of each build, through its index (BuildQueueAge). The candidate is behind when
 	// its oldest is older than the active build's by more than promoteLag, or while a pair
-	// of it that is not parked has an event queued by the end of its catch-up (what the
-	// catch-up handed to the queue is history, however recently queued:
-	// BuildCatchUpLeftWaiting, only when the oldest is that old). Only the flip holds the append
+	// of it has an event queued by the end of its catch-up (what the catch-up handed to the
+	// queue is history, however recently queued), unless that stream is parked in both
+	// builds (BuildCatchUpLeftWaiting, only when the oldest is that old). Only the flip holds the append
 	// lock's exclusive side, for which Appends wait: a few key lookups that re-check what
 	// may have changed since (the states, the catch-up, which build is active), and the two
 	// updates. The queue ages are not read again there: an Append queues its events for both
@@ -89,7 +89,7 @@ func (s *pgStore) Promote(ctx context.Context, perspective, key string, force bo
 			return false, nil
 		}
 		if candAge.FromCatchup {
-			waiting, err := s.q.BuildCatchUpLeftWaiting(ctx, cand.Key)
+			waiting, err := s.q.BuildCatchUpLeftWaiting(ctx, db.BuildCatchUpLeftWaitingParams{BuildKey: cand.Key, ActiveKey: active.Key})
 			if err != nil || waiting {
 				return false, err
 			}

@@ -217,8 +217,8 @@ func (w *Worker) Start(ctx context.Context) error {
 // lapses after LockTimeout. The leases on pairs that a finished job left to a follow-up (a
 // rewind, a bootstrap, a next batch) not started are released. Then it stops the background
 // services under ctx: a catch-up page read ahead is let finish until ctx ends, then
-// cancelled, and the instance's catch-up leases are let go (another instance continues at
-// once); the instance's last heartbeat and the deletion of its row run under ctx
+// cancelled, and the instance's catch-up leases are let go under ctx (another instance
+// continues at once); the instance's last heartbeat and the deletion of its row run under ctx
 // (bounded by 2 and 5 seconds: with ctx already ended, the row is left to lapse after three
 // heartbeat intervals). So Stop returns by ctx's deadline plus at most those 5 seconds and
 // one bounded statement, with no goroutine left running, unless an operation outlasts them
