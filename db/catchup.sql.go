@@ -258,7 +258,8 @@ type CatchUpSkippedRow struct {
 // The events skipped for a build among the streams from first to last (a page's streams),
 // read under the page's cursor row locks: an operator can skip an event queued for a
 // building build before its catch-up reaches the stream (Admin.Skip locks the cursor rows
-// first, so a skip is either seen here or waits for the page).
+// first, so a skip is seen here, or waits for the page, or holds the row, and the page then
+// hands the stream over to the queue: see QueueUnqueueSkipped).
 func (q *Queries) CatchUpSkipped(ctx context.Context, arg CatchUpSkippedParams) ([]CatchUpSkippedRow, error) {
 	rows, err := q.db.Query(ctx, catchUpSkipped, arg.FirstStreamID, arg.LastStreamID, arg.BuildKey)
 	if err != nil {

@@ -12,14 +12,17 @@ import (
 const buildCatchUpLeftWaiting = `-- name: BuildCatchUpLeftWaiting :one
 SELECT EXISTS (
     SELECT 1 FROM wh_perspective_pairs d
+    CROSS JOIN LATERAL (
+        SELECT 1 FROM wh_perspective_events q
+        WHERE q.stream_id = d.stream_id AND q.perspective_name = d.perspective_name
+          AND q.enqueued_at <= (SELECT b.catchup_done_at FROM wh_perspective_builds b WHERE b.build_key = $1)
+        LIMIT 1
+    ) waiting
     WHERE d.perspective_name = $1
       AND (d.due_at < 'infinity'
            OR NOT EXISTS (SELECT 1 FROM wh_perspective_cursors a
                           WHERE a.stream_id = d.stream_id AND a.perspective_name = $2::text
                             AND a.status = 'parked'))
-      AND EXISTS (SELECT 1 FROM wh_perspective_events q
-                  WHERE q.stream_id = d.stream_id AND q.perspective_name = d.perspective_name
-                    AND q.enqueued_at <= (SELECT b.catchup_done_at FROM wh_perspective_builds b WHERE b.build_key = $1))
 )::bool
 `
 
@@ -35,6 +38,8 @@ type BuildCatchUpLeftWaitingParams struct {
 // build readers get as well: it does not hold the promotion off (the queues' ages still
 // compare it). Run when BuildQueueAge says from_catchup: the build's due rows (a pair with
 // nothing queued has none), each with probes of its queue's and its active cursor's keys.
+// Each probe is a LATERAL subquery with a LIMIT, which the planner cannot turn into a join
+// walking the queue's whole range of the build (it did, with stale statistics).
 func (q *Queries) BuildCatchUpLeftWaiting(ctx context.Context, arg BuildCatchUpLeftWaitingParams) (bool, error) {
 	row := q.db.QueryRow(ctx, buildCatchUpLeftWaiting, arg.BuildKey, arg.ActiveKey)
 	var column_1 bool

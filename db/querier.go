@@ -42,6 +42,8 @@ type Querier interface {
 	// build readers get as well: it does not hold the promotion off (the queues' ages still
 	// compare it). Run when BuildQueueAge says from_catchup: the build's due rows (a pair with
 	// nothing queued has none), each with probes of its queue's and its active cursor's keys.
+	// Each probe is a LATERAL subquery with a LIMIT, which the planner cannot turn into a join
+	// walking the queue's whole range of the build (it did, with stale statistics).
 	BuildCatchUpLeftWaiting(ctx context.Context, arg BuildCatchUpLeftWaitingParams) (bool, error)
 	// Lets go of the catch-up leases an instance holds, as it stops: another instance continues
 	// those catch-ups at its next look at the builds, not when the leases expire. A page of the
@@ -104,7 +106,8 @@ type Querier interface {
 	// The events skipped for a build among the streams from first to last (a page's streams),
 	// read under the page's cursor row locks: an operator can skip an event queued for a
 	// building build before its catch-up reaches the stream (Admin.Skip locks the cursor rows
-	// first, so a skip is either seen here or waits for the page).
+	// first, so a skip is seen here, or waits for the page, or holds the row, and the page then
+	// hands the stream over to the queue: see QueueUnqueueSkipped).
 	CatchUpSkipped(ctx context.Context, arg CatchUpSkippedParams) ([]CatchUpSkippedRow, error)
 	// Locks the cursor row (waiting for other writers) and returns its failures in a row, and
 	// the event they are of (NULL: none, or not one event's).

@@ -18,16 +18,21 @@ FROM (SELECT min(q.enqueued_at) AS oldest FROM wh_perspective_events q WHERE q.p
 -- build readers get as well: it does not hold the promotion off (the queues' ages still
 -- compare it). Run when BuildQueueAge says from_catchup: the build's due rows (a pair with
 -- nothing queued has none), each with probes of its queue's and its active cursor's keys.
+-- Each probe is a LATERAL subquery with a LIMIT, which the planner cannot turn into a join
+-- walking the queue's whole range of the build (it did, with stale statistics).
 SELECT EXISTS (
     SELECT 1 FROM wh_perspective_pairs d
+    CROSS JOIN LATERAL (
+        SELECT 1 FROM wh_perspective_events q
+        WHERE q.stream_id = d.stream_id AND q.perspective_name = d.perspective_name
+          AND q.enqueued_at <= (SELECT b.catchup_done_at FROM wh_perspective_builds b WHERE b.build_key = @build_key)
+        LIMIT 1
+    ) waiting
     WHERE d.perspective_name = @build_key
       AND (d.due_at < 'infinity'
            OR NOT EXISTS (SELECT 1 FROM wh_perspective_cursors a
                           WHERE a.stream_id = d.stream_id AND a.perspective_name = @active_key::text
                             AND a.status = 'parked'))
-      AND EXISTS (SELECT 1 FROM wh_perspective_events q
-                  WHERE q.stream_id = d.stream_id AND q.perspective_name = d.perspective_name
-                    AND q.enqueued_at <= (SELECT b.catchup_done_at FROM wh_perspective_builds b WHERE b.build_key = @build_key))
 )::bool;
 
 -- name: BuildSetState :exec

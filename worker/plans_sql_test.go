@@ -522,7 +522,7 @@ func planStatements(t *testing.T, ctx context.Context, conn *pgx.Conn, hot uuid.
 	// such an event: each of the build's due rows a probe of its queue's key (and of its
 	// stream's cursor in the active build).
 	statements = append(statements, planStatement{
-		name:  "BuildCatchUpLeftWaiting",
+		name: "BuildCatchUpLeftWaiting",
 		call: planRecord(t, func(q *db.Queries) error {
 			_, err := q.BuildCatchUpLeftWaiting(ctx, db.BuildCatchUpLeftWaitingParams{BuildKey: planBuildA, ActiveKey: planBuildB})
 			return err
