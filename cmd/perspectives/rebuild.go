@@ -104,6 +104,9 @@ func defineRebuild(fs *flag.FlagSet) runFunc {
 				if bar != nil {
 					bar.done()
 				}
+				if ctx.Err() != nil {
+					return fmt.Errorf("interrupted; the rebuild goes on in the database (see: perspectives versions): %w", ctx.Err())
+				}
 				return fmt.Errorf("waiting for workers: %w", err)
 			}
 			var st *worker.BuildStatus
@@ -174,6 +177,9 @@ func rebuildStream(ctx context.Context, pool *pgxpool.Pool, admin *worker.Admin,
 	q := pgq.New(pool)
 	versions, err := runningVersions(ctx, admin, name)
 	if err != nil {
+		if ctx.Err() != nil {
+			return fmt.Errorf("interrupted; the queued events stay queued (see: perspectives status): %w", ctx.Err())
+		}
 		return fmt.Errorf("waiting for workers: %w", err)
 	}
 	bar := newProgress(stderr, "applying", "events", queued)
@@ -184,6 +190,9 @@ func rebuildStream(ctx context.Context, pool *pgxpool.Pool, admin *worker.Admin,
 		left, err := q.QueueCountFor(ctx, db.QueueCountForParams{PerspectiveName: name, StreamID: uuid.NullUUID{UUID: stream, Valid: true}})
 		if err != nil {
 			bar.done()
+			if ctx.Err() != nil {
+				return fmt.Errorf("interrupted; the queued events stay queued (see: perspectives status): %w", ctx.Err())
+			}
 			return fmt.Errorf("waiting for workers: %w", err)
 		}
 		bar.set(max(queued-left, 0), queued)
