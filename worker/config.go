@@ -213,8 +213,8 @@ func (cfg Config) validate() error {
 			return invalid("Perspectives[%d]: %q: Version() must be positive, got %d", i, name, v)
 		}
 		if n := len([]rune(name)); n > MaxPerspectiveNameLength {
-			return invalid("Perspectives[%d]: name is %d characters, more than %d: its builds' stream locks are named %s@v<version>.<build>, within locker.MaxPerspectiveNameLength (%d)",
-				i, n, MaxPerspectiveNameLength, "<name>", locker.MaxPerspectiveNameLength)
+			return invalid("Perspectives[%d]: name is %d characters, more than %d: its builds' stream locks are named NAME@vVERSION.BUILD, within locker.MaxPerspectiveNameLength (%d)",
+				i, n, MaxPerspectiveNameLength, locker.MaxPerspectiveNameLength)
 		}
 		if names[name] {
 			return invalid("Perspectives[%d]: name %q is used twice", i, name)

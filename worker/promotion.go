@@ -17,8 +17,8 @@ import (
 // Promotion checks: a maintenance service. At each look at the builds, the holder of a
 // version's promotion lease (leasePromotion) asks the Store to promote each caught-up build
 // of that version that is building, unless ManualPromotion; the Store promotes it when
-// nothing its catch-up handed to the queue waits and its queue is no further behind than
-// the active build's (caughtUp), fenced by the lease. A
+// nothing its catch-up handed to the queue waits (but in a stream parked in both builds) and
+// its queue is no further behind than the active build's (caughtUp), fenced by the lease. A
 // build whose promotion an operator requested (Admin.Promote of a sink's perspective) is
 // promoted whatever ManualPromotion says and however far its queue is behind, as
 // Admin.Promote does.
@@ -66,12 +66,12 @@ func (s *pgStore) Promote(ctx context.Context, perspective, key string, force bo
 	// its oldest is older than the active build's by more than promoteLag, or while a pair
 	// of it has an event queued by the end of its catch-up (what the catch-up handed to the
 	// queue is history, however recently queued), unless that stream is parked in both
-	// builds (BuildCatchUpLeftWaiting, only when the oldest is that old). Only the flip holds the append
-	// lock's exclusive side, for which Appends wait: a few key lookups that re-check what
-	// may have changed since (the states, the catch-up, which build is active), and the two
-	// updates. The queue ages are not read again there: an Append queues its events for both
-	// builds alike, and an age that shrank meanwhile only means the active build applied its
-	// backlog, which promoteLag allows for at the next look.
+	// builds (BuildCatchUpLeftWaiting, only when the oldest is that old). Only the flip
+	// holds the append lock's exclusive side, for which Appends wait: a few key lookups that
+	// re-check what may have changed since (the states, the catch-up, which build is
+	// active), and the updates. The queue ages are not read again there: an Append queues
+	// its events for both builds alike, and an age that shrank meanwhile only means the
+	// active build applied its backlog, which promoteLag allows for at the next look.
 	cand, active, _, err := s.promotionBuilds(ctx, s.q, perspective, key)
 	if err != nil || cand == nil {
 		return false, err
@@ -192,11 +192,13 @@ func olderBuild(a, b Build) bool {
 // PromotionStore is what a promotion asks of the database.
 type PromotionStore interface {
 	// Promote makes the build key the perspective's active one and retires the active
-	// one, in one transaction, when key's catch-up is done and (unless forced) no event
-	// queued by the end of its catch-up waits and its queue is no further behind than the
-	// active build's. It reports whether it promoted. The queue
-	// check runs before that transaction, which holds the exclusive side of the append lock
-	// for key lookups and the flip only. Fenced by fence (see LeaderLease): ErrNotLeader,
-	// and nothing written, unless its holder holds the lease.
+	// one (and the building builds older than key's), in one transaction, when key's
+	// catch-up is done and (unless forced) no event queued by the end of its catch-up waits
+	// (but in a stream parked in both builds) and its queue is no further behind than the
+	// active build's. A build older than the active one is retired instead. It reports
+	// whether it promoted. The queue check runs before that transaction, which holds the
+	// exclusive side of the append lock for key lookups and the flip only. Fenced by fence
+	// (see LeaderLease): ErrNotLeader, and nothing written, unless its holder holds the
+	// lease.
 	Promote(ctx context.Context, perspective, key string, force bool, fence LeaderLease) (bool, error)
 }
