@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/perspectives-go/perspectives/ui"
@@ -57,7 +58,11 @@ func defineUI(fs *flag.FlagSet) runFunc {
 		if err != nil {
 			return fmt.Errorf("listen: %w", err)
 		}
-		srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
+		var handler http.Handler = h
+		if *token == "" && loopback {
+			handler = loopbackHostOnly(h)
+		}
+		srv := &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
 			ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelWarn)}
 
 		mode := "read-write"
@@ -91,6 +96,27 @@ func defineUI(fs *flag.FlagSet) runFunc {
 		fmt.Fprintln(stdout, "dashboard stopped")
 		return nil
 	}
+}
+
+// loopbackHostOnly serves h only to requests whose Host names a loopback address (a
+// loopback IP, or localhost): without a token, a page on another site whose name an attacker
+// points at 127.0.0.1 (DNS rebinding) would otherwise be of the dashboard's origin in the
+// operator's browser, read its pages and post its actions. Others get 421.
+func loopbackHostOnly(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		host := r.Host
+		if hp, _, err := net.SplitHostPort(host); err == nil {
+			host = hp
+		}
+		host = strings.TrimSuffix(strings.TrimPrefix(host, "["), "]")
+		ip := net.ParseIP(host)
+		if !strings.EqualFold(host, "localhost") && (ip == nil || !ip.IsLoopback()) {
+			http.Error(w, "this dashboard answers only at a loopback address (localhost, 127.0.0.1, [::1]); set a token to serve it under another name",
+				http.StatusMisdirectedRequest)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // isLoopback reports whether addr (host:port) listens on loopback addresses only: a

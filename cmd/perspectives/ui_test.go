@@ -78,3 +78,53 @@ func TestUIServesUntilStopped(t *testing.T) {
 	}
 	http.DefaultClient.CloseIdleConnections()
 }
+
+// Without a token, on a loopback address, the dashboard answers only requests that name a
+// loopback host: a page of another site whose name resolves to 127.0.0.1 (DNS rebinding)
+// gets 421, and so cannot read its pages or post its actions.
+func TestUIWithoutTokenAnswersLoopbackHostsOnly(t *testing.T) {
+	t.Setenv(uiTokenEnv, "")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	pr, pw := io.Pipe()
+	done := make(chan int, 1)
+	go func() {
+		code := run(ctx, []string{"ui", "--addr", "127.0.0.1:0", "--database-url", testDB.URL}, pw, io.Discard)
+		_ = pw.Close()
+		done <- code
+	}()
+	lines := bufio.NewScanner(pr)
+	require.True(t, lines.Scan(), "the first line says where it listens")
+	m := regexp.MustCompile(`http://127\.0\.0\.1:(\d+)/`).FindStringSubmatch(lines.Text())
+	require.NotNil(t, m, lines.Text())
+	go func() {
+		for lines.Scan() {
+		}
+	}()
+	for _, tc := range []struct {
+		host string
+		want int
+	}{
+		{"127.0.0.1:" + m[1], http.StatusOK},
+		{"localhost:" + m[1], http.StatusOK},
+		{"[::1]:" + m[1], http.StatusOK},
+		{"rebind.attacker.example:" + m[1], http.StatusMisdirectedRequest},
+		{"10.0.0.1:" + m[1], http.StatusMisdirectedRequest},
+	} {
+		req, err := http.NewRequest(http.MethodGet, "http://127.0.0.1:"+m[1]+"/failed", nil)
+		require.NoError(t, err)
+		req.Host = tc.host
+		res, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		_ = res.Body.Close()
+		require.Equal(t, tc.want, res.StatusCode, tc.host)
+	}
+	cancel()
+	select {
+	case code := <-done:
+		require.Equal(t, 0, code)
+	case <-time.After(20 * time.Second):
+		t.Fatal("ui did not stop")
+	}
+	http.DefaultClient.CloseIdleConnections()
+}

@@ -31,9 +31,11 @@ const RetireBatch = 1000
 //
 // Live changes also queue side effects: a shipped order's notification, in the outbox
 // order_notifications. A replayed change (a rewind, a catch-up of history, a rebuild)
-// queues none: it recomputes models from events that were live once, and a new version
-// catching up on the whole store must not notify every order of its history again. So a
-// shipping that arrives as a late event, applied by a rewind, notifies nothing.
+// queues none: a new version catching up on the whole store must not notify every order of
+// its history again. A rewind's change is a replay too, although it applies the late event,
+// and any newer one queued with it, for the first time: a shipping applied by a rewind is
+// not notified at that commit, but with the order's next live change (the outbox's key
+// makes that the one notification), or never if none comes.
 //
 // Live changes reach every build: the active one, and one building beside it. The outbox's
 // key (order, kind) makes the second build's insert a no-op, which holds across a
