@@ -50,7 +50,7 @@ func (h *handler) authorized(w http.ResponseWriter, r *http.Request) bool {
 			return true
 		}
 		http.SetCookie(w, &http.Cookie{
-			Name: sessionCookie, Value: h.sessionValue(), Path: h.opts.Prefix + "/",
+			Name: sessionCookie, Value: h.sessionValue(), Path: h.cookiePath(),
 			HttpOnly: true, Secure: r.TLS != nil, SameSite: http.SameSiteLaxMode,
 		})
 		q.Del("token")
@@ -147,7 +147,7 @@ func (h *handler) setFlash(w http.ResponseWriter, f flash) {
 	b, _ := json.Marshal(f) // two strings: it cannot fail
 	payload := base64.RawURLEncoding.EncodeToString(b)
 	http.SetCookie(w, &http.Cookie{
-		Name: flashCookie, Value: payload + "." + h.sign("flash|"+payload), Path: h.opts.Prefix + "/",
+		Name: flashCookie, Value: payload + "." + h.sign("flash|"+payload), Path: h.cookiePath(),
 		MaxAge: 120, HttpOnly: true, SameSite: http.SameSiteLaxMode,
 	})
 }
@@ -159,7 +159,7 @@ func (h *handler) takeFlash(w http.ResponseWriter, r *http.Request) *flash {
 	if err != nil {
 		return nil
 	}
-	http.SetCookie(w, &http.Cookie{Name: flashCookie, Value: "", Path: h.opts.Prefix + "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteLaxMode})
+	http.SetCookie(w, &http.Cookie{Name: flashCookie, Value: "", Path: h.cookiePath(), MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteLaxMode})
 	payload, mac, ok := strings.Cut(c.Value, ".")
 	if !ok || !hmac.Equal([]byte(mac), []byte(h.sign("flash|"+payload))) {
 		return nil
@@ -173,4 +173,13 @@ func (h *handler) takeFlash(w http.ResponseWriter, r *http.Request) *flash {
 		return nil
 	}
 	return &f
+}
+
+// cookiePath is the path of the dashboard's cookies: its prefix, which covers the prefix
+// itself and every path below it ("/" at the root).
+func (h *handler) cookiePath() string {
+	if h.opts.Prefix == "" {
+		return "/"
+	}
+	return h.opts.Prefix
 }

@@ -141,7 +141,9 @@ func TestTokenIsRequired(t *testing.T) {
 	for _, path := range []string{"/", "/instances", "/locks", "/failed"} {
 		require.Equal(t, http.StatusOK, s.get(t, path).status, path)
 	}
-	// An action with the cookie and the page's CSRF token is accepted.
+	// An action with the cookie and the page's CSRF token is accepted (the page has a form
+	// when a pair is parked).
+	newParked(t, false)
 	tok := s.csrf(t, "/failed")
 	r = s.post(t, "/failed/retry", url.Values{"csrf": {tok}, "perspective": {"not_registered_" + uuid.NewString()[:8]}})
 	require.Equal(t, http.StatusSeeOther, r.status)
@@ -294,4 +296,16 @@ func TestOverviewShowsThroughput(t *testing.T) {
 	require.Contains(t, body, "1\u202f234/s")
 	require.Contains(t, body, ">Sink<")
 	require.Contains(t, body, "2.5 ms", "the sink's time per commit")
+}
+
+// Mounted under a prefix with a token, the dashboard opened at the prefix itself (no
+// trailing slash) with ?token= sets a cookie that the page it redirects to sends back.
+func TestTokenAtThePrefixWithoutASlash(t *testing.T) {
+	t.Parallel()
+	s := newServer(t, ui.Options{Token: "prefix-token", Prefix: "/ops"})
+	r := s.get(t, "?token=prefix-token")
+	require.Equal(t, http.StatusSeeOther, r.status)
+	require.Equal(t, "/ops", r.location)
+	require.Equal(t, http.StatusMovedPermanently, s.get(t, "").status, "the cookie is sent at the prefix: on to its page")
+	require.Equal(t, http.StatusOK, s.get(t, "/").status)
 }
