@@ -27,20 +27,29 @@ func backTo(r *http.Request, def string) string {
 	return def
 }
 
-// forceRelease clears a stream lock whoever holds it.
+// forceRelease clears the stream lock the page showed: the one the form's instance holds.
+// A lock that another instance has taken since (the shown one lapsed, say) is left alone.
 func (h *handler) forceRelease(ctx context.Context, r *http.Request) (string, string, error) {
 	stream, key, _, err := pairArgs(r.PostForm.Get("stream"), r.PostForm.Get("perspective"), "", false)
 	if err != nil {
 		return "/locks", "", err
 	}
-	cleared, err := h.locks.ForceRelease(ctx, stream, key)
+	holder, err := uuid.Parse(r.PostForm.Get("instance"))
+	if err != nil || holder == uuid.Nil {
+		return "/locks", "", fmt.Errorf("%w: instance %q is not an instance ID", locker.ErrInvalidArgument, r.PostForm.Get("instance"))
+	}
+	before, held, err := h.locks.Get(ctx, stream, key)
 	if err != nil {
 		return "/locks", "", err
 	}
-	if !cleared {
-		return "/locks", fmt.Sprintf("No lock was held on %s of stream %s: it was released or expired meanwhile.", key, stream), nil
+	if !held || before.InstanceID != holder {
+		return "/locks", fmt.Sprintf("Instance %s holds no lock on %s of stream %s any more: it was released or expired meanwhile, or another instance holds it now. Nothing released.", holder, key, stream), nil
 	}
-	return "/locks", fmt.Sprintf("Released the stream lock on %s of stream %s.", key, stream), nil
+	// Release is the holder's: it clears the lock only while that instance holds it.
+	if err := h.locks.Release(ctx, stream, key, holder); err != nil {
+		return "/locks", "", err
+	}
+	return "/locks", fmt.Sprintf("Released the stream lock of instance %s on %s of stream %s.", holder, key, stream), nil
 }
 
 // retry makes a failing or parked pair due now, or every one of a perspective when the

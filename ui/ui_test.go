@@ -252,32 +252,57 @@ func TestSkipByDefaultsToDashboard(t *testing.T) {
 	require.Equal(t, ui.DefaultOperator, skipped[0].By)
 }
 
-// Force release clears a lock another instance holds.
+// Force release clears the lock the page shows, which another instance holds; not one that
+// another instance has taken since, and nothing on bad input.
 func TestForceReleaseClearsTheLock(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	lk, err := locker.NewPostgres(testDB.Pool, locker.Options{})
 	require.NoError(t, err)
 	stream, name := uuid.New(), uniqueName("lock")
-	ok, err := lk.TryAcquire(ctx, stream, name, uuid.New(), locker.ReasonRewind)
+	holder := uuid.New()
+	ok, err := lk.TryAcquire(ctx, stream, name, holder, locker.ReasonRewind)
 	require.NoError(t, err)
 	require.True(t, ok)
 
 	s := newServer(t, ui.Options{Locker: lk})
 	tok := s.csrf(t, "/locks")
-	r := s.post(t, "/locks/release", url.Values{"csrf": {tok}, "stream": {stream.String()}, "perspective": {name}})
+	require.Contains(t, s.get(t, "/locks").body, `name="instance" value="`+holder.String()+`"`, "the form names the holder shown")
+	release := func(instance string) response {
+		t.Helper()
+		return s.post(t, "/locks/release", url.Values{"csrf": {tok}, "stream": {stream.String()}, "perspective": {name}, "instance": {instance}})
+	}
+	for _, bad := range []string{"", "nope", uuid.Nil.String()} {
+		r := release(bad)
+		require.Equal(t, http.StatusSeeOther, r.status, bad)
+		_, held, err := lk.Get(ctx, stream, name)
+		require.NoError(t, err)
+		require.True(t, held, "bad input %q releases nothing", bad)
+	}
+	require.Contains(t, s.get(t, "/locks").body, "is not an instance ID")
+
+	// Shown as held by holder; taken over by another instance before the click.
+	other := uuid.New()
+	r := release(other.String())
+	require.Equal(t, http.StatusSeeOther, r.status)
+	l, held, err := lk.Get(ctx, stream, name)
+	require.NoError(t, err)
+	require.True(t, held && l.InstanceID == holder, "another instance's lock is left alone")
+	require.Contains(t, s.get(t, "/locks").body, "Nothing released")
+
+	r = release(holder.String())
 	require.Equal(t, http.StatusSeeOther, r.status)
 	require.Equal(t, "/locks", r.location)
-	_, held, err := lk.Get(ctx, stream, name)
+	_, held, err = lk.Get(ctx, stream, name)
 	require.NoError(t, err)
 	require.False(t, held, "the lock is released")
 	page := s.get(t, "/locks").body
-	require.Contains(t, page, "Released the stream lock on "+name)
+	require.Contains(t, page, "Released the stream lock of instance "+holder.String()+" on "+name)
 	require.NotContains(t, page, stream.String()+"</span>", "no longer listed")
 
-	r = s.post(t, "/locks/release", url.Values{"csrf": {tok}, "stream": {stream.String()}, "perspective": {name}})
+	r = release(holder.String())
 	require.Equal(t, http.StatusSeeOther, r.status)
-	require.Contains(t, s.get(t, "/locks").body, "No lock was held on "+name)
+	require.Contains(t, s.get(t, "/locks").body, "holds no lock on "+name)
 }
 
 // The overview shows each version's throughput: the rates its live instances reported with
