@@ -105,8 +105,9 @@ func (p *Perspective) Promoted(ctx context.Context, tx pgx.Tx, _ *worker.Build, 
 	return nil
 }
 
-// Retired deletes the rows of a retired build, RetireBatch rows per statement, until none
-// is left.
+// Retired deletes the rows of a retired build, RetireBatch rows per statement, until a
+// statement finds none left: with two calls at once (the cleanup lease passing to another
+// instance during one), a statement can delete fewer than RetireBatch while rows remain.
 func (p *Perspective) Retired(ctx context.Context, dbtx worker.DBTX, b worker.Build) error {
 	q := p.queries(dbtx)
 	for {
@@ -114,7 +115,7 @@ func (p *Perspective) Retired(ctx context.Context, dbtx worker.DBTX, b worker.Bu
 		if err != nil {
 			return fmt.Errorf("orders sink: delete the rows of retired build %s: %w", b.Key, err)
 		}
-		if n < RetireBatch {
+		if n == 0 {
 			return nil
 		}
 	}
