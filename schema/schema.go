@@ -26,10 +26,12 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"time"
 
 	"github.com/golang-migrate/migrate/v4"
 	migratepgx "github.com/golang-migrate/migrate/v4/database/pgx/v5"
 	"github.com/golang-migrate/migrate/v4/source/iofs"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
@@ -51,8 +53,10 @@ const MigrationsTable = "wh_schema_migrations"
 var ErrNeedsDirectConnection = errors.New("migrations need a direct connection to PostgreSQL, not one through a connection pooler")
 
 // Migrate applies every up migration. It is a no-op when the schema is current and is
-// safe when several instances call it at once (golang-migrate serializes them with a
-// session-level advisory lock). Every connection it takes is returned to the pool.
+// safe when several instances call it at once, however long a migration takes: they take
+// turns on a session-level advisory lock, on a connection of their own that they close at
+// the end, each waiting until its ctx ends (a Migrate that waited finds the schema current).
+// Every connection it takes from the pool is returned to it.
 //
 // That lock needs a session of its own, which a transaction pooler does not keep: Migrate
 // refuses a pool that goes through a pooler (the backend that answers is not the one the
@@ -82,6 +86,16 @@ func MigrateFS(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS, table string
 	if err := checkDirect(ctx, pool); err != nil {
 		return fmt.Errorf("schema: migrate: %w", err)
 	}
+	// The callers that migrate the same history table at once take turns on a lock of
+	// their own, waited for under ctx, on a session of its own that is closed at the end.
+	// golang-migrate's lock, taken next, is then never contended: its wait gives up after
+	// 15 s and leaves its session waiting, and a session that then got the lock would go
+	// back to the pool holding it.
+	release, err := migrationTurn(ctx, pool, table)
+	if err != nil {
+		return fmt.Errorf("schema: migrate: %w", err)
+	}
+	defer release()
 	src, err := iofs.New(fsys, ".")
 	if err != nil {
 		return fmt.Errorf("schema: migrate: open migrations: %w", err)
@@ -111,6 +125,42 @@ func MigrateFS(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS, table string
 		return fmt.Errorf("schema: migrate: %w", err)
 	}
 	return nil
+}
+
+// migrationTurnPoll is how often a Migrate waiting for another to finish tries its lock.
+const migrationTurnPoll = 100 * time.Millisecond
+
+// migrationTurn waits, until ctx ends, for this process's turn to migrate the history table
+// (a session-level advisory lock keyed by the table's name, on a connection of its own, not
+// the pool's), and returns what ends the turn: closing that connection, which releases the
+// lock.
+func migrationTurn(ctx context.Context, pool *pgxpool.Pool, table string) (func(), error) {
+	conn, err := pgx.ConnectConfig(ctx, pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return nil, fmt.Errorf("connect: %w", err)
+	}
+	release := func() {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = conn.Close(cctx)
+	}
+	for {
+		var mine bool
+		err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtext('perspectives schema.Migrate ' || $1::text))`, table).Scan(&mine)
+		if err != nil {
+			release()
+			return nil, fmt.Errorf("wait for another migration: %w", err)
+		}
+		if mine {
+			return release, nil
+		}
+		select {
+		case <-ctx.Done():
+			release()
+			return nil, fmt.Errorf("wait for another migration to finish: %w", ctx.Err())
+		case <-time.After(migrationTurnPoll):
+		}
+	}
 }
 
 // checkDirect fails when pool's connections go through a pooler (pgq.Pooled).

@@ -5,9 +5,11 @@ import (
 	"io/fs"
 	"sync"
 	"testing"
+	"testing/fstest"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -164,4 +166,67 @@ func TestMigrateRefusesAConnectionPooler(t *testing.T) {
 	require.NoError(t, err)
 	defer direct.Close()
 	require.NoError(t, schema.Migrate(ctx, direct))
+}
+
+// Several instances migrating at once take turns however long a migration runs (longer
+// than golang-migrate's own 15 s lock wait here): each returns nil, the migration ran once,
+// and no connection of the pools is left holding a lock.
+func TestMigrateConcurrentlyWithASlowMigration(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	d, err := pgtest.CreateEmpty(ctx, "schema_slow")
+	require.NoError(t, err)
+	defer d.Close()
+	slow := fstest.MapFS{
+		"000001_slow.up.sql":   {Data: []byte("SELECT pg_sleep(16); CREATE TABLE app_slow (id int); INSERT INTO app_slow VALUES (1);")},
+		"000001_slow.down.sql": {Data: []byte("DROP TABLE app_slow;")},
+	}
+	pools := make([]*pgxpool.Pool, 3)
+	for i := range pools {
+		pools[i], err = pgxpool.New(ctx, d.URL)
+		require.NoError(t, err)
+		defer pools[i].Close()
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(pools))
+	for i, p := range pools {
+		wg.Go(func() { errs[i] = schema.MigrateFS(ctx, p, slow, "app_slow_migrations") })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	var rows int
+	require.NoError(t, d.Pool.QueryRow(ctx, "SELECT count(*) FROM app_slow").Scan(&rows))
+	require.Equal(t, 1, rows, "the migration ran once")
+	var held int
+	require.NoError(t, d.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_locks l JOIN pg_database db ON db.oid = l.database
+		WHERE l.locktype = 'advisory' AND db.datname = current_database()`).Scan(&held))
+	require.Zero(t, held, "no session holds a migration lock")
+}
+
+// A Migrate waiting for another instance's migration gives up when its ctx ends.
+func TestMigrateWaitingForAnotherEndsWithItsContext(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d, err := pgtest.CreateEmpty(ctx, "schema_wait")
+	require.NoError(t, err)
+	defer d.Close()
+	// Another instance's turn: the lock Migrate takes for the history table.
+	other, err := pgx.Connect(ctx, d.URL)
+	require.NoError(t, err)
+	defer other.Close(ctx)
+	var mine bool
+	require.NoError(t, other.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtext('perspectives schema.Migrate ' || $1::text))`, schema.MigrationsTable).Scan(&mine))
+	require.True(t, mine)
+
+	wctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	start := time.Now()
+	err = schema.Migrate(wctx, d.Pool)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorContains(t, err, "wait for another migration")
+	require.Less(t, time.Since(start), 3*time.Second)
+	require.Equal(t, int32(0), d.Pool.Stat().AcquiredConns())
 }
