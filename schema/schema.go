@@ -122,6 +122,15 @@ func MigrateFS(ctx context.Context, pool *pgxpool.Pool, fsys fs.FS, table string
 		}
 	}()
 	if err := m.Up(); err != nil && !errors.Is(err, migrate.ErrNoChange) {
+		var dirty migrate.ErrDirty
+		if errors.As(err, &dirty) {
+			back := fmt.Sprintf("UPDATE %s SET version = %d, dirty = false", table, dirty.Version-1)
+			if dirty.Version <= 1 {
+				back = "DELETE FROM " + table
+			}
+			return fmt.Errorf("schema: migrate: migration %d failed earlier and was rolled back (each runs in one transaction), but %s still records it, as dirty: fix what made it fail, then set the version back to the one before it (%s) and migrate again; forcing version %d would record a migration that never ran: %w",
+				dirty.Version, table, back, dirty.Version, err)
+		}
 		return fmt.Errorf("schema: migrate: %w", err)
 	}
 	return nil

@@ -2,6 +2,7 @@ package schema_test
 
 import (
 	"context"
+	"fmt"
 	"io/fs"
 	"sync"
 	"testing"
@@ -229,4 +230,23 @@ func TestMigrateWaitingForAnotherEndsWithItsContext(t *testing.T) {
 	require.ErrorContains(t, err, "wait for another migration")
 	require.Less(t, time.Since(start), 3*time.Second)
 	require.Equal(t, int32(0), d.Pool.Stat().AcquiredConns())
+}
+
+// A database left dirty by a failed (rolled back) migration is refused with what to do: set
+// the version back to the one before, not force the dirty one.
+func TestMigrateSaysHowToRecoverFromADirtyVersion(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d, err := pgtest.CreateEmpty(ctx, "schema_dirty")
+	require.NoError(t, err)
+	defer d.Close()
+	require.NoError(t, schema.Migrate(ctx, d.Pool))
+	_, err = d.Pool.Exec(ctx, "UPDATE "+schema.MigrationsTable+" SET dirty = true")
+	require.NoError(t, err)
+	var version int
+	require.NoError(t, d.Pool.QueryRow(ctx, "SELECT version FROM "+schema.MigrationsTable).Scan(&version))
+	err = schema.Migrate(ctx, d.Pool)
+	require.Error(t, err)
+	require.ErrorContains(t, err, fmt.Sprintf("migration %d failed earlier and was rolled back", version))
+	require.ErrorContains(t, err, fmt.Sprintf("UPDATE %s SET version = %d, dirty = false", schema.MigrationsTable, version-1))
 }
