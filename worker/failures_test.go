@@ -12,6 +12,7 @@ import (
 
 	"github.com/perspectives-go/perspectives/db"
 	"github.com/perspectives-go/perspectives/internal/pgq"
+	"github.com/perspectives-go/perspectives/internal/pgtest"
 	"github.com/perspectives-go/perspectives/locker"
 	"github.com/perspectives-go/perspectives/worker"
 )
@@ -501,32 +502,9 @@ func TestAPairWithAPositionButNoModelFailsItsBootstrap(t *testing.T) {
 func TestSkipAfterACatchUpPageWasReadIsHonouredByIt(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	d := isolatedDB(t)
-	name := uniqueName("skip_readahead")
-	a, b := uuid.New(), uuid.New()
-	if bytes.Compare(a[:], b[:]) > 0 {
-		a, b = b, a
-	}
-	ids := newIDs(t, 4)
-	evA, evB := events(a, ids[:2]), events(b, ids[2:3])
-	w := startWorkerIn(t, d, worker.Config{Perspectives: []worker.Perspective{ledgerPerspective(name)}})
-	require.NoError(t, worker.Append(ctx, d.Pool, evA...))
-	require.NoError(t, worker.Append(ctx, d.Pool, evB...))
-	waitModelIn(t, d, name, b, 1)
-	require.NoError(t, w.Stop(ctx))
-
-	admin, err := worker.NewAdmin(d.Pool, nil)
-	require.NoError(t, err)
-	rebuild, created, err := admin.RebuildPerspective(ctx, name)
-	require.NoError(t, err)
-	require.True(t, created)
-	late := events(b, ids[3:])[0]
-	require.NoError(t, worker.Append(ctx, d.Pool, late)) // queued for both builds
-
-	g := newGated(name)
-	entered, release := g.arm(evA[0].ID) // only the rebuild's catch-up applies it again
-	defer release()
-	startWorkerIn(t, d, worker.Config{Perspectives: []worker.Perspective{g}, CatchUpPageSize: 2})
+	f := newSkipRebuild(t, "skip_readahead")
+	d, name, b, evB, late, rebuild, admin := f.d, f.name, f.b, f.evB, f.late, f.rebuild, f.admin
+	entered := f.entered
 	select {
 	case <-entered:
 	case <-time.After(20 * time.Second):
@@ -538,11 +516,11 @@ func TestSkipAfterACatchUpPageWasReadIsHonouredByIt(t *testing.T) {
 			WHERE datname = current_database() AND query LIKE '%name: CatchUpPage %' AND state = 'idle'`).Scan(&n))
 		return n > 0
 	})
-	_, err = admin.Skip(ctx, b, name, late.ID, "alice") // in the rebuild (and the active build, unless applied there by now)
+	_, err := admin.Skip(ctx, b, name, late.ID, "alice") // in the rebuild (and the active build, unless applied there by now)
 	require.NoError(t, err)
 	require.Equal(t, 1, lcCount(t, d, `SELECT count(*) FROM wh_skipped_events WHERE perspective_name = $1 AND event_id = $2`, rebuild.Key, late.ID),
 		"skipped in the rebuild")
-	release()
+	f.release()
 
 	eventually(t, 30*time.Second, "the rebuild promoted", func() bool {
 		return buildState(t, ctx, d.Pool, rebuild.Key) == worker.BuildActive
@@ -557,32 +535,9 @@ func TestSkipAfterACatchUpPageWasReadIsHonouredByIt(t *testing.T) {
 func TestASkipRacingACatchUpPageThatHandsTheStreamOverStays(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	d := isolatedDB(t)
-	name := uniqueName("skip_handover")
-	a, b := uuid.New(), uuid.New()
-	if bytes.Compare(a[:], b[:]) > 0 {
-		a, b = b, a
-	}
-	ids := newIDs(t, 4)
-	evA, evB := events(a, ids[:2]), events(b, ids[2:3])
-	w := startWorkerIn(t, d, worker.Config{Perspectives: []worker.Perspective{ledgerPerspective(name)}})
-	require.NoError(t, worker.Append(ctx, d.Pool, evA...))
-	require.NoError(t, worker.Append(ctx, d.Pool, evB...))
-	waitModelIn(t, d, name, b, 1)
-	require.NoError(t, w.Stop(ctx))
-
-	admin, err := worker.NewAdmin(d.Pool, nil)
-	require.NoError(t, err)
-	rebuild, created, err := admin.RebuildPerspective(ctx, name)
-	require.NoError(t, err)
-	require.True(t, created)
-	late := events(b, ids[3:])[0]
-	require.NoError(t, worker.Append(ctx, d.Pool, late)) // queued for both builds
-
-	g := newGated(name)
-	entered, release := g.arm(evA[0].ID)
-	defer release()
-	startWorkerIn(t, d, worker.Config{Perspectives: []worker.Perspective{g}, CatchUpPageSize: 2})
+	f := newSkipRebuild(t, "skip_handover")
+	d, name, b, evB, late, rebuild := f.d, f.name, f.b, f.evB, f.late, f.rebuild
+	entered, release := f.entered, f.release
 	select {
 	case <-entered:
 	case <-time.After(20 * time.Second):
@@ -615,4 +570,51 @@ func TestASkipRacingACatchUpPageThatHandsTheStreamOverStays(t *testing.T) {
 	require.Zero(t, lcCount(t, d, `SELECT count(*) FROM wh_perspective_events WHERE perspective_name = $1 AND event_id = $2`, rebuild.Key, late.ID),
 		"the skipped event is not queued again")
 	require.Equal(t, expectedLedger(t, evB), loadLedgerIn(t, d, name, b), "the skipped event is not in the rebuilt model")
+}
+
+// skipRebuild is a perspective with two streams a < b applied by a stopped worker, a rebuild
+// started, an event late of b appended (queued for both builds), and a worker with pages of
+// two events whose catch-up of the rebuild stops at a's first event until release.
+type skipRebuild struct {
+	d       *pgtest.DB
+	name    string
+	b       uuid.UUID
+	evB     []worker.Event
+	late    worker.Event
+	rebuild worker.Build
+	admin   *worker.Admin
+	entered <-chan struct{}
+	release func()
+}
+
+func newSkipRebuild(t *testing.T, prefix string) skipRebuild {
+	t.Helper()
+	ctx := context.Background()
+	d := isolatedDB(t)
+	name := uniqueName(prefix)
+	a, b := uuid.New(), uuid.New()
+	if bytes.Compare(a[:], b[:]) > 0 {
+		a, b = b, a
+	}
+	ids := newIDs(t, 4)
+	evA, evB := events(a, ids[:2]), events(b, ids[2:3])
+	w := startWorkerIn(t, d, worker.Config{Perspectives: []worker.Perspective{ledgerPerspective(name)}})
+	require.NoError(t, worker.Append(ctx, d.Pool, evA...))
+	require.NoError(t, worker.Append(ctx, d.Pool, evB...))
+	waitModelIn(t, d, name, b, 1)
+	require.NoError(t, w.Stop(ctx))
+
+	admin, err := worker.NewAdmin(d.Pool, nil)
+	require.NoError(t, err)
+	rebuild, created, err := admin.RebuildPerspective(ctx, name)
+	require.NoError(t, err)
+	require.True(t, created)
+	late := events(b, ids[3:])[0]
+	require.NoError(t, worker.Append(ctx, d.Pool, late)) // queued for both builds
+
+	g := newGated(name)
+	entered, release := g.arm(evA[0].ID) // only the rebuild's catch-up applies it again
+	startWorkerIn(t, d, worker.Config{Perspectives: []worker.Perspective{g}, CatchUpPageSize: 2})
+	t.Cleanup(release) // before the worker's stop (cleanups run last first)
+	return skipRebuild{d: d, name: name, b: b, evB: evB, late: late, rebuild: rebuild, admin: admin, entered: entered, release: release}
 }
