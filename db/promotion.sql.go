@@ -39,7 +39,10 @@ type BuildCatchUpLeftWaitingParams struct {
 // compare it). Run when BuildQueueAge says from_catchup: the build's due rows (a pair with
 // nothing queued has none), each with probes of its queue's and its active cursor's keys.
 // Each probe is a LATERAL subquery with a LIMIT, which the planner cannot turn into a join
-// walking the queue's whole range of the build (it did, with stale statistics).
+// walking the queue's whole range of the build (it did, with stale statistics). With stale
+// statistics it may still read a pair's rows through a bitmap of its key, all of them, where
+// an index scan stops at the first that matches: a check of one build every PollInterval,
+// outside any lock, while its hand-offs are drained.
 func (q *Queries) BuildCatchUpLeftWaiting(ctx context.Context, arg BuildCatchUpLeftWaitingParams) (bool, error) {
 	row := q.db.QueryRow(ctx, buildCatchUpLeftWaiting, arg.BuildKey, arg.ActiveKey)
 	var column_1 bool

@@ -43,7 +43,10 @@ type Querier interface {
 	// compare it). Run when BuildQueueAge says from_catchup: the build's due rows (a pair with
 	// nothing queued has none), each with probes of its queue's and its active cursor's keys.
 	// Each probe is a LATERAL subquery with a LIMIT, which the planner cannot turn into a join
-	// walking the queue's whole range of the build (it did, with stale statistics).
+	// walking the queue's whole range of the build (it did, with stale statistics). With stale
+	// statistics it may still read a pair's rows through a bitmap of its key, all of them, where
+	// an index scan stops at the first that matches: a check of one build every PollInterval,
+	// outside any lock, while its hand-offs are drained.
 	BuildCatchUpLeftWaiting(ctx context.Context, arg BuildCatchUpLeftWaitingParams) (bool, error)
 	// Lets go of the catch-up leases an instance holds, as it stops: another instance continues
 	// those catch-ups at its next look at the builds, not when the leases expire. A page of the

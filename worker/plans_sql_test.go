@@ -527,7 +527,7 @@ func planStatements(t *testing.T, ctx context.Context, conn *pgx.Conn, hot uuid.
 			_, err := q.BuildCatchUpLeftWaiting(ctx, db.BuildCatchUpLeftWaitingParams{BuildKey: planBuildA, ActiveKey: planBuildB})
 			return err
 		}),
-		queue: planQueuePKey, cond: pairCond, probe: pairCond,
+		queue: planQueuePKey, cond: pairCond, probe: pairCond, whole: true, // see the query's comment
 		probed: []string{"wh_perspective_cursors"},
 	})
 	statements = append(statements, planGroupLookups(t, ctx, conn, streams, names)...)
