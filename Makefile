@@ -37,10 +37,12 @@ db: ## make sure PostgreSQL answers at DATABASE_URL (starts or installs the loca
 	@./scripts/db.sh
 
 test: db ## run every test against PostgreSQL, with the race detector, then the pooler suite
+	./scripts/cgo.sh
 	go test -race -count=1 ./...
 	./scripts/test-pooler.sh
 
 test-pooler: db ## the locker, worker, fx and CLI tests through PgBouncer in transaction mode (exec, simple_protocol; pgx's default mode where PgBouncer >= 1.21 is installed)
+	./scripts/cgo.sh
 	./scripts/test-pooler.sh
 
 bench: db ## run the benchmarks and write their results into BENCHMARKS.md (BENCH=regexp, BENCH_COUNT=n)
@@ -50,4 +52,5 @@ demo: db ## run the demo: several workers, late events, a killed instance, a con
 	go run ./cmd/perspectives demo
 
 reliability: db ## the reliability suite with a 2-minute randomized model check (RELIABILITY_SEED=N replays a schedule)
+	./scripts/cgo.sh
 	RELIABILITY_BUDGET=$${RELIABILITY_BUDGET:-2m} go test -race -count=1 -timeout 30m -v -run 'Reliab' ./worker/
