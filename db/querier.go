@@ -201,6 +201,11 @@ type Querier interface {
 	// Gives up the named leases the instance holds (at its stop): the others take them at their
 	// next attempt, without waiting for the expiry.
 	LeaderResign(ctx context.Context, arg LeaderResignParams) (int64, error)
+	// The schema package's own statements (schema/schema.go).
+	// Tries, without waiting, the session-level advisory lock that the callers of
+	// schema.MigrateFS migrating the history table migrations_table take turns on; held until the
+	// session ends.
+	MigrationTurnTry(ctx context.Context, migrationsTable string) (bool, error)
 	// The model of a stream in a perspective's active build (a name without builds: its own
 	// rows). One statement, so a promotion is seen whole or not at all.
 	ModelActiveGet(ctx context.Context, arg ModelActiveGetParams) ([]byte, error)

@@ -35,6 +35,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
+	"github.com/perspectives-go/perspectives/db"
 	"github.com/perspectives-go/perspectives/internal/pgq"
 )
 
@@ -154,8 +155,7 @@ func migrationTurn(ctx context.Context, pool *pgxpool.Pool, table string) (func(
 		_ = conn.Close(cctx)
 	}
 	for {
-		var mine bool
-		err := conn.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtext('perspectives schema.Migrate ' || $1::text))`, table).Scan(&mine)
+		mine, err := db.New(conn).MigrationTurnTry(ctx, table)
 		if err != nil {
 			release()
 			return nil, fmt.Errorf("wait for another migration: %w", err)

@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/perspectives-go/perspectives/db"
 	"github.com/perspectives-go/perspectives/internal/pgtest"
 	"github.com/perspectives-go/perspectives/schema"
 )
@@ -218,8 +219,8 @@ func TestMigrateWaitingForAnotherEndsWithItsContext(t *testing.T) {
 	other, err := pgx.Connect(ctx, d.URL)
 	require.NoError(t, err)
 	defer other.Close(ctx)
-	var mine bool
-	require.NoError(t, other.QueryRow(ctx, `SELECT pg_try_advisory_lock(hashtext('perspectives schema.Migrate ' || $1::text))`, schema.MigrationsTable).Scan(&mine))
+	mine, err := db.New(other).MigrationTurnTry(ctx, schema.MigrationsTable)
+	require.NoError(t, err)
 	require.True(t, mine)
 
 	wctx, cancel := context.WithTimeout(ctx, time.Second)
