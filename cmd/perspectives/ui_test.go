@@ -35,15 +35,7 @@ func TestUIServesUntilStopped(t *testing.T) {
 	t.Setenv(uiTokenEnv, "cli-token")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	pr, pw := io.Pipe()
-	done := make(chan int, 1)
-	go func() {
-		code := run(ctx, []string{"ui", "--addr", "127.0.0.1:0", "--read-only", "--database-url", testDB.URL}, pw, io.Discard)
-		_ = pw.Close()
-		done <- code
-	}()
-	lines := bufio.NewScanner(pr)
-	require.True(t, lines.Scan(), "the first line says where it listens")
+	lines, done := serveUI(t, ctx, "--read-only")
 	first := lines.Text()
 	require.Contains(t, first, "read-only; token required")
 	m := regexp.MustCompile(`http://(127\.0\.0\.1:\d+)/`).FindStringSubmatch(first)
@@ -86,15 +78,7 @@ func TestUIWithoutTokenAnswersLoopbackHostsOnly(t *testing.T) {
 	t.Setenv(uiTokenEnv, "")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	pr, pw := io.Pipe()
-	done := make(chan int, 1)
-	go func() {
-		code := run(ctx, []string{"ui", "--addr", "127.0.0.1:0", "--database-url", testDB.URL}, pw, io.Discard)
-		_ = pw.Close()
-		done <- code
-	}()
-	lines := bufio.NewScanner(pr)
-	require.True(t, lines.Scan(), "the first line says where it listens")
+	lines, done := serveUI(t, ctx)
 	m := regexp.MustCompile(`http://127\.0\.0\.1:(\d+)/`).FindStringSubmatch(lines.Text())
 	require.NotNil(t, m, lines.Text())
 	go func() {
@@ -127,4 +111,21 @@ func TestUIWithoutTokenAnswersLoopbackHostsOnly(t *testing.T) {
 		t.Fatal("ui did not stop")
 	}
 	http.DefaultClient.CloseIdleConnections()
+}
+
+// serveUI runs perspectives ui on 127.0.0.1, a free port and testDB, with more flags, until
+// ctx ends: its stdout's lines, scanned up to the first (where it listens), and its exit
+// code once it has returned.
+func serveUI(t *testing.T, ctx context.Context, more ...string) (*bufio.Scanner, <-chan int) {
+	t.Helper()
+	pr, pw := io.Pipe()
+	done := make(chan int, 1)
+	go func() {
+		code := run(ctx, append([]string{"ui", "--addr", "127.0.0.1:0", "--database-url", testDB.URL}, more...), pw, io.Discard)
+		_ = pw.Close()
+		done <- code
+	}()
+	lines := bufio.NewScanner(pr)
+	require.True(t, lines.Scan(), "the first line says where it listens")
+	return lines, done
 }
