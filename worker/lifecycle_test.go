@@ -823,12 +823,7 @@ func TestAnAppendDoesNotWaitForACatchUpPage(t *testing.T) {
 	require.NoError(t, worker.Append(actx, d.Pool, late...), "an Append waits for no catch-up page")
 	require.Less(t, time.Since(start), time.Second)
 	release()
-	eventually(t, 20*time.Second, "the stream with the appended event", func() bool {
-		raw, ok, err := worker.LoadModel(ctx, d.Pool, name, s)
-		require.NoError(t, err)
-		var m ledger
-		return ok && json.Unmarshal(raw, &m) == nil && len(m.IDs) == len(evS)+1
-	})
+	waitModelWithinIn(t, d, name, s, len(evS)+1)
 	require.Equal(t, expectedLedger(t, append(slices.Clone(evS), late...)), loadLedgerIn(t, d, name, s))
 }
 
@@ -962,10 +957,7 @@ func TestAPairParkedInBothVersionsDoesNotHoldThePromotionOff(t *testing.T) {
 	evs[1].Type = "poison"
 	lcWorker(t, d, worker.Config{Perspectives: []worker.Perspective{versioned(poisonPerspective(name), 1)}, FailurePolicy: policy})
 	require.NoError(t, worker.Append(ctx, d.Pool, evs...))
-	parked := func(v int) bool {
-		return lcCount(t, d, `SELECT count(*) FROM wh_perspective_cursors c JOIN wh_perspective_builds b ON b.build_key = c.perspective_name
-			WHERE c.stream_id = $1 AND b.perspective_name = $2 AND b.version = $3 AND c.status = 'parked'`, s, name, v) == 1
-	}
+	parked := func(v int) bool { return lcParked(t, d, name, s, v) }
 	eventually(t, 20*time.Second, "version 1 parked", func() bool { return parked(1) })
 	time.Sleep(1500 * time.Millisecond) // the active build's parked rows are older than the promotion's lag
 
@@ -992,8 +984,8 @@ func TestAPairParkedInTheNewVersionOnlyHoldsThePromotionOff(t *testing.T) {
 
 	lcWorker(t, d, worker.Config{Perspectives: []worker.Perspective{versioned(poisonPerspective(name), 2)}, FailurePolicy: policy})
 	eventually(t, 20*time.Second, "version 2 caught up, the stream parked in it", func() bool {
-		return lcCount(t, d, `SELECT count(*) FROM wh_perspective_cursors c JOIN wh_perspective_builds b ON b.build_key = c.perspective_name
-			WHERE c.stream_id = $1 AND b.perspective_name = $2 AND b.version = 2 AND b.catchup_done AND c.status = 'parked'`, s, name) == 1
+		return lcParked(t, d, name, s, 2) &&
+			lcCount(t, d, `SELECT count(*) FROM wh_perspective_builds WHERE perspective_name = $1 AND version = 2 AND catchup_done`, name) == 1
 	})
 	time.Sleep(2 * time.Second) // many looks at the builds
 	require.Zero(t, lcCount(t, d, `SELECT count(*) FROM wh_perspective_builds WHERE perspective_name = $1 AND version = 2 AND state = 'active'`, name),
@@ -1011,4 +1003,11 @@ func waitModelWithinIn(t *testing.T, d *pgtest.DB, name string, stream uuid.UUID
 		var m ledger
 		return ok && json.Unmarshal(raw, &m) == nil && len(m.IDs) == n
 	})
+}
+
+// lcParked says whether stream is parked in version v of name on d.
+func lcParked(t *testing.T, d *pgtest.DB, name string, stream uuid.UUID, v int) bool {
+	t.Helper()
+	return lcCount(t, d, `SELECT count(*) FROM wh_perspective_cursors c JOIN wh_perspective_builds b ON b.build_key = c.perspective_name
+		WHERE c.stream_id = $1 AND b.perspective_name = $2 AND b.version = $3 AND c.status = 'parked'`, stream, name, v) == 1
 }
