@@ -258,7 +258,7 @@ func (a *Admin) withLock(ctx context.Context, k Pair, fn func(k Pair, holder uui
 	ok, err := a.locker.TryAcquire(ctx, k.Stream, k.Perspective, a.instance, locker.ReasonPurge)
 	if err != nil {
 		err = fmt.Errorf("acquire stream lock: %w", err)
-		if (isConnectionError(err) || ctx.Err() != nil) && !neverSent(err) {
+		if cutOff(ctx, err) {
 			// It may have committed as the connection went or its context ended: released
 			// rather than left to pause the pair until it lapses (fenced by this Admin's ID).
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseTimeout)

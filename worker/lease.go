@@ -39,7 +39,7 @@ func (w *Worker) acquire(ctx context.Context, k Pair, reason locker.Reason) (*le
 		res.Acquired, err = w.cfg.Locker.TryAcquire(ctx, k.Stream, k.Perspective, w.cfg.InstanceID, reason)
 	}
 	if err != nil {
-		if (isConnectionError(err) || ctx.Err() != nil) && !neverSent(err) {
+		if cutOff(ctx, err) {
 			// The acquire may have committed as the connection went, or as its context ended
 			// (a caller's deadline): its lock, if any, is released rather than left to pause
 			// the pair until it lapses (see lease.release for why that is safe).

@@ -55,6 +55,12 @@ func isConnectionError(err error) bool {
 		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 }
 
+// cutOff reports whether err, a statement's under ctx, may have been cut off after it
+// reached the server, by a lost connection or ctx's end: it may have committed.
+func cutOff(ctx context.Context, err error) bool {
+	return (isConnectionError(err) || ctx.Err() != nil) && !neverSent(err)
+}
+
 // neverSent reports whether err came before its statement reached a server: no connection
 // could be made, or pgx knows that nothing was sent. Such a statement cannot have committed.
 func neverSent(err error) bool {
